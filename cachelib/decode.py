@@ -1,0 +1,152 @@
+"""Prompt -> chat template -> prefill -> token-by-token decode, on either backend.
+
+The cache is always passed in explicitly: the caller decides what the model remembers.
+:class:`Runner` is the one place that knows how to run a forward step on MLX and on PyTorch;
+the profiler builds on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .models import LoadedModel
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of ``prompt``, wrapped in the model's chat template when it has one."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("the prompt is empty; give some text to decode from")
+    if chat and getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer.encode(prompt)]
+
+
+def eos_ids(tokenizer) -> set[int]:
+    ids = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+class Runner:
+    """Runs forward steps of a loaded model with a given cache; logits come back as numpy."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self.backend = loaded.info.backend
+        if self.backend == "mlx":
+            import mlx.core as mx
+
+            self._mx = mx
+        else:
+            import torch
+
+            self._torch = torch
+            self._device = loaded.info.device
+
+    def default_cache(self):
+        """The model's own default cache (mlx-lm's make_prompt_cache / transformers' DynamicCache)."""
+        model = self.loaded.model
+        if self.backend == "mlx":
+            from mlx_lm.models.cache import make_prompt_cache
+
+            return make_prompt_cache(model)
+        from transformers import DynamicCache
+
+        return DynamicCache(config=model.config)
+
+    def logits(self, cache, ids: list[int]) -> Any:
+        """Forward ``ids`` (one sequence) through the model with ``cache``; logits of every
+        position as a backend array of shape (len(ids), vocab), already computed."""
+        if self.backend == "mlx":
+            mx = self._mx
+            out = self.loaded.model(mx.array([ids]), cache=cache)[0]
+            mx.eval(out)
+            return out
+        torch = self._torch
+        with torch.inference_mode():
+            x = torch.tensor([ids], dtype=torch.long, device=self._device)
+            out = self.loaded.model(input_ids=x, cache=cache, use_cache=True).logits[0]
+        return out
+
+    def step(self, cache, ids: list[int]) -> np.ndarray:
+        """Forward ``ids`` and return the float32 logits of the last position."""
+        out = self.logits(cache, ids)[-1]
+        if self.backend == "mlx":
+            return np.array(out.astype(self._mx.float32), copy=False)
+        return out.float().cpu().numpy()
+
+    def synchronize(self) -> None:
+        if self.backend == "mlx":
+            self._mx.synchronize()
+        elif self._device.startswith("cuda"):
+            self._torch.cuda.synchronize()
+        elif self._device.startswith("mps"):
+            self._torch.mps.synchronize()
+
+
+@dataclass
+class Decoded:
+    prompt_ids: list[int]
+    ids: list[int]  # generated token ids (the EOS included when it ended the decode)
+    text: str
+    prefill_seconds: float
+    decode_seconds: float
+    step_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return len(self.prompt_ids) / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        n = len(self.ids) - 1  # the first token comes out of the prefill
+        return n / self.decode_seconds if n > 0 and self.decode_seconds else 0.0
+
+
+def greedy_decode(
+    loaded: LoadedModel,
+    prompt: str | list[int],
+    cache=None,
+    max_tokens: int = 32,
+    chat: bool = True,
+    stop_at_eos: bool = True,
+    on_token: Callable[[int, int], None] | None = None,
+) -> Decoded:
+    """Greedy decode. ``prompt`` is text (chat-templated) or token ids; ``cache`` defaults to the
+    model's own. ``on_token(step, token_id)`` is called for every generated token."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    runner = Runner(loaded)
+    tok = loaded.tokenizer
+    prompt_ids = encode_prompt(tok, prompt, chat) if isinstance(prompt, str) else [int(i) for i in prompt]
+    if not prompt_ids:
+        raise ValueError("the prompt has no tokens")
+    cache = runner.default_cache() if cache is None else cache
+    stops = eos_ids(tok) if stop_at_eos else set()
+
+    t0 = time.perf_counter()
+    token = int(np.argmax(runner.step(cache, prompt_ids)))
+    prefill = time.perf_counter() - t0
+    ids, steps = [token], []
+    if on_token:
+        on_token(0, token)
+    t1 = time.perf_counter()
+    while len(ids) < max_tokens and token not in stops:
+        s = time.perf_counter()
+        token = int(np.argmax(runner.step(cache, [token])))
+        steps.append(time.perf_counter() - s)
+        ids.append(token)
+        if on_token:
+            on_token(len(ids) - 1, token)
+    decode = time.perf_counter() - t1
+    text = tok.decode(ids, skip_special_tokens=True)
+    return Decoded(prompt_ids, ids, text, prefill, decode, steps)
