@@ -91,6 +91,7 @@ def load(
     runs the GGUF dequantized. The weight values are the same either way.
     """
     check_backend(backend)
+    _quiet_transformers()
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; supported: {', '.join(DTYPES)}")
     if weights not in WEIGHTS:
@@ -110,6 +111,14 @@ def load(
         )
     info = ModelInfo(**{**asdict(loaded.info), "load_seconds": round(time.perf_counter() - start, 3)})
     return LoadedModel(loaded.model, loaded.tokenizer, info)
+
+
+def _quiet_transformers() -> None:
+    """No per-tensor progress bars: loads happen inside apps and test logs."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
 
 
 def _weight_bytes(model, backend: str) -> int:

@@ -39,9 +39,9 @@ def torch_architectures() -> list[str]:
 
 
 def _unsupported(model_type: str, backend: str, supported: list[str]) -> ValueError:
-    shown = ", ".join(supported[:40]) + (", ..." if len(supported) > 40 else "")
     return ValueError(
-        f"architecture {model_type!r} is not supported on {backend}; supported ({len(supported)}): {shown}"
+        f"architecture {model_type!r} is not supported on {backend}; "
+        f"supported ({len(supported)}): {', '.join(supported)}"
     )
 
 

@@ -183,7 +183,7 @@ def build_torch(path: Path, dtype: str, device: str):
         heads = _heads_for(name, config)
         if heads is not None:
             array = unpermute_rows(array, heads)
-        state[name] = torch.from_numpy(np.ascontiguousarray(array)).to(torch_dtype)
+        state[name] = torch.from_numpy(np.array(array, copy=True)).to(torch_dtype)
     if config["tie_word_embeddings"]:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True)

@@ -31,6 +31,8 @@ PRESETS: dict[str, dict] = {
         "rope_theta": 10000.0,
         "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
+        # Wider than the default 0.02 so that random logits are not flat and greedy tokens vary.
+        "initializer_range": 0.25,
     },
     "tiny-gemma3": {
         "model_type": "gemma3_text",
