@@ -58,12 +58,17 @@ def hf_name(gguf_name: str) -> str:
     return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
 
 
+@functools.lru_cache(maxsize=2)
+def _reader(path: str):
+    from gguf import GGUFReader
+
+    return GGUFReader(path)  # memory-maps the file; tensors are read on access
+
+
 @functools.lru_cache(maxsize=4)
 def read_config(path: str) -> dict:
     """A Hugging Face style llama config built from the GGUF metadata."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    reader = _reader(path)
 
     def field(key, default=None):
         f = reader.fields.get(key)
@@ -166,16 +171,19 @@ def build_mlx(path: Path, dtype: str, quantized: bool = True):
 def build_torch(path: Path, dtype: str, device: str):
     """A transformers LlamaForCausalLM with the GGUF's weights, dequantized."""
     import torch
-    from gguf import GGUFReader
+    from accelerate import init_empty_weights
     from gguf.quants import dequantize
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = dict(read_config(str(path)))
     hf_config = LlamaConfig(**{k: v for k, v in config.items() if k != "name"})
     torch_dtype = getattr(torch, dtype)
-    model = LlamaForCausalLM(hf_config).to(torch_dtype)
+    # Parameters on the meta device (no random init of weights about to be replaced); buffers
+    # such as the rotary frequencies are computed for real.
+    with init_empty_weights(include_buffers=False):
+        model = LlamaForCausalLM(hf_config)
     state = {}
-    for tensor in GGUFReader(str(path)).tensors:
+    for tensor in _reader(str(path)).tensors:
         name = hf_name(tensor.name)
         array = dequantize(tensor.data, tensor.tensor_type).reshape(
             tuple(int(d) for d in reversed(tensor.shape))
@@ -186,7 +194,7 @@ def build_torch(path: Path, dtype: str, device: str):
         state[name] = torch.from_numpy(np.array(array, copy=True)).to(torch_dtype)
     if config["tie_word_embeddings"]:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     model.to(device=device)
     model.eval()

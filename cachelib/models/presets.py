@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-_VOCAB = 49152  # the bundled tokenizer's vocabulary, so prompts tokenize the same way
+VOCAB_SIZE = 49152  # the bundled tokenizer's vocabulary, so prompts tokenize the same way
 
 PRESETS: dict[str, dict] = {
     "tiny-llama": {
@@ -84,7 +84,7 @@ def preset_folder(name: str) -> Path:
     """The folder of preset ``name``, written on first use."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
-    config = dict(PRESETS[name], vocab_size=_VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = dict(PRESETS[name], vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     key = hashlib.sha256(json.dumps([config, SEED], sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_dir() / "presets" / f"{name}-{key}"
     if (folder / "config.json").is_file():

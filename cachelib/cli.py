@@ -1,0 +1,216 @@
+"""``python -m cachelib``: the command line over the same API the app uses.
+
+Subcommands: ``profile`` (record a run), ``plan`` (capacity planner), ``sweep`` (grids of runs on
+Dask), ``strategies`` and ``models`` (what is available). Bad input exits with code 2 and one
+line that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+class CliError(Exception):
+    """A one-line user error: printed without a traceback, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints the whole usage otherwise)
+        raise CliError(f"{self.prog}: {message}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cachelib", description="See inside KV caches: profile, compare and plan cache strategies.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    p = sub.add_parser("profile", help="run a model with several cache strategies and record a profile")
+    _add_profile_arguments(p)
+    p.set_defaults(func=_profile)
+
+    from .plan import cli as plan_cli
+
+    p = sub.add_parser("plan", help="exact KV bytes, what fits in a budget, and the quality price")
+    plan_cli.add_arguments(p)
+    p.set_defaults(func=plan_cli.run)
+
+    from .sweep import cli as sweep_cli
+
+    p = sub.add_parser("sweep", help="run a grid of profiles (TOML) locally or on a Dask cluster")
+    sweep_cli.add_arguments(p)
+    p.set_defaults(func=sweep_cli.run)
+
+    p = sub.add_parser("strategies", help="list cache strategies and their knobs")
+    p.set_defaults(func=_strategies)
+
+    p = sub.add_parser("models", help="list the models and devices available here")
+    p.set_defaults(func=_models)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="smollm2 (bundled), a preset, or a model folder")
+    p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
+    p.add_argument("--device", default=None, help="cpu, metal/gpu (MLX), cuda[:N] or mps (torch); default: best")
+    p.add_argument(
+        "--strategy",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a cache strategy, e.g. rotating:max_size=512,keep=4 (repeat; the first is the baseline)",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="a chat prompt; the baseline decodes greedily from it")
+    src.add_argument("--text-file", type=Path, help="an evaluation text; every strategy is fed its tokens")
+    p.add_argument("--max-tokens", type=_positive_int, default=64, help="steps to run (the prefill is step 0)")
+    p.add_argument("--free-running", action="store_true", help="each strategy feeds its own greedy tokens")
+    p.add_argument("--sample-every", type=_positive_int, default=None, help="sample masks and quantization error every K steps")
+    p.add_argument("--probes", default="", help="probe periods, e.g. memory=1,masks=0 ('none' for all off)")
+    p.add_argument("--memory-limit-gb", type=_positive_float, default=None, help="stop before the caches pass this size")
+    p.add_argument("--out", type=Path, default=None, help="profile CSV to write (default: profiles/<time>-<model>.csv)")
+    p.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
+    mlx = p.add_argument_group("mlx-lm shorthands (add one strategy after the baseline)")
+    mlx.add_argument("--max-kv-size", type=_positive_int, default=None, help="= rotating:max_size=N,keep=4")
+    mlx.add_argument("--kv-bits", type=int, default=None, help="= quantized:bits=B (with --max-kv-size: a quantized ring)")
+    mlx.add_argument("--kv-group-size", type=int, default=64, help="group size for --kv-bits")
+    mlx.add_argument("--quantized-kv-start", type=int, default=0, help="quantize after this many tokens")
+
+
+def _profile(args) -> int:
+    from .profile import Probes, default_profile_name, run_profile, summarize
+    from .spec import parse_spec, spec_from_mlx_flags
+
+    strategies = [parse_spec(s) for s in args.strategy]
+    if args.max_kv_size is not None or args.kv_bits is not None:
+        shorthand = spec_from_mlx_flags(args.max_kv_size, args.kv_bits, args.kv_group_size, args.quantized_kv_start)
+        strategies = (strategies or [parse_spec("standard")]) + [shorthand]
+    strategies = strategies or [parse_spec("standard")]
+    probes = Probes()
+    if args.sample_every:
+        probes = probes.sampled(args.sample_every)
+    probes = Probes.parse(args.probes, probes)
+    text = None
+    if args.text_file is not None:
+        try:
+            text = args.text_file.read_text(encoding="utf-8")
+        except OSError as e:
+            raise CliError(f"cannot read --text-file {str(args.text_file)!r}: {e.strerror}") from None
+    out = args.out or Path("profiles") / f"{default_profile_name(args.model, strategies)}.csv"
+    limit = int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
+
+    bar = _Progress(args.max_tokens) if sys.stderr.isatty() else None
+    profile = run_profile(
+        args.model,
+        strategies,
+        backend=args.backend,
+        device=args.device,
+        prompt=args.prompt,
+        text=text,
+        max_tokens=args.max_tokens,
+        free_running=args.free_running,
+        probes=probes,
+        memory_limit=limit,
+        out=out,
+        chat=not args.no_chat,
+        on_step=bar.update if bar else None,
+    )
+    if bar:
+        bar.done()
+    print(format_summary(summarize(profile)))
+    status = profile.status if profile.complete else f"{profile.status}: {profile.meta.get('reason', '')}"
+    print(f"profile: {profile.path} ({status})")
+    return 0
+
+
+class _Progress:
+    def __init__(self, total: int):
+        self.total = total
+
+    def update(self, event) -> None:
+        done = event.step + 1
+        width = 30
+        fill = int(width * done / self.total)
+        rates = [r.get("tokens_per_second") for r in event.rows.values() if r.get("tokens_per_second")]
+        rate = f"  {sum(rates) / len(rates):6.1f} tok/s" if rates else ""
+        sys.stderr.write(f"\r[{'#' * fill}{' ' * (width - fill)}] {done}/{self.total} steps{rate}")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        sys.stderr.write("\n")
+
+
+def format_summary(summary) -> str:
+    """One line per strategy: peak cache bytes, mean KL, top-1 agreement, tokens/s."""
+    lines = [f"{'strategy':<44} {'peak cache':>12} {'mean KL':>10} {'top-1':>7} {'tok/s':>8}"]
+    for _, r in summary.iterrows():
+        peak = f"{r['peak_bytes_allocated'] / 2**20:,.2f} MiB" if r["peak_bytes_allocated"] is not None else "-"
+        kl = f"{r['mean_kl']:.4g}" if r["mean_kl"] is not None else "-"
+        agree = f"{r['top1_agreement']:.1%}" if r["top1_agreement"] is not None else "-"
+        tps = f"{r['decode_tokens_per_second']:.1f}" if r["decode_tokens_per_second"] is not None else "-"
+        lines.append(f"{r['strategy']:<44} {peak:>12} {kl:>10} {agree:>7} {tps:>8}")
+    return "\n".join(lines)
+
+
+def _strategies(args) -> int:
+    from .spec import STRATEGIES
+
+    for s in STRATEGIES.values():
+        print(f"{s.name:<10} {s.summary}  [backends: {', '.join(s.backends)}]")
+        for k in s.knobs:
+            default = "required" if k.required else ("off" if k.default is None else f"default {k.default}")
+            print(f"    {k.name:<12} {k.range_text:<28} {default:<12} {k.help}")
+    return 0
+
+
+def _models(args) -> int:
+    from .models import BACKENDS, available_devices, model_names
+
+    print("models: " + ", ".join(model_names()) + ", or a path to a model folder")
+    for b in BACKENDS:
+        print(f"{b} devices: {', '.join(available_devices(b))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

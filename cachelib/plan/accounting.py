@@ -1,0 +1,579 @@
+"""Exact KV-cache bytes of a model under a strategy: per layer, in total, and step by step.
+
+:func:`cache_layout` says which cache class each layer of an :class:`~cachelib.plan.arch.Arch`
+gets for a strategy spec on a backend (the same choice ``cachelib.mlx`` / ``cachelib.torch``
+make); :func:`trace` replays a prefill then 1-token decode steps through those classes' byte
+rules (:mod:`cachelib.plan.rules`) and records every update; :func:`account` runs the same
+replay fast (regular decode stretches are skipped in bulk) and returns the final state plus the
+run's peaks. Bytes allocated equal what the real caches report as ``nbytes``; peaks add the
+transient copies the rules model.
+
+Byte sizes of one token slot (one layer, whole batch):
+full precision ``B * H_kv * (D_k + D_v) * itemsize``; quantized ``B * H_kv * (D_k * bits_k / 8
++ D_v * bits_v / 8 + 2 * (D_k + D_v) / group_size * itemsize)`` (packed data + a scale and a
+bias per group in the input dtype, as mlx-lm and our torch quantizer store them).
+
+Which cache each layer gets. Full-attention layers, by strategy (both backends unless noted):
+``standard`` KVCache(step); ``concat`` MLX ConcatenateKVCache, torch DynamicLayer; ``rotating``
+RotatingKVCache(max_size, keep), a quantized ring with ``bits``; ``quantized``
+QuantizedKVCache, or with ``start=N`` a KVCache converted by ``to_quantized`` once offset >= N;
+``kivi`` QuantizedLayer(bits, group_size, residual); ``chunked`` ChunkedKVCache(chunk_size) with
+its front trimmed before every update, as llama4 drives it; ``static`` StaticLayer(max_len);
+``sliding`` MLX RotatingKVCache(window, keep=0), torch DynamicSlidingWindowLayer(window);
+``offloaded`` torch DynamicLayer kept on the host. A model's own sliding-window layers keep
+their window cache whatever the strategy: MLX RotatingKVCache(window, keep=0); torch
+DynamicSlidingWindowLayer(window), StaticSlidingWindowLayer under ``static``, offloaded too
+under ``offloaded`` (transformers' DynamicCache offloads every layer).
+
+Recurrent layers hold MLX ``ArraysCache`` state (conv ``(B, K-1, C)`` and SSM ``(B, C, N)`` in
+the input dtype) or transformers ``LinearAttentionLayer`` state (conv ``(B, C, K)`` in the input
+dtype, SSM ``(B, C, N)`` in float32, as transformers' Mamba computes it).
+
+Offloading follows transformers' ``Cache``: before layer i updates, the next offloaded layer is
+prefetched to the device; after its update, layer i goes back to the host. Between steps the
+device holds the non-offloaded layers and the first offloaded layer (prefetched by the last).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..spec import Spec, parse_spec
+from . import rules as R
+from .arch import Arch
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+BACKENDS = ("mlx", "torch")
+
+
+# ---------------------------------------------------------------------------------------------
+# per-token and per-state sizes
+
+
+def check_dtype(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def _check_group(arch: Arch, group_size: int) -> None:
+    dims = {arch.key_dim, arch.value_dim}
+    if any(d % group_size for d in dims):
+        ok = [g for g in (32, 64, 128) if all(d % g == 0 for d in dims)]
+        raise ValueError(
+            f"group_size={group_size} does not divide the cached head dims of {arch.name} "
+            f"(keys {arch.key_dim}, values {arch.value_dim}); allowed: {', '.join(map(str, ok)) or 'none'}"
+        )
+
+
+def token_bytes(
+    arch: Arch,
+    dtype: str = "float16",
+    *,
+    batch: int = 1,
+    key_bits: int | None = None,
+    value_bits: int | None = None,
+    group_size: int = 64,
+) -> int:
+    """Bytes one token slot takes in one attention layer's cache (keys + values, whole batch).
+
+    With ``key_bits``/``value_bits`` that side is stored quantized: ``D * bits / 8`` packed
+    bytes plus ``2 * D / group_size`` scale and bias elements in ``dtype``.
+    """
+    item = check_dtype(dtype)
+    if (key_bits is None) != (value_bits is None):
+        raise ValueError("give both key_bits and value_bits, or neither")
+    if key_bits is None:
+        return batch * arch.kv_heads * (arch.key_dim + arch.value_dim) * item
+    _check_group(arch, group_size)
+
+    def side(dim: int, bits: int) -> int:
+        return dim * bits // 8 + 2 * (dim // group_size) * item
+
+    return batch * arch.kv_heads * (side(arch.key_dim, key_bits) + side(arch.value_dim, value_bits))
+
+
+def kv_bytes_per_token(
+    arch: Arch,
+    dtype: str = "float16",
+    *,
+    bits: int | None = None,
+    key_bits: int | None = None,
+    value_bits: int | None = None,
+    group_size: int = 64,
+) -> int:
+    """Bytes one more token costs a full cache, summed over every attention layer (batch 1):
+    the figure model cards quote (Llama-3.1-8B fp16: 131,072)."""
+    kb = key_bits if key_bits is not None else bits
+    vb = value_bits if value_bits is not None else bits
+    per_layer = token_bytes(arch, dtype, key_bits=kb, value_bits=vb, group_size=group_size)
+    return per_layer * arch.attention_layers
+
+
+def quantized_storage_ratio(bits: int, group_size: int = 64, dtype: str = "float16") -> float:
+    """Quantized bytes per element over ``dtype`` bytes per element (4-bit, group 64, fp16
+    scales: 0.28125)."""
+    item = check_dtype(dtype)
+    if bits <= 0 or group_size <= 0:
+        raise ValueError(f"bits and group_size must be positive, got bits={bits}, group_size={group_size}")
+    return (bits / 8 + 2 * item / group_size) / item
+
+
+def recurrent_state_bytes(arch: Arch, backend: str = "mlx", dtype: str = "float16", *, batch: int = 1) -> int:
+    """Bytes of one recurrent layer's state (conv window + SSM state)."""
+    item = check_dtype(dtype)
+    rec = arch.recurrent
+    if rec is None:
+        return 0
+    if backend == "mlx":  # conv (B, K-1, C), ssm (B, C, N), both in the input dtype
+        return batch * rec.channels * ((rec.conv_kernel - 1) + rec.state_size) * item
+    # transformers: conv (B, C, K) in the input dtype, ssm (B, C, N) in float32
+    return batch * rec.channels * (rec.conv_kernel * item + rec.state_size * 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# which cache each layer gets
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """The cache class one layer gets, with the knobs its byte rule needs."""
+
+    kind: str  # the class whose allocation rules apply
+    layer_type: str  # full / sliding / recurrent
+    knobs: tuple[tuple[str, int], ...] = ()
+    key_bits: int | None = None
+    value_bits: int | None = None
+    group_size: int | None = None
+    offloaded: bool = False
+
+    def knob(self, name: str) -> int:
+        return dict(self.knobs)[name]
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.knobs]
+        if self.key_bits is not None:
+            bits = self.key_bits if self.key_bits == self.value_bits else f"{self.key_bits}/{self.value_bits}"
+            parts.append(f"bits={bits},group_size={self.group_size}")
+        text = f"{self.kind}({', '.join(parts)})"
+        return text + " offloaded" if self.offloaded else text
+
+
+def check_backend(spec: Spec, backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    spec.check_backend(backend)
+
+
+def cache_layout(arch: Arch, spec: str | Spec, backend: str = "mlx") -> list[LayerCache]:
+    """The cache class of every layer for ``spec`` on ``backend`` (see the module docstring)."""
+    spec = parse_spec(spec)
+    check_backend(spec, backend)
+    full = _full_layer_cache(arch, spec, backend)
+    window = arch.sliding_window or 0
+    if backend == "mlx":
+        sliding = LayerCache("RotatingKVCache", "sliding", (("max_size", window), ("keep", 0)))
+        recurrent = LayerCache("ArraysCache", "recurrent")
+    else:
+        if spec.name == "static":
+            knobs = (("max_cache_len", spec.get("max_len")), ("window", window))
+            sliding = LayerCache("StaticSlidingWindowLayer", "sliding", knobs)
+        else:
+            sliding = LayerCache(
+                "DynamicSlidingWindowLayer", "sliding", (("window", window),), offloaded=spec.name == "offloaded"
+            )
+        recurrent = LayerCache("LinearAttentionLayer", "recurrent")
+    by_type = {"full": full, "sliding": sliding, "recurrent": recurrent}
+    return [by_type[k] for k in arch.layer_kinds]
+
+
+def _full_layer_cache(arch: Arch, spec: Spec, backend: str) -> LayerCache:
+    name = spec.name
+    quant = {}
+    if spec.key_bits is not None:
+        _check_group(arch, spec.get("group_size"))
+        quant = dict(key_bits=spec.key_bits, value_bits=spec.value_bits, group_size=spec.get("group_size"))
+    if name == "standard":
+        return LayerCache("KVCache", "full", (("step", spec.get("step")),))
+    if name == "concat":
+        return LayerCache("ConcatenateKVCache" if backend == "mlx" else "DynamicLayer", "full")
+    if name == "rotating":
+        knobs = (("max_size", spec.get("max_size")), ("keep", spec.get("keep")))
+        return LayerCache("RotatingKVCache", "full", knobs, **quant)
+    if name == "quantized":
+        return LayerCache("QuantizedKVCache", "full", (("start", spec.get("start")),), **quant)
+    if name == "kivi":
+        return LayerCache("QuantizedLayer", "full", (("residual", spec.get("residual")),), **quant)
+    if name == "chunked":
+        return LayerCache("ChunkedKVCache", "full", (("chunk_size", spec.get("chunk_size")),))
+    if name == "static":
+        return LayerCache("StaticLayer", "full", (("max_len", spec.get("max_len")),))
+    if name == "sliding":
+        if backend == "mlx":
+            return LayerCache("RotatingKVCache", "full", (("max_size", spec.get("window")), ("keep", 0)))
+        return LayerCache("DynamicSlidingWindowLayer", "full", (("window", spec.get("window")),))
+    if name == "offloaded":
+        return LayerCache("DynamicLayer", "full", offloaded=True)
+    raise ValueError(f"strategy {name!r} has no byte rule")  # spec.py and this table disagree
+
+
+def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int) -> R.Rule:
+    fp = token_bytes(arch, dtype, batch=batch)
+    q = (
+        token_bytes(
+            arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits, group_size=cache.group_size
+        )
+        if cache.key_bits is not None
+        else None
+    )
+    kind = cache.kind
+    if kind == "KVCache":
+        return R.StepGrowth(fp, cache.knob("step"))
+    if kind in ("ConcatenateKVCache", "DynamicLayer"):
+        return R.Concatenate(fp, kind=kind)
+    if kind == "RotatingKVCache":
+        return R.Rotating(q if q is not None else fp, cache.knob("max_size"), cache.knob("keep"))
+    if kind == "QuantizedKVCache":
+        start = cache.knob("start")
+        if start == 0:
+            return R.StepGrowth(q, R.MLX_STEP, kind="QuantizedKVCache")
+        return R.QuantizeAfter(fp, q, start)
+    if kind == "QuantizedLayer":
+        return R.Kivi(fp, q, cache.knob("residual"))
+    if kind == "ChunkedKVCache":
+        return R.Chunked(fp, cache.knob("chunk_size"))
+    if kind == "StaticLayer":
+        return R.Static(fp, cache.knob("max_len"))
+    if kind == "DynamicSlidingWindowLayer":
+        return R.DynamicSliding(fp, cache.knob("window"))
+    if kind == "StaticSlidingWindowLayer":
+        return R.StaticSliding(fp, cache.knob("max_cache_len"), cache.knob("window"))
+    if kind in ("ArraysCache", "LinearAttentionLayer"):
+        return R.RecurrentState(recurrent_state_bytes(arch, backend, dtype, batch=batch), kind=kind)
+    raise ValueError(f"no byte rule for cache class {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# update schedules
+
+
+@dataclass(frozen=True)
+class Update:
+    """``repeat`` consecutive cache updates of ``tokens`` tokens each."""
+
+    tokens: int
+    repeat: int = 1
+    phase: str = "decode"  # prefill / decode
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def schedule(context: int, prefill: int | None = None, prefill_chunk: int | None = None) -> list[Update]:
+    """The updates of a run that ends holding ``context`` tokens: a prompt of ``prefill`` tokens
+    (default: all of ``context``) fed in chunks of at most ``prefill_chunk`` tokens (default: one
+    update), then ``context - prefill`` one-token decode steps."""
+    context = _positive_int("context", context)
+    prefill = context if prefill is None else _positive_int("prefill", prefill, 0)
+    if prefill > context:
+        raise ValueError(f"prefill={prefill} must be <= context={context}")
+    out: list[Update] = []
+    if prefill:
+        chunk = prefill if not prefill_chunk else _positive_int("prefill_chunk", prefill_chunk)
+        whole, rest = divmod(prefill, chunk)
+        if whole:
+            out.append(Update(chunk, whole, "prefill"))
+        if rest:
+            out.append(Update(rest, 1, "prefill"))
+    if context > prefill:
+        out.append(Update(1, context - prefill, "decode"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole-model replay
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """The whole cache around one update."""
+
+    index: int
+    phase: str
+    tokens: int
+    offset: int  # tokens seen after the update
+    bytes_allocated: int  # every array of every layer, wherever it lives (== sum of nbytes)
+    bytes_used: int
+    device_bytes: int  # what stays on the device after the update
+    host_bytes: int  # offloaded layers' bytes on the host after the update
+    peak_bytes: int  # device bytes at the worst moment inside the update (transients included)
+    layer_bytes: tuple[int, ...] = ()  # bytes allocated per layer after the update
+
+
+class Replay:
+    """A whole-model cache replayed on integers: one rule per distinct layer cache (identical
+    layers share it), the layer order kept for peaks and offloading. :func:`trace`,
+    :func:`account` and the solver drive it."""
+
+    def __init__(self, caches: Sequence[LayerCache], arch: Arch, backend: str, dtype: str, batch: int):
+        self.caches = list(caches)
+        groups: dict[LayerCache, int] = {}
+        for c in self.caches:
+            groups.setdefault(c, len(groups))
+        self.group_caches = list(groups)
+        self.rules = [_rule(c, arch, backend, dtype, batch) for c in self.group_caches]
+        self.order = [groups[c] for c in self.caches]
+        self.offloaded = [c.offloaded for c in self.caches]
+        off = [i for i, o in enumerate(self.offloaded) if o]
+        self.next_offloaded = {i: next((j for j in off if j > i), off[0]) for i in off}
+        self.first_offloaded = off[0] if off else None
+        self.counts = [self.order.count(g) for g in range(len(self.rules))]
+        self.device_counts = [
+            sum(1 for i, h in enumerate(self.order) if h == g and self.on_device(i)) for g in range(len(self.rules))
+        ]
+        self.offset = 0
+        self.steps = 0
+
+    def copy(self) -> Replay:
+        twin = copy.copy(self)
+        twin.rules = [r.copy() for r in self.rules]
+        return twin
+
+    def bounded(self) -> bool:
+        """Whether no layer's cache can grow past a fixed size whatever comes."""
+        return all(r.bounded for r in self.rules)
+
+    def settled(self) -> bool:
+        """Whether every coming 1-token update leaves every byte count and the peak as they are."""
+        return all(r.settled() for r in self.rules)
+
+    # -- state
+    def totals(self) -> tuple[int, int]:
+        alloc = sum(n * r.bytes_allocated for n, r in zip(self.counts, self.rules))
+        used = sum(n * r.bytes_used for n, r in zip(self.counts, self.rules))
+        return alloc, used
+
+    def on_device(self, i: int) -> bool:
+        if not self.offloaded[i]:
+            return True
+        first = self.first_offloaded
+        return i == first and self.next_offloaded[first] != first
+
+    def device_bytes(self) -> int:
+        return sum(n * r.bytes_allocated for n, r in zip(self.device_counts, self.rules))
+
+    # -- one update through every layer
+    def update(self, n: int, phase: str, keep_layers: bool) -> StepBytes:
+        before = [r.bytes_allocated for r in self.rules]
+        trans = [r.update(n) for r in self.rules]
+        after = [r.bytes_allocated for r in self.rules]
+        self.offset += n
+        peak = self._peak(before, trans, after)
+        alloc, used = self.totals()
+        device = self.device_bytes()
+        step = StepBytes(
+            self.steps,
+            phase,
+            n,
+            self.offset,
+            alloc,
+            used,
+            device,
+            alloc - device,
+            peak,
+            tuple(after[g] for g in self.order) if keep_layers else (),
+        )
+        self.steps += 1
+        return step
+
+    def _peak(self, before: list[int], trans: list[int], after: list[int]) -> int:
+        order = self.order
+        if self.first_offloaded is None:
+            running = sum(before[g] for g in order)
+            peak = running
+            for g in order:
+                peak = max(peak, running - before[g] + trans[g])
+                running += after[g] - before[g]
+            return peak
+        # offloading: the device holds resident layers, the layer updating and the one prefetched
+        first = self.first_offloaded
+        device = sum(before[g] for i, g in enumerate(order) if not self.offloaded[i]) + before[order[first]]
+        present = {first}
+        peak = device
+        for i, g in enumerate(order):
+            if self.offloaded[i]:
+                j = self.next_offloaded[i]
+                if j not in present:
+                    device += before[order[j]] if j > i else after[order[j]]
+                    present.add(j)
+                peak = max(peak, device - before[g] + trans[g])
+                device += after[g] - before[g]
+                device -= after[g]
+                present.discard(i)
+            else:
+                peak = max(peak, device - before[g] + trans[g])
+                device += after[g] - before[g]
+        return peak
+
+    def regular_steps(self) -> int:
+        return min(r.regular_steps() for r in self.rules)
+
+    def skip(self, k: int) -> None:
+        for r in self.rules:
+            r.skip(k)
+        self.offset += k
+        self.steps += k
+
+
+def replay(arch: Arch, spec: str | Spec, backend: str = "mlx", *, batch: int = 1, dtype: str = "float16") -> Replay:
+    """An empty :class:`Replay` of the cache ``spec`` builds for ``arch`` on ``backend``."""
+    spec = parse_spec(spec)
+    check_dtype(dtype)
+    _positive_int("batch", batch)
+    return Replay(cache_layout(arch, spec, backend), arch, backend, dtype, batch)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Every update of a run, in order."""
+
+    arch: str
+    spec: str
+    backend: str
+    dtype: str
+    batch: int
+    layers: tuple[LayerCache, ...]
+    steps: tuple[StepBytes, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((s.peak_bytes for s in self.steps), default=0)
+
+    def rows(self) -> list[dict]:
+        """One plain dict per update (per-layer bytes left out), for tables and CSV."""
+        keys = ("index", "phase", "tokens", "offset", "bytes_allocated", "bytes_used", "device_bytes",
+                "host_bytes", "peak_bytes")  # fmt: skip
+        return [{k: getattr(s, k) for k in keys} for s in self.steps]
+
+
+def trace(
+    arch: Arch,
+    spec: str | Spec,
+    backend: str = "mlx",
+    *,
+    context: int | None = None,
+    prefill: int | None = None,
+    prefill_chunk: int | None = None,
+    updates: Iterable[int] | None = None,
+    batch: int = 1,
+    dtype: str = "float16",
+) -> Trace:
+    """Bytes after every update of a run: ``context`` tokens as :func:`schedule` splits them, or
+    an explicit list of update sizes (``updates``, e.g. ``[100, 1, 1, 7, 1]``)."""
+    spec = parse_spec(spec)
+    run = replay(arch, spec, backend, batch=batch, dtype=dtype)
+    if updates is not None:
+        if context is not None or prefill is not None or prefill_chunk is not None:
+            raise ValueError("give either updates or context/prefill/prefill_chunk, not both")
+        plan = [Update(_positive_int("update size", int(n)), 1, "prefill" if n > 1 else "decode") for n in updates]
+    else:
+        if context is None:
+            raise ValueError("context is required (or give updates)")
+        plan = schedule(context, prefill, prefill_chunk)
+    steps = [run.update(u.tokens, u.phase, True) for u in plan for _ in range(u.repeat)]
+    return Trace(arch.name, str(spec), backend, dtype, batch, tuple(run.caches), tuple(steps))
+
+
+# ---------------------------------------------------------------------------------------------
+# final state + peaks, fast
+
+
+@dataclass(frozen=True)
+class LayerAccount:
+    index: int
+    layer_type: str
+    kind: str
+    tokens_held: int
+    capacity: int
+    bytes_allocated: int
+    bytes_used: int
+    on_device: bool
+
+
+@dataclass(frozen=True)
+class Account:
+    """A run's end state and worst moments. Byte counts cover the whole batch."""
+
+    arch: str
+    spec: str
+    backend: str
+    dtype: str
+    batch: int
+    context: int
+    prefill: int
+    prefill_chunk: int | None
+    layers: tuple[LayerAccount, ...]
+    bytes_allocated: int  # after the last update: every array of the cache (== sum of nbytes)
+    bytes_used: int  # the slots that hold tokens (+ recurrent state)
+    device_bytes: int  # after the last update, on the device
+    host_bytes: int  # after the last update, offloaded to the host
+    peak_bytes: int  # device: the worst moment of the run, transients included
+    max_resident_bytes: int  # device: the most held between updates
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes allocated at the end per token of context (whole batch)."""
+        return self.bytes_allocated / self.context
+
+
+def account(
+    arch: Arch,
+    spec: str | Spec,
+    backend: str = "mlx",
+    *,
+    context: int,
+    prefill: int | None = None,
+    prefill_chunk: int | None = None,
+    batch: int = 1,
+    dtype: str = "float16",
+) -> Account:
+    """The cache after a run of ``context`` tokens (see :func:`schedule`), per layer and in
+    total, with the run's peak and resident maxima. Equal to the last step of :func:`trace`,
+    computed in time proportional to growth events, not tokens."""
+    spec = parse_spec(spec)
+    run = replay(arch, spec, backend, batch=batch, dtype=dtype)
+    plan = schedule(context, prefill, prefill_chunk)
+    peak = resident = 0
+    for u in plan:
+        left = u.repeat
+        while left:
+            if u.tokens == 1:
+                k = min(run.regular_steps(), left)
+                if k > 1:
+                    run.skip(k - 1)  # the run's maximum is at its last step
+                    left -= k - 1
+            step = run.update(u.tokens, u.phase, False)
+            peak = max(peak, step.peak_bytes)
+            resident = max(resident, step.device_bytes)
+            left -= 1
+    alloc, used = run.totals()
+    device = run.device_bytes()
+    layers = []
+    for i, (cache, g) in enumerate(zip(run.caches, run.order)):
+        s = run.rules[g].state()
+        layers.append(
+            LayerAccount(i, cache.layer_type, s.kind, s.tokens_held, s.capacity, s.bytes_allocated, s.bytes_used,
+                         run.on_device(i))  # fmt: skip
+        )
+    prefill_tokens = sum(u.tokens * u.repeat for u in plan if u.phase == "prefill")
+    return Account(
+        arch.name, str(spec), backend, dtype, batch, context, prefill_tokens, prefill_chunk, tuple(layers),
+        alloc, used, device, alloc - device, peak, resident,
+    )  # fmt: skip

@@ -1,0 +1,209 @@
+"""``python -m cachelib plan``: exact cache bytes per strategy and what fits in a budget, as a
+table (and a CSV with ``--csv``).
+
+``add_arguments(parser)`` declares the flags; ``run(args)`` prints the table and returns the exit
+code: 0, or 2 with one line on stderr for bad input. Bytes are printed in SI units ("GB" =
+10^9 bytes, the unit of ``--budget-gb``); the CSV holds raw byte counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from ..spec import parse_spec
+from .accounting import DTYPE_BYTES, account
+from .presets import preset_names, resolve_model
+from .solver import GB, Fit, plan, weight_bytes
+
+CSV_COLUMNS = (
+    "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",
+    "bytes_allocated", "bytes_used", "peak_bytes", "max_resident_bytes", "device_bytes", "host_bytes",
+    "bytes_per_token", "weights_bytes", "reserve_bytes", "budget_bytes", "budget_needed", "headroom_bytes",
+    "fits", "max_context", "context_limit", "max_batch", "sessions",
+)  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True,
+        help=f"a preset ({', '.join(preset_names())}) or a path to a config.json (or its folder)",
+    )  # fmt: skip
+    parser.add_argument("--context", type=int, required=True, help="tokens the cache holds at the end of a run")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per run (default 1)")
+    parser.add_argument(
+        "--strategy", action="append", metavar="SPEC",
+        help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: standard)",
+    )  # fmt: skip
+    parser.add_argument("--backend", choices=("mlx", "torch"), default="mlx", help="cache library (default mlx)")
+    parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float16", help="K/V dtype (default float16)")
+    parser.add_argument("--prefill", type=int, help="prompt tokens (default: the whole context); the rest is decoded")
+    parser.add_argument(
+        "--prefill-chunk", type=int,
+        help="feed the prompt in chunks of this many tokens (mlx-lm's generate uses 2048; default: one update)",
+    )  # fmt: skip
+    parser.add_argument("--budget-gb", type=float, help="device memory budget in GB (10^9 bytes)")
+    parser.add_argument(
+        "--weights-gb", type=float, help="measured weight bytes in GB (default: params x --weight-bits)"
+    )
+    parser.add_argument("--weight-bits", type=float, default=16, help="bits per weight when counting (default 16)")
+    parser.add_argument("--reserve-gb", type=float, default=0.0, help="kept free for activations/runtime (default 0)")
+    parser.add_argument("--layers", action="store_true", help="also print each strategy's per-layer caches")
+    parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        _run(args)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _gb(name: str, value: float | None) -> int | None:
+    if value is None:
+        return None
+    if value < 0:
+        raise ValueError(f"--{name} must be >= 0, got {value}")
+    return round(value * GB)
+
+
+def _run(args: argparse.Namespace) -> None:
+    arch = resolve_model(args.model)
+    specs = [parse_spec(s) for s in (args.strategy or ["standard"])]
+    for flag, value in (("context", args.context), ("batch", args.batch)):
+        if value <= 0:
+            raise ValueError(f"--{flag} must be a positive integer, got {value}")
+    weights = _gb("weights-gb", args.weights_gb)
+    if weights is None and arch.num_params is not None:
+        weights = weight_bytes(arch, args.weight_bits)
+    budget = _gb("budget-gb", args.budget_gb)
+    if budget is not None and weights is None:
+        raise ValueError(f"{arch.name} has no parameter count; give --weights-gb to plan against --budget-gb")
+    fits = plan(
+        arch, specs, context=args.context, batch=args.batch, backend=args.backend, dtype=args.dtype,
+        prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
+        reserve_bytes=_gb("reserve-gb", args.reserve_gb) or 0,
+    )  # fmt: skip
+    print(_header(arch, args, weights, budget))
+    print(format_table(fits, budgeted=budget is not None))
+    if args.layers:
+        for spec in specs:
+            print()
+            print(_layer_table(arch, spec, args))
+    if args.csv:
+        write_csv(args.csv, fits, arch.name)
+        print(f"\nwrote {args.csv}")
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+
+
+def human_bytes(n: float | None) -> str:
+    """SI units: 1 GB = 10^9 bytes."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def _header(arch, args, weights, budget) -> str:
+    prompt = args.context if args.prefill is None else args.prefill
+    feed = f"in chunks of {args.prefill_chunk}" if args.prefill_chunk else "in one update"
+    lines = [
+        arch.describe(),
+        f"{args.backend} {args.dtype}, batch {args.batch}, context {args.context} "
+        f"(prompt {prompt} {feed}, then {args.context - prompt} decode steps)",
+    ]
+    if weights is not None:
+        how = "given" if args.weights_gb is not None else f"{arch.num_params:,} params x {args.weight_bits:g} bits"
+        lines.append(f"weights {human_bytes(weights)} ({how})")
+    if budget is not None:
+        lines.append(f"budget {human_bytes(budget)}, reserve {human_bytes(_gb('reserve-gb', args.reserve_gb) or 0)}")
+    return "\n".join(lines)
+
+
+def _limit_text(fit: Fit) -> str:
+    if fit.context_limit == "unbounded":
+        return "unbounded"
+    if fit.context_limit == "model":
+        return f"{fit.max_context} (model)"
+    if fit.context_limit == "max_len":
+        return f"{fit.max_context} (max_len)"
+    return "-" if fit.max_context is None else str(fit.max_context)
+
+
+def format_table(fits: list[Fit], budgeted: bool) -> str:
+    """The plan as an aligned text table, one row per strategy."""
+    head = ["strategy", "allocated", "used", "peak", "per token", "host"]
+    if budgeted:
+        head += ["fits", "headroom", "max context", "max batch", "sessions", "budget needed"]
+    rows = []
+    for f in fits:
+        c = f.cache
+        row = [f.spec, human_bytes(c.bytes_allocated), human_bytes(c.bytes_used), human_bytes(c.peak_bytes),
+               human_bytes(c.bytes_per_token), human_bytes(c.host_bytes) if c.host_bytes else "-"]  # fmt: skip
+        if budgeted:
+            row += ["yes" if f.fits else "NO", human_bytes(f.headroom_bytes), _limit_text(f), str(f.max_batch),
+                    str(f.sessions), human_bytes(f.budget_needed)]  # fmt: skip
+        rows.append(row)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    return "\n".join(lines)
+
+
+def _layer_table(arch, spec, args) -> str:
+    """Per-layer caches at the end of the run; consecutive identical layers share a row."""
+    acc = account(arch, spec, args.backend, context=args.context, prefill=args.prefill,
+                  prefill_chunk=args.prefill_chunk, batch=args.batch, dtype=args.dtype)  # fmt: skip
+    runs: list[list] = []
+    for la in acc.layers:
+        key = (la.layer_type, la.kind, la.tokens_held, la.capacity, la.bytes_allocated, la.on_device)
+        if runs and runs[-1][0] == key and runs[-1][2] == la.index - 1:
+            runs[-1][2] = la.index
+        else:
+            runs.append([key, la.index, la.index])
+    lines = [f"{spec}: per layer",
+             f"{'layers':>7}  {'type':<9}  {'cache':<26}  {'held':>8}  {'slots':>8}  {'each':>10}  where"]  # fmt: skip
+    for (kind, cls, held, slots, nbytes, on_device), first, last in runs:
+        span = str(first) if first == last else f"{first}-{last}"
+        lines.append(
+            f"{span:>7}  {kind:<9}  {cls:<26}  {held:>8}  {slots:>8}  {human_bytes(nbytes):>10}  "
+            + ("device" if on_device else "host")
+        )
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, fits: list[Fit], model: str) -> None:
+    """The plan as CSV, one row per strategy, raw byte counts (columns: :data:`CSV_COLUMNS`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for f in fits:
+            c = f.cache
+            w.writerow({
+                "model": model, "backend": c.backend, "dtype": c.dtype, "batch": c.batch, "context": c.context,
+                "prefill": c.prefill, "prefill_chunk": c.prefill_chunk or "", "strategy": f.spec,
+                "bytes_allocated": c.bytes_allocated, "bytes_used": c.bytes_used, "peak_bytes": c.peak_bytes,
+                "max_resident_bytes": c.max_resident_bytes, "device_bytes": c.device_bytes,
+                "host_bytes": c.host_bytes, "bytes_per_token": round(c.bytes_per_token, 3),
+                "weights_bytes": _blank(f.weights_bytes), "reserve_bytes": f.reserve_bytes,
+                "budget_bytes": _blank(f.budget_bytes), "budget_needed": _blank(f.budget_needed),
+                "headroom_bytes": _blank(f.headroom_bytes), "fits": _blank(f.fits),
+                "max_context": _blank(f.max_context), "context_limit": f.context_limit,
+                "max_batch": _blank(f.max_batch), "sessions": _blank(f.sessions),
+            })  # fmt: skip
+
+
+def _blank(v):
+    return "" if v is None else v

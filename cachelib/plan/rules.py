@@ -1,0 +1,619 @@
+"""The allocation rules of each layer-cache class, replayed on integers.
+
+A rule object keeps only the integers its cache class keeps (offset, slots allocated, ring
+pointer, tokens quantized, ...) and the byte size of one token slot, and replays an update of
+``n`` tokens exactly as the class allocates: mlx-lm 0.32 ``KVCache``, ``ConcatenateKVCache``,
+``RotatingKVCache``, ``QuantizedKVCache`` (+ ``to_quantized``), ``ChunkedKVCache``,
+``ArraysCache``; transformers 5.24 ``DynamicLayer``, ``DynamicSlidingWindowLayer``,
+``StaticLayer``, ``StaticSlidingWindowLayer``, ``QuantizedLayer`` (KIVI residual) and
+``LinearAttentionLayer``. ``bytes_allocated`` after an update equals the ``nbytes`` the real
+cache reports (the sum of its arrays' logical sizes), byte for byte.
+
+``update`` also returns the transient peak: the bytes the cache's arrays hold at the worst
+moment inside the update, under one documented model: an array is freed when it is replaced, so
+growth by concatenation holds old + new, ``to_quantized`` holds both copies, a KIVI update holds
+its dequantized copy and the concatenated full-precision states it returns. Views (slices) are
+counted as free. The transient is a model of the reference code, not a measurement.
+
+Decode runs fast: ``regular_steps()`` says how many coming 1-token updates change bytes only
+affinely and never downward (steady writes, or growth by exactly one token), so the caller may
+``skip`` all but the last of them and still see the run's maximum.
+
+This module knows allocation arithmetic only: nothing of models, strategies or backends.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+UNBOUNDED = 1 << 62  # "every coming 1-token update is regular"
+MLX_STEP = 256  # mlx-lm's growth step (KVCache.step, QuantizedKVCache.step, RotatingKVCache.step)
+
+
+def _ceil_steps(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+@dataclass
+class LayerBytes:
+    """One layer cache's state after an update."""
+
+    kind: str
+    tokens_held: int
+    capacity: int
+    bytes_allocated: int
+    bytes_used: int
+
+
+class Rule:
+    """Base of the per-class rules: the integers of one layer cache."""
+
+    kind = ""
+    bounded = False  # True: the allocation can never pass a fixed size, whatever the updates
+
+    def __init__(self, token_bytes: int):
+        self.token_bytes = token_bytes  # one token slot, whole batch, keys + values
+        self.offset = 0
+
+    # -- what the cache holds now
+    @property
+    def capacity(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def tokens_held(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self.capacity * self.token_bytes
+
+    @property
+    def bytes_used(self) -> int:
+        return self.tokens_held * self.token_bytes
+
+    def state(self) -> LayerBytes:
+        return LayerBytes(self.kind, self.tokens_held, self.capacity, self.bytes_allocated, self.bytes_used)
+
+    # -- updates
+    def update(self, n: int) -> int:
+        """Replay an update of ``n`` tokens; return the transient peak bytes during it."""
+        raise NotImplementedError
+
+    def regular_steps(self) -> int:
+        """How many coming 1-token updates change bytes affinely and never downward."""
+        return 0
+
+    def skip(self, k: int) -> None:
+        """Apply ``k`` regular 1-token updates at once (``k <= regular_steps()``)."""
+        raise NotImplementedError
+
+    def settled(self) -> bool:
+        """Whether every coming 1-token update leaves the bytes (and the peak) as they are."""
+        return False
+
+    def copy(self) -> Rule:
+        return copy.copy(self)  # every field is an int, a str or a bool
+
+
+class StepGrowth(Rule):
+    """mlx-lm ``KVCache`` (and ``QuantizedKVCache``, whose packed arrays grow the same way):
+    a buffer grown by whole steps; a buffer not filled to a step boundary is first cut at the
+    offset, then ``ceil(S / step) * step`` slots are concatenated."""
+
+    kind = "KVCache"
+
+    def __init__(self, token_bytes: int, step: int = MLX_STEP, kind: str | None = None):
+        super().__init__(token_bytes)
+        self.step = step
+        self.cap = 0
+        if kind:
+            self.kind = kind
+
+    @property
+    def capacity(self) -> int:
+        return self.cap
+
+    @property
+    def tokens_held(self) -> int:
+        return min(self.offset, self.cap)
+
+    def update(self, n: int) -> int:
+        before = self.bytes_allocated
+        peak = before
+        if self.cap == 0 or self.offset + n > self.cap:
+            grow = _ceil_steps(n, self.step)
+            if self.cap == 0:
+                self.cap = grow
+            else:
+                base = self.offset if self.offset % self.step else self.cap
+                self.cap = base + grow
+            peak = before + self.bytes_allocated  # old buffer + concatenated buffer
+        self.offset += n
+        return peak
+
+    def regular_steps(self) -> int:
+        return max(0, self.cap - self.offset) if self.cap else 0
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+
+class Concatenate(Rule):
+    """mlx-lm ``ConcatenateKVCache`` / transformers ``DynamicLayer``: the arrays are replaced by
+    ``concat(old, new)`` at every update, so they hold exactly the tokens seen."""
+
+    kind = "ConcatenateKVCache"
+
+    def __init__(self, token_bytes: int, kind: str | None = None):
+        super().__init__(token_bytes)
+        if kind:
+            self.kind = kind
+
+    @property
+    def capacity(self) -> int:
+        return self.offset
+
+    @property
+    def tokens_held(self) -> int:
+        return self.offset
+
+    def update(self, n: int) -> int:
+        before = self.bytes_allocated
+        self.offset += n
+        return before + self.bytes_allocated
+
+    def regular_steps(self) -> int:
+        return UNBOUNDED
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+
+class Rotating(Rule):
+    """mlx-lm ``RotatingKVCache(max_size, keep)``. One-token updates write in place, growing the
+    buffer by ``min(step, max_size - offset)`` until it reaches ``max_size``, trimming it back
+    to ``max_size`` first if a multi-token update left it larger. Multi-token updates put the
+    buffer in temporal order, cut it to ``max_size - 1`` tokens (keeping the first ``keep``) and
+    append all ``S`` new ones: up to ``max_size + S - 1`` tokens."""
+
+    kind = "RotatingKVCache"
+    bounded = True
+
+    def __init__(self, token_bytes: int, max_size: int, keep: int = 0, step: int = MLX_STEP):
+        super().__init__(token_bytes)
+        self.max_size, self.keep, self.step = max_size, keep, step
+        self.cap = 0
+        self.idx = 0  # mlx-lm's _idx: the slot the next token goes to
+
+    @property
+    def capacity(self) -> int:
+        return self.cap
+
+    @property
+    def tokens_held(self) -> int:
+        return min(self.offset, self.cap)
+
+    def update(self, n: int) -> int:
+        return self._in_place() if n == 1 else self._concat(n)
+
+    def _concat(self, n: int) -> int:
+        before = self.bytes_allocated
+        if self.cap == 0:  # the incoming arrays become the cache
+            self.cap = n
+            self.offset += n
+            self.idx = self.cap
+            return self.bytes_allocated
+        extra = 0
+        if self.idx == self.cap:
+            length = self.cap
+        elif self.idx < self.offset:  # wrapped: reordered into a new buffer first
+            length = self.cap
+            extra = self.cap * self.token_bytes
+        else:  # not wrapped: a view cut at the write index
+            length = self.idx
+        cut = length - self.max_size + 1
+        if cut > 0:
+            length -= cut
+        self.cap = length + n
+        self.offset += n
+        self.idx = self.cap
+        return before + extra + self.bytes_allocated
+
+    def _in_place(self) -> int:
+        before = self.bytes_allocated
+        peak = before
+        prev = self.offset
+        if self.cap == 0 or (prev >= self.cap and self.cap < self.max_size):
+            grow = min(self.step, self.max_size - prev)
+            if grow <= 0:
+                raise ValueError(
+                    f"RotatingKVCache rule: cannot grow by {grow} slots at offset {prev} "
+                    f"(capacity {self.cap}, max_size {self.max_size})"
+                )
+            self.cap += grow
+            peak = before + self.bytes_allocated
+            self.idx = prev
+        if self.cap > self.max_size:  # left over from a multi-token update: cut back
+            old = self.bytes_allocated
+            self.cap = self.max_size
+            peak = max(peak, old + self.bytes_allocated)
+            self.idx = self.max_size
+        if self.idx == self.max_size:
+            self.idx = self.keep
+        self.offset += 1
+        self.idx += 1
+        return peak
+
+    def regular_steps(self) -> int:
+        if self.cap == 0 or self.cap > self.max_size:
+            return 0
+        if self.cap == self.max_size:
+            return UNBOUNDED
+        return max(0, self.cap - self.offset)
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+        if self.cap < self.max_size:
+            self.idx += k
+            return
+        linear = min(k, self.max_size - self.idx)
+        self.idx += linear
+        k -= linear
+        if k:  # the pointer sits at max_size: each step wraps into [keep, max_size)
+            ring = self.max_size - self.keep
+            self.idx = self.keep + 1 + (ring - 1 + k) % ring
+
+    def settled(self) -> bool:
+        return self.cap == self.max_size
+
+
+class Chunked(Rule):
+    """mlx-lm ``ChunkedKVCache(chunk_size)`` driven as llama4 drives it: ``maybe_trim_front``
+    before every update (slice to the last ``chunk_size`` tokens), then step growth as
+    ``KVCache``. Once past the chunk, every decode step cuts the buffer to ``chunk_size`` slots
+    and grows it by one step again."""
+
+    kind = "ChunkedKVCache"
+    bounded = True
+
+    def __init__(self, token_bytes: int, chunk_size: int, step: int = MLX_STEP):
+        super().__init__(token_bytes)
+        self.chunk, self.step = chunk_size, step
+        self.cap = 0
+        self.start = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.cap
+
+    @property
+    def tokens_held(self) -> int:
+        return min(self.offset - self.start, self.cap)
+
+    def update(self, n: int) -> int:
+        before = self.bytes_allocated
+        peak = before
+        if self.cap:
+            valid = self.offset - self.start
+            if valid > self.chunk:
+                self.start += valid - self.chunk
+                self.cap = self.chunk  # a view of the old buffer
+        prev = self.offset - self.start
+        if self.cap == 0 or prev + n > self.cap:
+            grow = _ceil_steps(n, self.step)
+            if self.cap == 0:
+                self.cap = grow
+            else:
+                self.cap = (prev if prev % self.step else self.cap) + grow
+            peak = before + self.bytes_allocated
+        self.offset += n
+        return peak
+
+    def regular_steps(self) -> int:
+        if self.cap == 0:
+            return 0
+        valid = self.offset - self.start
+        if valid == self.chunk + 1 and self.cap == self.chunk + self.step:
+            return UNBOUNDED  # periodic: trim one, grow one step, every step alike
+        if valid > self.chunk:
+            return 0
+        return max(0, min(self.chunk - valid + 1, self.cap - valid))
+
+    def skip(self, k: int) -> None:
+        if self.offset - self.start > self.chunk:
+            self.start += k
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self.regular_steps() == UNBOUNDED
+
+
+class Static(Rule):
+    """transformers ``StaticLayer`` (and our MLX ``StaticKVCache``): ``max_len`` slots allocated
+    at the first update; an update past ``max_len`` is refused."""
+
+    kind = "StaticLayer"
+    bounded = True
+
+    def __init__(self, token_bytes: int, max_len: int):
+        super().__init__(token_bytes)
+        self.max_len = max_len
+        self.started = False
+
+    @property
+    def capacity(self) -> int:
+        return self.max_len if self.started else 0
+
+    @property
+    def tokens_held(self) -> int:
+        return self.offset
+
+    def update(self, n: int) -> int:
+        if self.offset + n > self.max_len:
+            raise ValueError(
+                f"static: max_len={self.max_len} tokens are preallocated and {self.offset} are held; "
+                f"{n} more do not fit (context {self.offset + n} > max_len {self.max_len}); raise max_len"
+            )
+        self.started = True
+        self.offset += n
+        return self.bytes_allocated
+
+    def regular_steps(self) -> int:
+        return self.max_len - self.offset if self.started else 0
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self.started
+
+
+class DynamicSliding(Rule):
+    """transformers ``DynamicSlidingWindowLayer(window)``: ``concat(old, new)`` then keep the
+    last ``window - 1`` tokens (a view of the concatenation, which is also what the update
+    returns). With ``window == 1`` the slice ``[-0:]`` keeps everything, as in transformers."""
+
+    kind = "DynamicSlidingWindowLayer"
+
+    def __init__(self, token_bytes: int, window: int):
+        super().__init__(token_bytes)
+        self.window = window
+        self.stored = 0
+        self.bounded = window > 1
+
+    @property
+    def capacity(self) -> int:
+        return self.stored
+
+    @property
+    def tokens_held(self) -> int:
+        return self.stored
+
+    def _keep(self, full: int) -> int:
+        return full if self.window == 1 else min(full, self.window - 1)
+
+    def update(self, n: int) -> int:
+        before = self.bytes_allocated
+        full = self.stored + n
+        self.stored = self._keep(full)
+        self.offset += n
+        return before + full * self.token_bytes
+
+    def regular_steps(self) -> int:
+        return UNBOUNDED
+
+    def skip(self, k: int) -> None:
+        self.stored = self._keep(self.stored + k)
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self.bounded and self.stored == self.window - 1
+
+
+class StaticSliding(Rule):
+    """transformers ``StaticSlidingWindowLayer(max_cache_len, window)``: ``min(window,
+    max_cache_len)`` slots allocated at the first update; once full, a 1-token update rolls a
+    copy of the buffer, a longer one concatenates ``buffer[1:] + new``."""
+
+    kind = "StaticSlidingWindowLayer"
+    bounded = True
+
+    def __init__(self, token_bytes: int, max_cache_len: int, window: int):
+        super().__init__(token_bytes)
+        self.cap_when_started = min(window, max_cache_len)
+        self.started = False
+
+    @property
+    def capacity(self) -> int:
+        return self.cap_when_started if self.started else 0
+
+    @property
+    def tokens_held(self) -> int:
+        return min(self.offset, self.capacity)
+
+    def update(self, n: int) -> int:
+        self.started = True
+        cap = self.cap_when_started
+        before = self.bytes_allocated
+        current = self.offset
+        self.offset += n
+        tb = self.token_bytes
+        if current >= cap:
+            return before + (cap if n == 1 else cap - 1 + n) * tb
+        if current + n > cap:
+            return before + (current + n) * tb if current else before
+        return before
+
+    def regular_steps(self) -> int:
+        return UNBOUNDED if self.started else 0
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self.started and self.offset >= self.cap_when_started
+
+
+class Kivi(Rule):
+    """transformers ``QuantizedLayer`` (KIVI-style) with our quantizer. The first update
+    quantizes all its tokens; later ones dequantize everything, append the residual and the new
+    tokens at full precision, and either keep the new tokens in the residual or, when the
+    residual would reach ``residual_length``, requantize every token and empty the residual.
+    The residual therefore holds at most ``residual_length - 1`` tokens."""
+
+    kind = "QuantizedLayer"
+
+    def __init__(self, fp_token_bytes: int, q_token_bytes: int, residual_length: int):
+        super().__init__(fp_token_bytes)
+        self.q_token_bytes = q_token_bytes
+        self.residual_length = residual_length
+        self.quantized = 0
+        self.residual = 0
+        self.started = False
+
+    @property
+    def capacity(self) -> int:
+        return self.quantized + self.residual
+
+    @property
+    def tokens_held(self) -> int:
+        return self.quantized + self.residual
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self.quantized * self.q_token_bytes + self.residual * self.token_bytes
+
+    @property
+    def bytes_used(self) -> int:
+        return self.bytes_allocated
+
+    def update(self, n: int) -> int:
+        before = self.bytes_allocated
+        self.offset += n
+        if not self.started:
+            self.started = True
+            self.quantized = n
+            return before + self.bytes_allocated
+        total = self.quantized + self.residual + n
+        # dequantized copy + the concatenated full-precision states returned to attention
+        peak = before + (self.quantized + total) * self.token_bytes
+        if self.residual + n >= self.residual_length:
+            self.quantized, self.residual = total, 0
+            return peak + self.bytes_allocated  # new quantized arrays while the old ones live
+        self.residual += n
+        return peak + self.residual * self.token_bytes  # the residual's concatenation
+
+    def regular_steps(self) -> int:
+        return max(0, self.residual_length - 1 - self.residual) if self.started else 0
+
+    def skip(self, k: int) -> None:
+        self.residual += k
+        self.offset += k
+
+
+class QuantizeAfter(Rule):
+    """A full-precision ``KVCache`` that mlx-lm's ``maybe_quantize_kv_cache`` converts with
+    ``to_quantized`` after the first update that brings ``offset >= start``: the quantized
+    arrays keep the full buffer's slot count, and the conversion holds both copies."""
+
+    def __init__(self, fp_token_bytes: int, q_token_bytes: int, start: int, step: int = MLX_STEP):
+        super().__init__(fp_token_bytes)
+        self.start = start
+        self.inner: StepGrowth = StepGrowth(fp_token_bytes, step, kind="KVCache")
+        self.q_token_bytes = q_token_bytes
+        self.converted = False
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.inner.kind
+
+    @property
+    def capacity(self) -> int:
+        return self.inner.capacity
+
+    @property
+    def tokens_held(self) -> int:
+        return self.inner.tokens_held
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self.inner.bytes_allocated
+
+    @property
+    def bytes_used(self) -> int:
+        return self.inner.bytes_used
+
+    def update(self, n: int) -> int:
+        peak = self.inner.update(n)
+        self.offset = self.inner.offset
+        if not self.converted and self.offset >= self.start:
+            fp = self.inner.bytes_allocated
+            q = StepGrowth(self.q_token_bytes, MLX_STEP, kind="QuantizedKVCache")
+            q.cap, q.offset = self.inner.cap, self.inner.offset
+            self.inner, self.converted = q, True
+            peak = max(peak, fp + q.bytes_allocated)
+        return peak
+
+    def regular_steps(self) -> int:
+        k = self.inner.regular_steps()
+        if not self.converted:
+            k = min(k, max(0, self.start - 1 - self.offset))
+        return k
+
+    def skip(self, k: int) -> None:
+        self.inner.skip(k)
+        self.offset = self.inner.offset
+
+    def copy(self) -> Rule:
+        twin = copy.copy(self)
+        twin.inner = self.inner.copy()
+        return twin
+
+
+class RecurrentState(Rule):
+    """mlx-lm ``ArraysCache`` / transformers ``LinearAttentionLayer`` of a Mamba-style layer:
+    fixed-size conv and SSM state arrays, set at the first update and replaced (MLX) or copied
+    into (torch) at every update. All of it counts as used."""
+
+    kind = "ArraysCache"
+    bounded = True
+
+    def __init__(self, state_bytes: int, kind: str | None = None):
+        super().__init__(0)
+        self.state_bytes = state_bytes
+        self.started = False
+        if kind:
+            self.kind = kind
+
+    @property
+    def capacity(self) -> int:
+        return 0
+
+    @property
+    def tokens_held(self) -> int:
+        return 0
+
+    @property
+    def bytes_allocated(self) -> int:
+        return self.state_bytes if self.started else 0
+
+    @property
+    def bytes_used(self) -> int:
+        return self.bytes_allocated
+
+    def update(self, n: int) -> int:
+        before = self.bytes_allocated
+        self.started = True
+        self.offset += n
+        return before + self.bytes_allocated  # the new state is computed while the old one lives
+
+    def regular_steps(self) -> int:
+        return UNBOUNDED if self.started else 0
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self.started

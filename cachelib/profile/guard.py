@@ -1,0 +1,59 @@
+"""The memory guard: stop a run before the next step's caches would pass a byte limit.
+
+The limit covers the KV caches of all strategies of the run together (they live side by side in
+one process). Before each step the guard predicts what every cache will hold after it, with the
+capacity planner's exact allocation rules (:mod:`cachelib.plan.accounting`), and stops the run
+when the total would pass the limit.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from ..introspect import CacheView
+from ..spec import Spec
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory_limit(value: int | float | str | None) -> int | None:
+    """Bytes from ``1_000_000``, ``"512MB"``, ``"1.5 GB"``, ``"2GiB"``; None means no limit."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"memory_limit must be bytes or a size like '2GB', got {value!r}")
+    if isinstance(value, (int, float)):
+        limit = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"memory_limit {value!r} is not a size; write bytes or e.g. '512MB', '1.5GB', '2GiB'")
+        limit = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if limit <= 0:
+        raise ValueError(f"memory_limit must be > 0, got {value!r}")
+    return int(limit)
+
+
+class MemoryGuard:
+    def __init__(self, limit: int, loaded, specs: Sequence[Spec]):
+        from ..plan import arch_from_model_info
+        from ..plan.accounting import replay
+
+        arch = arch_from_model_info(loaded.info)
+        self.limit = limit
+        self._runs = [replay(arch, spec, loaded.info.backend, dtype=loaded.info.dtype) for spec in specs]
+
+    def check(self, tokens_in: int, views: list[list[CacheView]]) -> str:
+        """A reason to stop before a step that feeds ``tokens_in`` tokens to every cache, or ""
+        to go on (the guard then counts that step as taken)."""
+        twins = [r.copy() for r in self._runs]
+        after = sum(t.update(tokens_in, "prefill" if tokens_in > 1 else "decode", False).bytes_allocated for t in twins)
+        if after > self.limit:
+            now = sum(v.bytes_allocated for layer_views in views for v in layer_views)
+            return (
+                f"memory guard: the next step would bring the caches to {after:,} bytes "
+                f"(now {now:,}), over the limit of {self.limit:,} bytes"
+            )
+        self._runs = twins
+        return ""

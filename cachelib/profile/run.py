@@ -1,0 +1,386 @@
+"""A profiling run: one model, one backend, one prompt or text, several cache strategies.
+
+The first strategy is the baseline. In the default teacher-forced mode the baseline decodes
+greedily and every other strategy is fed the baseline's tokens, so step t means the same token
+for all and their numbers compare; with an evaluation text, every strategy is fed the text. In
+free-running mode each strategy feeds its own greedy tokens and the profile records where its
+stream first departs from the baseline's.
+
+Each step advances every strategy by one forward pass (baseline first) and records rows through
+the probes. The run reads caches only through their introspection. It stops cleanly — leaving a
+readable profile marked incomplete with the reason — on an exception, Ctrl-C, a stop request or
+the memory guard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..decode import Runner, encode_prompt
+from ..introspect import CacheView
+from ..models import LoadedModel, load
+from ..spec import Spec, parse_spec
+from .backends import BackendProbe
+from .guard import MemoryGuard, parse_memory_limit
+from .probes import Probes
+from .quality import compare
+from .store import Profile, ProfileWriter
+
+DEFAULT_TEXT_PROMPT_TOKENS = 32
+
+
+@dataclass
+class StepEvent:
+    """What ``on_step`` receives after every strategy has taken step ``step``."""
+
+    step: int
+    total_steps: int
+    profile: Profile
+    rows: dict[str, dict] = field(default_factory=dict)  # strategy label -> its steps row
+    caches: dict[str, Any] = field(default_factory=dict)  # strategy label -> its live cache (read-only use)
+
+
+class _Strategy:
+    def __init__(self, label: str, spec: Spec, cache: Any):
+        self.label = label
+        self.spec = spec
+        self.cache = cache
+        self.last_token: int | None = None
+        self.tokens: list[int] = []
+        self.departed = False
+
+
+def strategy_labels(specs: Sequence[Spec]) -> list[str]:
+    """Canonical spec text per strategy; repeats get ``#2``, ``#3`` so every label is unique."""
+    seen: dict[str, int] = {}
+    out = []
+    for spec in specs:
+        text = str(spec)
+        seen[text] = seen.get(text, 0) + 1
+        out.append(text if seen[text] == 1 else f"{text}#{seen[text]}")
+    return out
+
+
+def run_profile(
+    model: str | LoadedModel = "smollm2",
+    strategies: Sequence[str | Spec] = ("standard",),
+    *,
+    backend: str = "mlx",
+    device: str | None = None,
+    prompt: str | None = None,
+    text: str | None = None,
+    max_tokens: int = 64,
+    free_running: bool = False,
+    probes: Probes | None = None,
+    memory_limit: int | float | str | None = None,
+    out: str | os.PathLike | None = None,
+    name: str | None = None,
+    chat: bool = True,
+    prompt_tokens: int = DEFAULT_TEXT_PROMPT_TOKENS,
+    on_step: Callable[[StepEvent], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Profile:
+    """Profile ``strategies`` on ``model`` and return the :class:`Profile` (also streamed to
+    ``out`` as CSV when given). Everything is validated before the model runs."""
+    specs = [parse_spec(s) for s in strategies]
+    if not specs:
+        raise ValueError("give at least one strategy (the first is the baseline)")
+    if isinstance(model, LoadedModel):
+        backend = model.info.backend
+    for spec in specs:
+        spec.check_backend(backend)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    if (prompt is None) == (text is None):
+        raise ValueError("give exactly one of prompt= (chat prompt) or text= (evaluation text)")
+    if not (prompt if prompt is not None else text).strip():
+        raise ValueError("the prompt is empty; give some text to decode from" if prompt is not None else "the evaluation text is empty")
+    if text is not None and free_running:
+        raise ValueError("free-running mode decodes from a prompt; an evaluation text is teacher-forced")
+    probes = probes or Probes()
+    limit = parse_memory_limit(memory_limit)
+    out_path = Path(out) if out is not None else None
+    if out_path is not None and out_path.suffix.lower() != ".csv":
+        raise ValueError(f"profiles stream as CSV; got {str(out_path)!r} (use a .csv name)")
+
+    loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
+    runner = Runner(loaded)
+    probe = BackendProbe(loaded)
+    tok = loaded.tokenizer
+
+    if text is not None:
+        ids = [int(i) for i in tok.encode(text)]
+        if len(ids) < 2:
+            raise ValueError("the evaluation text is too short: it needs at least 2 tokens")
+        n_prompt = max(1, min(prompt_tokens, len(ids) - 1))
+        prompt_ids, continuation = ids[:n_prompt], ids[n_prompt:]
+        max_tokens = min(max_tokens, len(continuation))
+    else:
+        prompt_ids, continuation = encode_prompt(tok, prompt, chat), None
+
+    labels = strategy_labels(specs)
+    states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
+    guard = MemoryGuard(limit, loaded, specs) if limit is not None else None
+
+    meta = _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name)
+    profile = Profile(meta)
+    writer = ProfileWriter(out_path) if out_path is not None else None
+    if writer:
+        writer.write_meta(meta)
+        writer.flush()
+
+    status, reason, completed = "complete", "", 0
+    try:
+        feed = prompt_ids
+        for step in range(max_tokens):
+            if should_stop is not None and should_stop():
+                status, reason = "incomplete", f"stopped by request before step {step}"
+                break
+            if guard is not None:
+                verdict = guard.check(len(feed), [probe.views(s.cache) for s in states])
+                if verdict:
+                    status, reason = "incomplete", verdict
+                    break
+            last = step == max_tokens - 1
+            event = StepEvent(step, max_tokens, profile)
+            base_logits = None
+            target = None
+            for i, st in enumerate(states):
+                ids = feed if not free_running or step == 0 else [st.last_token]
+                logits, rows = _take_step(runner, probe, probes, st, step, last, ids)
+                if i == 0:
+                    base_logits = logits
+                    target = continuation[step] if continuation is not None else int(np.argmax(logits))
+                step_row = rows["steps"]
+                if probes.on("quality", step, last):
+                    kl, agree, lp = compare(base_logits, logits, target) if i else (0.0, True, _logprob(logits, target))
+                    step_row.update(kl=kl, top1_agree=agree, logprob_target=lp)
+                if free_running:
+                    st.departed = st.departed or st.tokens != states[0].tokens[: len(st.tokens)]
+                    step_row["departed"] = st.departed
+                for table, table_rows in rows.items():
+                    table_rows = [table_rows] if isinstance(table_rows, dict) else table_rows
+                    profile.add(table, table_rows)
+                    if writer:
+                        writer.write(table, table_rows)
+                event.rows[st.label] = step_row
+                event.caches[st.label] = st.cache
+            feed = [target]
+            completed = step + 1
+            if writer:
+                writer.flush()
+            if on_step is not None:
+                on_step(event)
+    except KeyboardInterrupt:
+        status, reason = "incomplete", f"interrupted (Ctrl-C) during step {completed}"
+        _close(profile, writer, status, reason, completed)
+        raise
+    except BaseException as e:
+        status, reason = "incomplete", f"error during step {completed}: {type(e).__name__}: {e}"
+        _close(profile, writer, status, reason, completed)
+        raise
+    _close(profile, writer, status, reason, completed)
+    return profile
+
+
+def _logprob(logits: np.ndarray, target: int) -> float:
+    from .quality import log_softmax
+
+    return float(log_softmax(logits)[target])
+
+
+def _close(profile: Profile, writer: ProfileWriter | None, status: str, reason: str, completed: int) -> None:
+    profile.meta.update(status=status, reason=reason, steps_completed=completed, finished=_now())
+    if writer:
+        profile.path = writer.close(profile.meta)
+
+
+def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bool, ids: list[int]):
+    n = len(ids)
+    want_masks = probes.on("masks", step, last)
+    want_error = probes.on("quant_error", step, last)
+    masks_raw = probe.masks_before(st.cache, probe.views(st.cache), n) if want_masks else None
+    if want_error:
+        probe.set_track_error(st.cache, True)
+    if probes.system:
+        probe.reset_peak()
+    start = time.perf_counter()
+    logits = runner.step(st.cache, ids)
+    wall = time.perf_counter() - start
+    if want_error:
+        probe.set_track_error(st.cache, False)
+    token = int(np.argmax(logits))
+    st.last_token = token
+    st.tokens.append(token)
+
+    views = probe.views(st.cache)
+    position = max((v.offset for v in views), default=step) - 1
+    row: dict[str, Any] = {
+        "strategy": st.label,
+        "step": step,
+        "phase": "prefill" if step == 0 else "decode",
+        "position": position,
+        "tokens_in": n,
+        "token_id": token,
+    }
+    rows: dict[str, Any] = {"steps": row}
+    if probes.on("system", step, last):
+        active, peak = probe.device_memory()
+        row.update(
+            wall_seconds=wall,
+            tokens_per_second=n / wall if wall > 0 else None,
+            device_active_bytes=active,
+            device_peak_bytes=peak,
+            rss_bytes=_rss(),
+        )
+    if probes.on("memory", step, last):
+        row.update(
+            cache_tokens_held=max((v.tokens_held for v in views), default=0),
+            cache_bytes_used=sum(v.bytes_used for v in views),
+            cache_bytes_allocated=sum(v.bytes_allocated for v in views),
+        )
+        rows["layers"] = [
+            _layer_row(st.label, step, i, v, ring=probes.on("ring", step, last), error=want_error)
+            for i, v in enumerate(views)
+        ]
+    if probes.on("ring", step, last):
+        rows["slots"] = [
+            {
+                "strategy": st.label,
+                "step": step,
+                "layer": i,
+                "write_index": v.write_index,
+                "keep": v.keep,
+                "positions": " ".join(map(str, v.slot_positions().tolist())),
+            }
+            for i, v in enumerate(views)
+            if v.layout == "ring"
+        ]
+    if masks_raw is not None:
+        rows["masks"] = _mask_rows(st.label, step, probe.masks_after(masks_raw, views, n), views, n)
+    return logits, rows
+
+
+MAX_MASK_QUERIES = 64  # prefill masks keep their last 64 query rows (documented in profiles/README.md)
+
+
+def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: int) -> list[dict]:
+    rows = []
+    for layer, (mask, view) in enumerate(zip(masks, views)):
+        if mask is None:
+            continue
+        positions = view.slot_positions()
+        if positions.ndim > 1:
+            positions = positions[0]
+        keys = positions[positions >= 0] if view.layout == "linear" else positions
+        keys = keys[: mask.shape[1]]
+        key_text = " ".join(map(str, keys.tolist()))
+        first = max(0, n - MAX_MASK_QUERIES)
+        for q in range(first, n):
+            rows.append(
+                {
+                    "strategy": label,
+                    "step": step,
+                    "layer": layer,
+                    "query": q,
+                    "query_position": view.offset - n + q,
+                    "mask": "".join("1" if b else "0" for b in mask[q].tolist()),
+                    "key_positions": key_text,
+                }
+            )
+    return rows
+
+
+def _layer_row(label: str, step: int, layer: int, v: CacheView, ring: bool, error: bool) -> dict:
+    row = {
+        "strategy": label,
+        "step": step,
+        "layer": layer,
+        "kind": v.kind,
+        "offset": v.offset,
+        "tokens_held": v.tokens_held,
+        "capacity": v.capacity,
+        "max_capacity": v.max_capacity,
+        "bytes_used": v.bytes_used,
+        "bytes_allocated": v.bytes_allocated,
+        "key_bits": v.key_bits,
+        "value_bits": v.value_bits,
+        "group_size": v.group_size,
+        "quantized_tokens": v.quantized_tokens,
+    }
+    if ring:
+        row.update(write_index=v.write_index, keep=v.keep, evicted=v.evicted)
+    if error and v.quant_error is not None:
+        e = v.quant_error
+        row.update(
+            key_rel_rms=e.key_rel_rms,
+            key_max_abs=e.key_max_abs,
+            value_rel_rms=e.value_rel_rms,
+            value_max_abs=e.value_max_abs,
+        )
+    return row
+
+
+def _rss() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # psutil missing or the platform refuses: the column stays empty
+        return None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name) -> dict:
+    info = loaded.info
+    return {
+        "schema_version": 1,
+        "name": name or "",
+        "run_id": uuid.uuid4().hex[:12],
+        "created": _now(),
+        "cachelib_version": __version__,
+        "model": info.name,
+        "model_source": info.source,
+        "architecture": info.architecture,
+        "random_weights": info.random_weights,
+        "backend": info.backend,
+        "device": info.device,
+        "dtype": info.dtype,
+        "weight_format": info.weight_format,
+        "num_layers": info.num_layers,
+        "num_kv_heads": info.num_kv_heads,
+        "head_dim": info.head_dim,
+        "mode": "free-running" if free_running else "teacher-forced",
+        "input": "text" if text is not None else "prompt",
+        "prompt": prompt if prompt is not None else text,
+        "prompt_tokens": len(prompt_ids),
+        "max_tokens": max_tokens,
+        "strategies": json.dumps(labels),
+        "specs": json.dumps([str(s) for s in specs]),
+        "baseline": labels[0],
+        "probes": json.dumps(probes.to_dict()),
+        "memory_limit": limit if limit is not None else "",
+        "status": "running",
+        "reason": "",
+        "steps_completed": 0,
+    }
+
+
+def default_profile_name(model: str, strategies: Sequence[str]) -> str:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{model}-{len(strategies)}strat").strip("-")
+    return f"{stamp}-{slug}"

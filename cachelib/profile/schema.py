@@ -1,0 +1,92 @@
+"""The profile's tables and their columns: the versioned schema of what a run records.
+
+A profile is five tidy tables. On disk they share one long CSV (or Parquet) file whose first
+column, ``table``, says which table a row belongs to; each table uses its own subset of the
+columns and leaves the others empty. ``profiles/README.md`` documents every column; this module
+is the machine-readable form of that page and the only place the column lists live.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# dtype codes: "int" (nullable integer), "float", "str", "bool" (stored as 0/1)
+TABLES: dict[str, dict[str, str]] = {
+    # One row per key: what was run, on what, and how it ended.
+    "meta": {"key": "str", "value": "str"},
+    # One row per strategy x step.
+    "steps": {
+        "strategy": "str",
+        "step": "int",
+        "phase": "str",  # prefill | decode
+        "position": "int",  # absolute position of the last token fed this step
+        "tokens_in": "int",  # tokens fed this step (prompt length at prefill, then 1)
+        "token_id": "int",  # the token this strategy predicts next (greedy)
+        "wall_seconds": "float",
+        "tokens_per_second": "float",
+        "cache_tokens_held": "int",  # max over layers
+        "cache_bytes_used": "int",  # sum over layers
+        "cache_bytes_allocated": "int",
+        "device_active_bytes": "int",  # empty where the device has no allocator counters
+        "device_peak_bytes": "int",
+        "rss_bytes": "int",
+        "kl": "float",  # KL(baseline || strategy) of the next-token distributions, nats
+        "top1_agree": "bool",
+        "logprob_target": "float",  # log-prob the strategy gives the baseline's (or the text's) next token
+        "departed": "bool",  # free-running only: this strategy's tokens have left the baseline's
+    },
+    # One row per strategy x step x layer: what each layer cache holds.
+    "layers": {
+        "strategy": "str",
+        "step": "int",
+        "layer": "int",
+        "kind": "str",
+        "offset": "int",
+        "tokens_held": "int",
+        "capacity": "int",
+        "max_capacity": "int",
+        "bytes_used": "int",
+        "bytes_allocated": "int",
+        "write_index": "int",
+        "keep": "int",
+        "evicted": "int",
+        "key_bits": "int",
+        "value_bits": "int",
+        "group_size": "int",
+        "quantized_tokens": "int",
+        "key_rel_rms": "float",
+        "key_max_abs": "float",
+        "value_rel_rms": "float",
+        "value_max_abs": "float",
+    },
+    # Sampled: absolute position held in each slot of a ring-buffer cache (-1: empty).
+    "slots": {
+        "strategy": "str",
+        "step": "int",
+        "layer": "int",
+        "write_index": "int",
+        "keep": "int",
+        "positions": "str",  # space-separated, one per slot, slot order
+    },
+    # Sampled: the boolean attention mask the cache produced, one row per query.
+    "masks": {
+        "strategy": "str",
+        "step": "int",
+        "layer": "int",
+        "query": "int",  # row index within this step's queries
+        "query_position": "int",
+        "mask": "str",  # "1"/"0" per key, in the key order the cache returned (slot order)
+        "key_positions": "str",  # absolute position of each key in that order, space-separated
+    },
+}
+
+COLUMNS: list[str] = ["table"]
+for _cols in TABLES.values():
+    for _c in _cols:
+        if _c not in COLUMNS:
+            COLUMNS.append(_c)
+
+DTYPES: dict[str, str] = {c: t for cols in TABLES.values() for c, t in cols.items()}
+
+META_REQUIRED = ("schema_version", "status", "backend", "model", "strategies", "baseline")
+STATUSES = ("running", "complete", "incomplete")
