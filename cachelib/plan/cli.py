@@ -16,13 +16,15 @@ from pathlib import Path
 from ..spec import parse_spec
 from .accounting import DTYPE_BYTES, account
 from .presets import preset_names, resolve_model
-from .solver import GB, Fit, plan, weight_bytes
+from .quality import measured_quality, recommend
+from .solver import GB, Fit, attach_quality, human_bytes, plan, weight_bytes
 
 CSV_COLUMNS = (
     "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",
     "bytes_allocated", "bytes_used", "peak_bytes", "max_resident_bytes", "device_bytes", "host_bytes",
     "bytes_per_token", "weights_bytes", "reserve_bytes", "budget_bytes", "budget_needed", "headroom_bytes",
-    "fits", "max_context", "context_limit", "max_batch", "sessions",
+    "fits", "max_context", "context_limit", "max_batch", "sessions", "mean_kl", "top1_agreement", "quality_model",
+    "quality_source",
 )  # fmt: skip
 
 
@@ -51,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-bits", type=float, default=16, help="bits per weight when counting (default 16)")
     parser.add_argument("--reserve-gb", type=float, default=0.0, help="kept free for activations/runtime (default 0)")
     parser.add_argument("--layers", action="store_true", help="also print each strategy's per-layer caches")
+    parser.add_argument(
+        "--quality-from", type=Path, default=Path("profiles"), metavar="DIR",
+        help="profiles whose measured quality (KL, top-1 agreement) is attached to each strategy (default: profiles/)",
+    )  # fmt: skip
+    parser.add_argument("--max-kl", type=float, help="recommend the cheapest strategy with mean KL at most this (nats)")
+    parser.add_argument("--min-agreement", type=float, help="recommend the cheapest strategy with top-1 agreement at least this (0..1)")
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
 
 
@@ -74,6 +82,11 @@ def _gb(name: str, value: float | None) -> int | None:
 def _run(args: argparse.Namespace) -> None:
     arch = resolve_model(args.model)
     specs = [parse_spec(s) for s in (args.strategy or ["standard"])]
+    quality = measured_quality(args.quality_from) if args.quality_from.exists() else {}
+    recommending = args.max_kl is not None or args.min_agreement is not None
+    if recommending:  # the candidates: the strategies asked for and every strategy with evidence
+        given = {str(s) for s in specs}
+        specs += [parse_spec(s) for s in quality if s not in given]
     for flag, value in (("context", args.context), ("batch", args.batch)):
         if value <= 0:
             raise ValueError(f"--{flag} must be a positive integer, got {value}")
@@ -88,8 +101,17 @@ def _run(args: argparse.Namespace) -> None:
         prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
         reserve_bytes=_gb("reserve-gb", args.reserve_gb) or 0,
     )  # fmt: skip
+    fits = attach_quality(fits, quality)
     print(_header(arch, args, weights, budget))
     print(format_table(fits, budgeted=budget is not None))
+    measured_on = sorted({f.quality.model for f in fits if f.quality is not None})
+    if measured_on:
+        print(f"quality measured on {', '.join(measured_on)} (profiles in {args.quality_from}), not on {arch.name}"
+              if arch.name not in measured_on else f"quality measured on {', '.join(measured_on)}")
+    if recommending:
+        print()
+        print("recommendation: " + recommend(fits, max_kl=args.max_kl, min_agreement=args.min_agreement,
+                                             planned_model=arch.name).text)
     if args.layers:
         for spec in specs:
             print()
@@ -101,18 +123,6 @@ def _run(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # text
-
-
-def human_bytes(n: float | None) -> str:
-    """SI units: 1 GB = 10^9 bytes."""
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{int(n)} B"
 
 
 def _header(arch, args, weights, budget) -> str:
@@ -144,6 +154,9 @@ def _limit_text(fit: Fit) -> str:
 def format_table(fits: list[Fit], budgeted: bool) -> str:
     """The plan as an aligned text table, one row per strategy."""
     head = ["strategy", "allocated", "used", "peak", "per token", "host"]
+    measured = any(f.quality is not None for f in fits)
+    if measured:
+        head += ["mean KL", "top-1"]
     if budgeted:
         head += ["fits", "headroom", "max context", "max batch", "sessions", "budget needed"]
     rows = []
@@ -151,6 +164,9 @@ def format_table(fits: list[Fit], budgeted: bool) -> str:
         c = f.cache
         row = [f.spec, human_bytes(c.bytes_allocated), human_bytes(c.bytes_used), human_bytes(c.peak_bytes),
                human_bytes(c.bytes_per_token), human_bytes(c.host_bytes) if c.host_bytes else "-"]  # fmt: skip
+        if measured:
+            q = f.quality
+            row += [f"{q.mean_kl:.4g}" if q else "-", f"{q.top1_agreement:.1%}" if q else "-"]
         if budgeted:
             row += ["yes" if f.fits else "NO", human_bytes(f.headroom_bytes), _limit_text(f), str(f.max_batch),
                     str(f.sessions), human_bytes(f.budget_needed)]  # fmt: skip
@@ -202,6 +218,10 @@ def write_csv(path: Path, fits: list[Fit], model: str) -> None:
                 "headroom_bytes": _blank(f.headroom_bytes), "fits": _blank(f.fits),
                 "max_context": _blank(f.max_context), "context_limit": f.context_limit,
                 "max_batch": _blank(f.max_batch), "sessions": _blank(f.sessions),
+                "mean_kl": _blank(f.quality and f.quality.mean_kl),
+                "top1_agreement": _blank(f.quality and f.quality.top1_agreement),
+                "quality_model": _blank(f.quality and f.quality.model),
+                "quality_source": _blank(f.quality and f.quality.source),
             })  # fmt: skip
 
 

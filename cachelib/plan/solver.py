@@ -73,6 +73,18 @@ class Fit:
         return None if headroom is None else headroom >= 0
 
 
+def human_bytes(n: float | None) -> str:
+    """SI units: 1 GB = 10^9 bytes."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
 def weight_bytes(arch: Arch, bits: float = 16) -> int:
     """Weight bytes as parameter count x ``bits`` / 8 (e.g. 4.5 for 4-bit weights with group
     scales)."""
