@@ -64,7 +64,10 @@ class BackendProbe:
             if view.layout not in ("linear", "ring"):
                 out.append(None)
             elif self.backend == "mlx":
-                out.append(("array", layer.make_mask(n_queries, return_array=True)))
+                if hasattr(layer, "make_mask"):
+                    out.append(("array", layer.make_mask(n_queries, return_array=True)))
+                else:  # mlx-lm models then pass None (one query) or "causal" (aligned to the end)
+                    out.append(("causal",))
             else:
                 kv_length, kv_offset = cache.get_mask_sizes(n_queries, idx)
                 window = getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
@@ -78,6 +81,10 @@ class BackendProbe:
         for raw, view in zip(before, views):
             if raw is None:
                 out.append(None)
+                continue
+            if raw[0] == "causal":
+                k = view.tokens_held
+                out.append(np.arange(k)[None, :] <= (k - n_queries + np.arange(n_queries))[:, None])
                 continue
             if raw[0] == "sizes":  # torch: key k holds position kv_offset + k; causal (+ window)
                 _, kv_length, kv_offset, window = raw

@@ -1,0 +1,327 @@
+"""Group-wise quantized KV storage: :class:`QuantizedKVCache` and the quantization helpers the
+quantizing caches share (argument checks, packed sizes, the error probe).
+
+A quantized array is stored as mx.quantize's three parts, each with the token axis at 2:
+``packed`` uint32 ``(B, H, T, D * bits / 32)``, ``scales`` and ``biases`` ``(B, H, T, D / group)``
+in the dtype of the incoming keys. When keys and values share one width, the cache exposes
+``bits`` and hands the parts to mlx-lm's quantized attention; when they differ (beyond mlx-lm),
+it has no ``bits`` attribute and hands back dequantized arrays, so the standard attention runs.
+
+Beyond mlx-lm, ``start=N`` keeps full precision until ``N`` tokens are held and then converts
+the cache in place, exactly when mlx-lm's ``--quantized-kv-start`` would swap in a
+``QuantizedKVCache``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from ..introspect import CacheView, QuantError
+from ..spec import GROUP_SIZES, QUANT_BITS
+from .base import (
+    STEP,
+    LayerCache,
+    array_bytes,
+    attention_mask,
+    check_int,
+    check_kv_pair,
+    check_trim,
+    dtype_name,
+    grow,
+    per_token_bytes,
+    token_length,
+    write_linear,
+)
+
+# --- checks and helpers shared by every quantizing cache -------------------------------------
+
+
+def check_bits(name: str, bits, where: str) -> int:
+    if isinstance(bits, bool) or bits not in QUANT_BITS:
+        raise ValueError(f"{where}: {name}={bits!r} is not supported; allowed: {', '.join(map(str, QUANT_BITS))}")
+    return int(bits)
+
+
+def check_group_size(group_size, where: str) -> int:
+    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+        raise ValueError(
+            f"{where}: group_size={group_size!r} is not supported; allowed: {', '.join(map(str, GROUP_SIZES))}"
+        )
+    return int(group_size)
+
+
+def check_head_dim(head_dim: int, group_size: int, where: str) -> None:
+    if head_dim % group_size:
+        divisors = [g for g in GROUP_SIZES if head_dim % g == 0]
+        raise ValueError(
+            f"{where}: group_size={group_size} does not divide the head dimension head_dim={head_dim}; "
+            f"allowed group sizes for it: {', '.join(map(str, divisors)) or 'none'}"
+        )
+
+
+def quantize(x: mx.array, group_size: int, bits: int) -> list[mx.array]:
+    return mx.quantize(x, group_size=group_size, bits=bits)
+
+
+def dequantize(parts, group_size: int, bits: int) -> mx.array:
+    return mx.dequantize(*parts, group_size=group_size, bits=bits)
+
+
+def error_terms(x: mx.array, parts, group_size: int, bits: int) -> mx.array:
+    """Lazy ``[sum sq error, sum sq x, max abs error]`` of ``parts`` reconstructing ``x``."""
+    x = x.astype(mx.float32)
+    diff = dequantize(parts, group_size, bits).astype(mx.float32) - x
+    return mx.stack([mx.sum(diff * diff), mx.sum(x * x), mx.max(mx.abs(diff))])
+
+
+def merge_terms(a: mx.array | None, b: mx.array) -> mx.array:
+    if a is None:
+        return b
+    return mx.concatenate([a[:2] + b[:2], mx.maximum(a[2:], b[2:])])
+
+
+def to_quant_error(terms) -> QuantError | None:
+    """The record of an update's error terms (reads two tiny arrays: only with track_error)."""
+    if terms is None:
+        return None
+    k, v = (t.tolist() for t in terms)
+
+    def rel(t):
+        return math.sqrt(t[0]) / math.sqrt(t[1]) if t[1] > 0 else 0.0
+
+    return QuantError(rel(k), float(k[2]), rel(v), float(v[2]))
+
+
+class QuantizingCache(LayerCache):
+    """Shared by caches that quantize: the opt-in error probe and the width attributes.
+
+    ``key_bits`` / ``value_bits`` are the widths; ``bits`` exists only while keys and values
+    share a width and are stored quantized, because mlx-lm's attention takes the quantized path
+    for any cache that has ``bits``.
+    """
+
+    track_error = False  # the profiler sets it; when False no update does any extra work
+    _error = None  # (key terms, value terms) of the last update, lazy arrays
+    group_size = 64
+    key_bits = 8
+    value_bits = 8
+
+    def _record(self, key_terms, value_terms) -> None:
+        self._error = (key_terms, value_terms)
+
+    def _last_error(self) -> QuantError | None:
+        if not self.track_error or self._error is None:
+            return None
+        if not isinstance(self._error, QuantError):
+            self._error = to_quant_error(self._error)
+        return self._error
+
+    def _set_widths(self, group_size, key_bits, value_bits, where: str) -> None:
+        self.group_size = check_group_size(group_size, where)
+        self.key_bits = check_bits("key_bits", key_bits, where)
+        self.value_bits = check_bits("value_bits", value_bits, where)
+
+    def _check_dims(self, keys: mx.array, values: mx.array) -> None:
+        where = type(self).__name__
+        check_head_dim(keys.shape[-1], self.group_size, where)
+        check_head_dim(values.shape[-1], self.group_size, where)
+
+
+class QuantizedKVCache(QuantizingCache):
+    """mlx-lm's ``QuantizedKVCache(group_size, bits)``: every token stored quantized, in a buffer
+    grown in steps of 256 tokens.
+
+    Keyword-only, beyond mlx-lm: ``key_bits`` / ``value_bits`` (default ``bits``) quantize keys
+    and values at different widths; ``start=N`` holds the first tokens at full precision and
+    converts the whole cache at the first update that begins with ``N`` or more tokens held.
+    """
+
+    step = STEP
+    _pending = False  # True while the cache still holds full precision (before ``start``)
+    _error_pending = None  # error terms of a conversion, merged into the update that made it
+    start = 0
+    _STATE = ("keys", "values", "offset", "group_size", "bits | key_bits, value_bits, start")
+
+    def __init__(
+        self,
+        group_size: int = 64,
+        bits: int = 8,
+        *,
+        key_bits: int | None = None,
+        value_bits: int | None = None,
+        start: int = 0,
+    ):
+        where = "QuantizedKVCache"
+        check_bits("bits", bits, where)
+        self._set_widths(
+            group_size, bits if key_bits is None else key_bits, bits if value_bits is None else value_bits, where
+        )
+        self.start = check_int("start", start, 0, where)
+        self._pending = start > 0
+        self.keys = None
+        self.values = None
+        self.offset = 0
+
+    # mlx-lm's attention takes its quantized path for any cache with ``bits``: hide it while
+    # the arrays handed back are full precision (before ``start``, or with mixed widths).
+    @property
+    def bits(self) -> int:
+        if self._pending or self.key_bits != self.value_bits:
+            raise AttributeError("bits: this cache hands back full-precision arrays")
+        return self.key_bits
+
+    @bits.setter
+    def bits(self, value: int) -> None:
+        self.key_bits = self.value_bits = check_bits("bits", value, "QuantizedKVCache")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the stored tokens are quantized now (False until ``start`` is reached)."""
+        return not self._pending
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        prev = self.offset
+        if self.keys is None:
+            self._check_dims(keys, values)
+        if self._pending:
+            if prev < self.start:
+                self.keys = write_linear(self.keys, prev, keys, self.step)
+                self.values = write_linear(self.values, prev, values, self.step)
+                self.offset = prev + keys.shape[2]
+                if self.track_error:
+                    self._error = None
+                return self.keys_and_values()
+            self._convert()
+        gs, kb, vb = self.group_size, self.key_bits, self.value_bits
+        qk = quantize(keys, gs, kb)
+        qv = quantize(values, gs, vb)
+        end = prev + keys.shape[2]
+        if self.keys is None or end > self.keys[0].shape[2]:
+            self.keys = self._grown(self.keys, prev, qk)
+            self.values = self._grown(self.values, prev, qv)
+        for buf, new in zip(self.keys, qk):
+            buf[..., prev:end, :] = new
+        for buf, new in zip(self.values, qv):
+            buf[..., prev:end, :] = new
+        self.offset = end
+        if self.track_error:
+            kt, vt = error_terms(keys, qk, gs, kb), error_terms(values, qv, gs, vb)
+            if self._error_pending is not None:  # this update also converted the held tokens
+                kt, vt = merge_terms(self._error_pending[0], kt), merge_terms(self._error_pending[1], vt)
+                self._error_pending = None
+            self._record(kt, vt)
+        return self.keys_and_values()
+
+    def _grown(self, parts, used: int, incoming: list[mx.array]) -> list[mx.array]:
+        if parts is None:
+            return [grow(None, 0, p, self.step) for p in incoming]
+        return [grow(buf, used, p, self.step) for buf, p in zip(parts, incoming)]
+
+    def _convert(self) -> None:
+        """Full precision -> quantized, over the whole buffer (as mlx-lm's ``to_quantized``)."""
+        self._pending = False
+        if self.keys is None:
+            return
+        gs, kb, vb = self.group_size, self.key_bits, self.value_bits
+        full_k, full_v = self.keys, self.values
+        self.keys = quantize(full_k, gs, kb)
+        self.values = quantize(full_v, gs, vb)
+        n = self.offset
+        if self.track_error and n > 0:
+            self._error_pending = (
+                error_terms(full_k[..., :n, :], [p[..., :n, :] for p in self.keys], gs, kb),
+                error_terms(full_v[..., :n, :], [p[..., :n, :] for p in self.values], gs, vb),
+            )
+
+    def keys_and_values(self):
+        n = self.offset
+        if self._pending:
+            if n < self.keys.shape[2]:
+                return self.keys[..., :n, :], self.values[..., :n, :]
+            return self.keys, self.values
+        keys, values = self.keys, self.values
+        if n != keys[0].shape[2]:
+            keys = [p[..., :n, :] for p in keys]
+            values = [p[..., :n, :] for p in values]
+        if self.key_bits != self.value_bits:
+            gs = self.group_size
+            return dequantize(keys, gs, self.key_bits), dequantize(values, gs, self.value_bits)
+        return keys, values
+
+    @property
+    def state(self):
+        if self._pending or self.key_bits != self.value_bits:
+            return (self.keys, self.values, self.offset, self.group_size, self.key_bits, self.value_bits, self.start)
+        return self.keys, self.values, self.offset, self.group_size, self.key_bits
+
+    @state.setter
+    def state(self, v):
+        v = self._unpack_state(v, (5, 7))
+        where = "QuantizedKVCache"
+        if len(v) == 5:
+            keys, values, offset, group_size, bits = v
+            key_bits = value_bits = bits
+            start = 0
+        else:
+            keys, values, offset, group_size, key_bits, value_bits, start = v
+        self._set_widths(group_size, key_bits, value_bits, where)
+        self.start = check_int("start", start, 0, where)
+        self.offset = check_int("offset", offset, 0, where)
+        check_kv_pair(keys, values, where)
+        self._pending = keys is not None and not isinstance(keys, (list, tuple))
+        if keys is None:
+            self._pending = len(v) == 7 and offset < start
+        for name, x in (("keys", keys), ("values", values)):
+            if isinstance(x, (list, tuple)) and len(x) != 3:
+                raise ValueError(
+                    f"{where} state: quantized {name} must have 3 parts (packed, scales, biases), got {len(x)}"
+                )
+        if keys is not None and offset > token_length(keys):
+            raise ValueError(f"{where} state: offset={offset} exceeds the {token_length(keys)} slots stored")
+        self.keys, self.values = keys, values
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, check_trim(n, "QuantizedKVCache"))
+        self.offset -= n
+        return n
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        return attention_mask(N, self.offset, window_size, return_array)
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return array_bytes(self.keys, self.values)
+
+    def introspect(self) -> CacheView:
+        cap = 0 if self.keys is None else token_length(self.keys)
+        held = min(self.offset, cap)
+        total = array_bytes(self.keys, self.values)
+        quantized = not self._pending
+        return CacheView(
+            kind=type(self).__name__,
+            layout="linear",
+            offset=self.offset,
+            tokens_held=held,
+            capacity=cap,
+            max_capacity=None,
+            bytes_used=per_token_bytes(total, cap) * held,
+            bytes_allocated=total,
+            write_index=self.offset,
+            batch_size=1 if self.keys is None else (self.keys[0] if quantized else self.keys).shape[0],
+            key_bits=self.key_bits if quantized else None,
+            value_bits=self.value_bits if quantized else None,
+            group_size=self.group_size if quantized else None,
+            quantized_tokens=held if quantized else 0,
+            dtype=dtype_name(self.keys),
+            quant_error=self._last_error(),
+        )
+
+

@@ -1,0 +1,351 @@
+"""Ring-buffer caches that hold at most ``max_size`` tokens, the first ``keep`` of them forever
+(attention sinks): mlx-lm's :class:`RotatingKVCache` and, beyond mlx-lm, the same ring stored
+group-wise quantized (:class:`QuantizedRotatingKVCache`).
+
+Layout (token axis 2 of every stored array): slots ``[0, keep)`` hold positions ``0..keep-1``;
+the ring slots ``[keep, max_size)`` are overwritten in turn, ``_idx`` pointing at the next slot
+to write. A single-token update writes in place (the buffer first grows in steps of 256 up to
+``max_size``); a multi-token update first puts the held tokens in temporal order, then drops the
+oldest ring tokens so that every new token still sees ``max_size`` tokens, and appends - so the
+buffer briefly holds up to ``max_size + S - 1`` tokens. Keys come back in slot order, which is
+why a single query needs a rolled mask when a window narrower than the ring applies.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..introspect import CacheView
+from .base import (
+    STEP,
+    LayerCache,
+    array_bytes,
+    causal_mask,
+    check_int,
+    check_kv_pair,
+    check_trim,
+    dtype_name,
+    each,
+    per_token_bytes,
+    token_length,
+    zeros_like_tokens,
+)
+from .quantized import QuantizingCache, check_bits, dequantize, error_terms, quantize
+
+
+def _cut(x, keep: int, n: int, tail=None):
+    """``x`` without its ring slots ``[keep, keep + n)`` (when n > 0), ``tail`` appended;
+    part by part for quantized storage."""
+    if isinstance(x, (list, tuple)):
+        tails = tail if tail is not None else [None] * len(x)
+        return [_cut(p, keep, n, t) for p, t in zip(x, tails)]
+    pieces = [x[..., :keep, :], x[..., n + keep :, :]] if n > 0 else [x]
+    if tail is not None:
+        pieces.append(tail)
+    return mx.concatenate(pieces, axis=2)
+
+
+def _check_ring(max_size, keep, where: str) -> None:
+    check_int("max_size", max_size, 1, where)
+    check_int("keep", keep, 0, where)
+    if keep >= max_size:
+        raise ValueError(f"{where}: keep={keep} must be < max_size={max_size} (allowed: 0..{max_size - 1})")
+
+
+class _Ring(LayerCache):
+    """The ring bookkeeping shared by the plain and the quantized ring. Subclasses say how
+    incoming keys/values are stored (:meth:`_stored`) and handed back (:meth:`_fetched`)."""
+
+    step = STEP
+    keep = 0
+    max_size = 0
+    offset = 0
+    _idx = 0
+
+    def _stored(self, keys: mx.array, values: mx.array):
+        return keys, values
+
+    def _fetched(self, keys, values):
+        return keys, values
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if keys.shape[2] == 1:
+            return self._write_one(keys, values)
+        return self._append_block(keys, values)
+
+    def _time_ordered(self, x):
+        """The held tokens oldest first (the sink slots first), unused slots cut off."""
+        idx, keep = self._idx, self.keep
+        if idx == token_length(x):
+            return x
+        if idx < self.offset:  # wrapped: the oldest ring token sits at idx
+            return each(lambda p: mx.concatenate([p[..., :keep, :], p[..., idx:, :], p[..., keep:idx, :]], axis=2), x)
+        return each(lambda p: p[..., :idx, :], x)
+
+    def _append_block(self, keys: mx.array, values: mx.array):
+        new_k, new_v = self._stored(keys, values)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            held_k = self._time_ordered(self.keys)
+            held_v = self._time_ordered(self.values)
+            self._idx = token_length(held_k)
+            # Keep max_size - 1 old tokens so that each new token sees max_size tokens.
+            drop = self._idx - self.max_size + 1
+            self.keys = _cut(held_k, self.keep, drop, new_k)
+            self.values = _cut(held_v, self.keep, drop, new_v)
+        self.offset += keys.shape[2]
+        self._idx = token_length(self.keys)
+        return self._fetched(self.keys, self.values)
+
+    def _write_one(self, keys: mx.array, values: mx.array):
+        new_k, new_v = self._stored(keys, values)
+        prev = self.offset
+        cap = 0 if self.keys is None else token_length(self.keys)
+        if self.keys is None or (prev >= cap and cap < self.max_size):
+            room = min(self.step, self.max_size - prev)
+            fresh_k = each(lambda p: zeros_like_tokens(p, room), new_k)
+            fresh_v = each(lambda p: zeros_like_tokens(p, room), new_v)
+            if self.keys is None:
+                self.keys, self.values = fresh_k, fresh_v
+            else:
+                self.keys = _cut(self.keys, self.keep, 0, fresh_k)
+                self.values = _cut(self.values, self.keep, 0, fresh_v)
+            self._idx = prev
+            cap += room
+        over = cap - self.max_size
+        if over > 0:  # a block update left more than max_size tokens: drop the oldest
+            self.keys = _cut(self.keys, self.keep, over)
+            self.values = _cut(self.values, self.keep, over)
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self._idx = self.keep
+        i = self._idx
+        if isinstance(new_k, (list, tuple)):
+            for buf, p in zip(self.keys, new_k):
+                buf[..., i : i + 1, :] = p
+            for buf, p in zip(self.values, new_v):
+                buf[..., i : i + 1, :] = p
+        else:
+            self.keys[..., i : i + 1, :] = new_k
+            self.values[..., i : i + 1, :] = new_v
+        self.offset = prev + 1
+        self._idx = i + 1
+        return self.keys_and_values()
+
+    def keys_and_values(self):
+        n = self.offset
+        keys, values = self.keys, self.values
+        if n < token_length(keys):
+            keys = each(lambda p: p[..., :n, :], keys)
+            values = each(lambda p: p[..., :n, :], values)
+        return self._fetched(keys, values)
+
+    def size(self) -> int:
+        return min(self.offset, self.max_size)
+
+    def is_trimmable(self) -> bool:
+        return self.offset < self.max_size
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, check_trim(n, type(self).__name__))
+        self.offset -= n
+        self._idx -= n
+        return n
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        if N > 1:
+            window = window_size or self.max_size
+            # After a block update the first returned key is max_size - 1 tokens back.
+            offset = min(self.max_size - 1, self.offset)
+            if offset + N > window or return_array:
+                return causal_mask(N, offset, window)
+            return "causal"
+        if window_size is None:
+            return None
+        if self.offset >= window_size and self.max_size > window_size:
+            # One query over the ring in slot order: the last `window_size` tokens in time are
+            # the slots just before the write index, cyclically.
+            idx = self._idx if self._idx < self.max_size else 0
+            n = self.offset + 1 if self.offset < self.max_size else self.max_size
+            return mx.roll(mx.arange(n) >= n - window_size, shift=idx + 1)
+        return None
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return array_bytes(self.keys, self.values)
+
+    def _view(self, **quant) -> CacheView:
+        keys = self.keys
+        cap = 0 if keys is None else token_length(keys)
+        held = min(self.offset, cap)
+        total = array_bytes(keys, self.values)
+        return CacheView(
+            kind=type(self).__name__,
+            layout="ring",
+            offset=self.offset,
+            tokens_held=held,
+            capacity=cap,
+            max_capacity=self.max_size,
+            bytes_used=per_token_bytes(total, cap) * held,
+            bytes_allocated=total,
+            write_index=self._idx,
+            keep=self.keep,
+            batch_size=1 if keys is None else (keys[0] if isinstance(keys, (list, tuple)) else keys).shape[0],
+            dtype=dtype_name(keys),
+            **quant,
+        )
+
+    def _set_ring_state(self, keys, values, offset, keep, max_size, idx) -> None:
+        where = type(self).__name__
+        _check_ring(max_size, keep, where + " state")
+        check_int("offset", offset, 0, where + " state")
+        if not isinstance(idx, int) or isinstance(idx, bool):
+            raise ValueError(f"{where} state: _idx must be an integer, got {idx!r}")
+        check_kv_pair(keys, values, where)
+        self.keys, self.values, self.offset = keys, values, offset
+        self.keep, self.max_size, self._idx = keep, max_size, idx
+
+
+class RotatingKVCache(_Ring):
+    """mlx-lm's ``RotatingKVCache(max_size, keep=0)``: at most ``max_size`` tokens, the first
+    ``keep`` never evicted. :meth:`to_quantized` (mlx-lm: not implemented) gives the same ring
+    as a :class:`QuantizedRotatingKVCache`."""
+
+    _STATE = ("keys", "values", "offset", "keep", "max_size", "_idx")
+
+    def __init__(self, max_size: int, keep: int = 0):
+        _check_ring(max_size, keep, "RotatingKVCache")
+        self.keep = keep
+        self.keys = None
+        self.values = None
+        self.offset = 0
+        self.max_size = max_size
+        self._idx = 0
+
+    @property
+    def state(self):
+        return self.keys, self.values, self.offset, self.keep, self.max_size, self._idx
+
+    @state.setter
+    def state(self, v):
+        keys, values, offset, keep, max_size, idx = self._unpack_state(v, 6)
+        for name, x in (("keys", keys), ("values", values)):
+            if x is not None and not isinstance(x, mx.array):
+                raise ValueError(f"RotatingKVCache state: {name} must be an mx.array or None")
+        self._set_ring_state(keys, values, offset, keep, max_size, idx)
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> QuantizedRotatingKVCache:
+        """The same ring, its stored tokens quantized (beyond mlx-lm)."""
+        out = QuantizedRotatingKVCache(self.max_size, self.keep, group_size=group_size, bits=bits)
+        out.offset, out._idx = self.offset, self._idx
+        if self.keys is not None:
+            out._check_dims(self.keys, self.values)
+            out.keys = quantize(self.keys, group_size, bits)
+            out.values = quantize(self.values, group_size, bits)
+        return out
+
+    @classmethod
+    def merge(cls, caches):
+        """One left-padded :class:`BatchRotatingKVCache` holding each cache as a batch row."""
+        from .batch import BatchRotatingKVCache
+
+        return BatchRotatingKVCache.merge(caches)
+
+    def introspect(self) -> CacheView:
+        return self._view()
+
+
+class QuantizedRotatingKVCache(_Ring, QuantizingCache):
+    """The ring of :class:`RotatingKVCache` stored group-wise quantized (beyond mlx-lm, where
+    ``RotatingKVCache.to_quantized`` is not implemented). With one width for keys and values
+    it exposes ``bits`` and hands mlx-lm's quantized attention the (packed, scales, biases)
+    parts; with ``key_bits != value_bits`` it hands back dequantized arrays."""
+
+    _STATE = ("keys", "values", "offset", "keep", "max_size", "_idx", "group_size", "key_bits", "value_bits")
+
+    def __init__(
+        self,
+        max_size: int,
+        keep: int = 0,
+        group_size: int = 64,
+        bits: int = 8,
+        *,
+        key_bits: int | None = None,
+        value_bits: int | None = None,
+    ):
+        where = "QuantizedRotatingKVCache"
+        _check_ring(max_size, keep, where)
+        check_bits("bits", bits, where)
+        self._set_widths(
+            group_size, bits if key_bits is None else key_bits, bits if value_bits is None else value_bits, where
+        )
+        self.keep = keep
+        self.keys = None
+        self.values = None
+        self.offset = 0
+        self.max_size = max_size
+        self._idx = 0
+
+    @property
+    def bits(self) -> int:
+        if self.key_bits != self.value_bits:
+            raise AttributeError("bits: keys and values use different widths; see key_bits, value_bits")
+        return self.key_bits
+
+    @bits.setter
+    def bits(self, value: int) -> None:
+        self.key_bits = self.value_bits = check_bits("bits", value, "QuantizedRotatingKVCache")
+
+    def _stored(self, keys: mx.array, values: mx.array):
+        if self.keys is None:
+            self._check_dims(keys, values)
+        gs = self.group_size
+        qk = quantize(keys, gs, self.key_bits)
+        qv = quantize(values, gs, self.value_bits)
+        if self.track_error:
+            self._record(error_terms(keys, qk, gs, self.key_bits), error_terms(values, qv, gs, self.value_bits))
+        return qk, qv
+
+    def _fetched(self, keys, values):
+        if self.key_bits != self.value_bits:
+            gs = self.group_size
+            return dequantize(keys, gs, self.key_bits), dequantize(values, gs, self.value_bits)
+        return keys, values
+
+    @property
+    def state(self):
+        return (
+            self.keys,
+            self.values,
+            self.offset,
+            self.keep,
+            self.max_size,
+            self._idx,
+            self.group_size,
+            self.key_bits,
+            self.value_bits,
+        )
+
+    @state.setter
+    def state(self, v):
+        keys, values, offset, keep, max_size, idx, group_size, key_bits, value_bits = self._unpack_state(v, 9)
+        where = "QuantizedRotatingKVCache"
+        for name, x in (("keys", keys), ("values", values)):
+            if x is not None and (not isinstance(x, (list, tuple)) or len(x) != 3):
+                raise ValueError(f"{where} state: {name} must be 3 quantized parts (packed, scales, biases) or None")
+        self._set_widths(group_size, key_bits, value_bits, where)
+        self._set_ring_state(keys, values, offset, keep, max_size, idx)
+
+    def introspect(self) -> CacheView:
+        held = min(self.offset, 0 if self.keys is None else token_length(self.keys))
+        return self._view(
+            key_bits=self.key_bits,
+            value_bits=self.value_bits,
+            group_size=self.group_size,
+            quantized_tokens=held,
+            quant_error=self._last_error(),
+        )
