@@ -218,13 +218,13 @@ def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bo
     start = time.perf_counter()
     logits = runner.step(st.cache, ids)
     wall = time.perf_counter() - start
+    views = probe.views(st.cache)  # while error tracking is on: the views carry this step's error
     if want_error:
         probe.set_track_error(st.cache, False)
     token = int(np.argmax(logits))
     st.last_token = token
     st.tokens.append(token)
 
-    views = probe.views(st.cache)
     position = max((v.offset for v in views), default=step) - 1
     row: dict[str, Any] = {
         "strategy": st.label,
