@@ -1,0 +1,185 @@
+"""What every cachelib.torch attention layer shares: the transformers layer protocol, held-array
+bookkeeping (bytes, device moves for offloading, batch reindexing) and crop argument checks.
+
+A layer holds its K/V as plain tensors or, when quantized, as (codes, scales, biases) triples;
+every array keeps the token axis at -2 and the batch axis at 0, so one set of helpers moves,
+slices and reindexes both. This module knows nothing of strategies, models or masks.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Callable, Iterator, Union
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+from ..introspect import CacheView, QuantError
+from .quantizer import quant_error_of
+
+Arrays = Union[torch.Tensor, tuple[torch.Tensor, ...]]
+
+
+def each(x: Arrays, fn: Callable[[torch.Tensor], torch.Tensor]) -> Arrays:
+    """Apply ``fn`` to a tensor or to every tensor of a quantized triple."""
+    if isinstance(x, tuple):
+        return tuple(fn(t) for t in x)
+    return fn(x)
+
+
+def cat(parts: list[Arrays]) -> Arrays:
+    """Concatenate along the token axis (-2), tensors or triples alike."""
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(group, dim=-2) for group in zip(*parts))
+    return torch.cat(parts, dim=-2)
+
+
+def tokens(x: Arrays | None) -> int:
+    """Length of the token axis (0 when nothing is held)."""
+    if x is None:
+        return 0
+    return (x[0] if isinstance(x, tuple) else x).shape[-2]
+
+
+def nbytes(x: Arrays | None) -> int:
+    if x is None:
+        return 0
+    if isinstance(x, tuple):
+        return sum(t.nbytes for t in x)
+    return x.nbytes
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_crop(tokens_to_remove: int, held: int, where: str) -> int:
+    """Validate transformers' ``crop(tokens_to_remove)`` argument; returns how many to remove."""
+    if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int):
+        raise ValueError(f"{where}.crop: tokens_to_remove must be an int <= 0, got {tokens_to_remove!r}")
+    if tokens_to_remove > 0:
+        raise ValueError(
+            f"{where}.crop: tokens_to_remove={tokens_to_remove} must be <= 0 "
+            "(a negative number of tokens to drop from the end)"
+        )
+    if -tokens_to_remove > held:
+        raise ValueError(
+            f"{where}.crop: tokens_to_remove={tokens_to_remove} would remove more than the {held} tokens "
+            f"held; allowed: -{held}..0"
+        )
+    return -tokens_to_remove
+
+
+class AttentionLayer(CacheLayerMixin):
+    """Base of our attention layers: transformers' layer protocol plus introspection.
+
+    Subclasses list the attributes that hold arrays in ``_arrays``; offloading, batch reindexing
+    and byte counting work from that list.
+    """
+
+    is_compileable = False
+    is_croppable = True
+    is_sliding = False
+    kind: str | None = None  # the strategy name introspect() reports; None: the class name
+    _arrays: tuple[str, ...] = ("keys", "values")
+
+    def __init__(self):
+        self.keys = None
+        self.values = None
+        self.is_initialized = False
+        self.device = None
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+    # --- held arrays ---------------------------------------------------------------------------
+
+    def held_arrays(self) -> Iterator[torch.Tensor]:
+        """Every tensor this layer holds (what ``nbytes`` counts)."""
+        for name in self._arrays:
+            x = getattr(self, name)
+            if x is None:
+                continue
+            yield from (x if isinstance(x, tuple) else (x,))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(nbytes(getattr(self, name)) for name in self._arrays)
+
+    def _map_arrays(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        for name in self._arrays:
+            x = getattr(self, name)
+            if x is not None:
+                setattr(self, name, each(x, fn))
+
+    @property
+    def batch_size(self) -> int | None:
+        for t in self.held_arrays():
+            return t.shape[0]
+        return None
+
+    # --- transformers protocol: devices and batch ----------------------------------------------
+
+    def offload(self) -> None:
+        """Move this layer's arrays to the CPU (a no-op for arrays already there)."""
+        if self.is_initialized:
+            self._map_arrays(lambda t: t.to("cpu", non_blocking=True))
+
+    def prefetch(self) -> None:
+        """Move this layer's arrays back to the device they were created on."""
+        if self.is_initialized and self.device is not None:
+            device = torch.device(self.device)
+            self._map_arrays(lambda t: t if t.device == device else t.to(device, non_blocking=True))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.get_seq_length() > 0:
+            self._map_arrays(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.get_seq_length() > 0:
+            self._map_arrays(lambda t: t[indices, ...])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.get_seq_length() > 0:
+            self._map_arrays(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def get_max_length(self) -> int:
+        return -1
+
+    # --- introspection -------------------------------------------------------------------------
+
+    @abstractmethod
+    def introspect(self) -> CacheView:
+        """What this layer holds now (cheap: built from integers and array shapes)."""
+
+    def _view(self, **fields) -> CacheView:
+        """A CacheView with the fields every layer fills the same way."""
+        fields.setdefault("kind", self.kind or type(self).__name__)
+        fields.setdefault("bytes_allocated", self.nbytes)
+        fields.setdefault("batch_size", self.batch_size or 1)
+        return CacheView(**fields)
+
+
+class QuantErrorProbe:
+    """The ``track_error`` switch of quantizing layers (off by default, zero work when off)."""
+
+    track_error = False
+    _last_error: QuantError | None = None
+
+    def _record_error(self, pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Set the error of this update from (keys, keys_hat, values, values_hat) chunks; called
+        only when ``track_error`` is on."""
+        if not pairs:
+            self._last_error = None
+            return
+        k = torch.cat([p[0].flatten() for p in pairs])
+        k_hat = torch.cat([p[1].flatten() for p in pairs])
+        v = torch.cat([p[2].flatten() for p in pairs])
+        v_hat = torch.cat([p[3].flatten() for p in pairs])
+        k_rel, k_max = quant_error_of(k, k_hat)
+        v_rel, v_max = quant_error_of(v, v_hat)
+        self._last_error = QuantError(k_rel, k_max, v_rel, v_max)
+
+    @property
+    def quant_error(self) -> QuantError | None:
+        return self._last_error if self.track_error else None
