@@ -1,12 +1,15 @@
-"""A KIVI-style cache on MLX: the newest ``residual`` tokens at full precision, every older one
-group-wise quantized (transformers' QuantizedCache keeps the same split on PyTorch).
+"""A KIVI-style cache on MLX with the bookkeeping of transformers' ``QuantizedCache`` (which
+``cachelib.torch.QuantizedLayer`` reproduces), so the ``kivi`` strategy means the same thing on
+both backends: the first update quantizes the whole prompt; after that, new tokens collect in a
+full-precision residual until ``residual + new >= residual``-length, when residual and new tokens
+are quantized together, appended to the quantized store, and the residual empties. The residual
+therefore holds at most ``residual - 1`` tokens. Each token is quantized once, in groups along
+the head dimension.
 
-Each update appends to the full-precision residual; whatever no longer fits in it is quantized
-and appended to the quantized store (both grown by concatenation, so every slot holds a token).
-``update_and_fetch`` hands back ``dequantized store + residual`` as plain arrays, so the model's
-standard attention runs: the cache has no ``bits`` attribute on purpose, which keeps mlx-lm's
-attention off its quantized path. The memory saved is the store's; the arrays handed back are
-transient.
+``update_and_fetch`` hands back ``dequantized store + residual + new`` as plain arrays (the first
+update hands back its input), so the model's standard attention runs: the cache has no ``bits``
+attribute on purpose, which keeps mlx-lm's attention off its quantized path. The memory saved is
+the store's; the arrays handed back are transient.
 
 Slot order (for views): the quantized store's tokens first, then the residual's, all in time
 order, so slot ``j`` holds position ``j``.
@@ -39,38 +42,52 @@ class KIVICache(QuantizingCache):
         self.offset = 0
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        if self.residual_keys is None:
+        if self.residual_keys is None:  # the prompt: quantized at once, handed back as it came
             self._check_dims(keys, values)
-            res_k, res_v = keys, values
+            self._append_quantized(keys, values)
+            self.residual_keys, self.residual_values = keys[..., :0, :], values[..., :0, :]
+            self.offset += keys.shape[2]
+            return keys, values
+        out_k, out_v = self._with_store(
+            mx.concatenate([self.residual_keys, keys], axis=2), mx.concatenate([self.residual_values, values], axis=2)
+        )
+        if self.residual_keys.shape[2] + keys.shape[2] >= self.residual:
+            self._append_quantized(
+                mx.concatenate([self.residual_keys, keys], axis=2),
+                mx.concatenate([self.residual_values, values], axis=2),
+            )
+            self.residual_keys, self.residual_values = keys[..., :0, :], values[..., :0, :]
         else:
-            res_k = mx.concatenate([self.residual_keys, keys], axis=2)
-            res_v = mx.concatenate([self.residual_values, values], axis=2)
-        excess = res_k.shape[2] - self.residual
-        if excess > 0:
-            gs, bits = self.group_size, self.key_bits
-            old_k, old_v = res_k[..., :excess, :], res_v[..., :excess, :]
-            qk, qv = quantize(old_k, gs, bits), quantize(old_v, gs, bits)
-            if self.keys is None:
-                self.keys, self.values = qk, qv
-            else:
-                self.keys = [mx.concatenate([a, b], axis=2) for a, b in zip(self.keys, qk)]
-                self.values = [mx.concatenate([a, b], axis=2) for a, b in zip(self.values, qv)]
-            res_k, res_v = res_k[..., excess:, :], res_v[..., excess:, :]
             if self.track_error:
-                self._record(error_terms(old_k, qk, gs, bits), error_terms(old_v, qv, gs, bits))
-        elif self.track_error:
-            self._error = None
-        self.residual_keys, self.residual_values = res_k, res_v
+                self._error = None
+            self.residual_keys = mx.concatenate([self.residual_keys, keys], axis=2)
+            self.residual_values = mx.concatenate([self.residual_values, values], axis=2)
         self.offset += keys.shape[2]
-        return self.keys_and_values()
+        return out_k, out_v
+
+    def _append_quantized(self, keys: mx.array, values: mx.array) -> None:
+        gs, bits = self.group_size, self.key_bits
+        qk, qv = quantize(keys, gs, bits), quantize(values, gs, bits)
+        if self.keys is None:
+            self.keys, self.values = qk, qv
+        else:
+            self.keys = [mx.concatenate([a, b], axis=2) for a, b in zip(self.keys, qk)]
+            self.values = [mx.concatenate([a, b], axis=2) for a, b in zip(self.values, qv)]
+        if self.track_error:
+            self._record(error_terms(keys, qk, gs, bits), error_terms(values, qv, gs, bits))
+
+    def _with_store(self, keys: mx.array, values: mx.array):
+        """The dequantized store followed by ``keys`` / ``values`` (full precision)."""
+        if self.keys is None:
+            return keys, values
+        gs, bits = self.group_size, self.key_bits
+        return (
+            mx.concatenate([dequantize(self.keys, gs, bits).astype(keys.dtype), keys], axis=2),
+            mx.concatenate([dequantize(self.values, gs, bits).astype(values.dtype), values], axis=2),
+        )
 
     def keys_and_values(self):
-        if self.keys is None:
-            return self.residual_keys, self.residual_values
-        gs, bits = self.group_size, self.key_bits
-        keys = mx.concatenate([dequantize(self.keys, gs, bits), self.residual_keys], axis=2)
-        values = mx.concatenate([dequantize(self.values, gs, bits), self.residual_values], axis=2)
-        return keys, values
+        return self._with_store(self.residual_keys, self.residual_values)
 
     @property
     def quantized_tokens(self) -> int:

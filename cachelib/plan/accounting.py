@@ -16,12 +16,14 @@ bias per group in the input dtype, as mlx-lm and our torch quantizer store them)
 Which cache each layer gets. Full-attention layers, by strategy (both backends unless noted):
 ``standard`` KVCache(step); ``concat`` MLX ConcatenateKVCache, torch DynamicLayer; ``rotating``
 RotatingKVCache(max_size, keep), a quantized ring with ``bits``; ``quantized``
-QuantizedKVCache, or with ``start=N`` a KVCache converted by ``to_quantized`` once offset >= N;
+QuantizedKVCache, or with ``start=N`` a KVCache converted at the first update that begins with
+offset >= N;
 ``kivi`` QuantizedLayer(bits, group_size, residual); ``chunked`` ChunkedKVCache(chunk_size) with
 its front trimmed before every update, as llama4 drives it; ``static`` StaticLayer(max_len);
 ``sliding`` MLX RotatingKVCache(window, keep=0), torch DynamicSlidingWindowLayer(window);
 ``offloaded`` torch DynamicLayer kept on the host. A model's own sliding-window layers keep
-their window cache whatever the strategy: MLX RotatingKVCache(window, keep=0); torch
+their window cache whatever the strategy (``sliding`` gives them its own window instead):
+MLX RotatingKVCache(window, keep=0); torch
 DynamicSlidingWindowLayer(window), StaticSlidingWindowLayer under ``static``, offloaded too
 under ``offloaded`` (transformers' DynamicCache offloads every layer).
 
@@ -172,7 +174,9 @@ def cache_layout(arch: Arch, spec: str | Spec, backend: str = "mlx") -> list[Lay
     spec = parse_spec(spec)
     check_backend(spec, backend)
     full = _full_layer_cache(arch, spec, backend)
-    window = arch.sliding_window or 0
+    # The model's sliding layers keep their window, except under ``sliding``, which puts its
+    # window on every attention layer.
+    window = spec.get("window") if spec.name == "sliding" else arch.sliding_window or 0
     if backend == "mlx":
         sliding = LayerCache("RotatingKVCache", "sliding", (("max_size", window), ("keep", 0)))
         recurrent = LayerCache("ArraysCache", "recurrent")

@@ -371,9 +371,9 @@ class Static(Rule):
 
 
 class DynamicSliding(Rule):
-    """transformers ``DynamicSlidingWindowLayer(window)``: ``concat(old, new)`` then keep the
-    last ``window - 1`` tokens (a view of the concatenation, which is also what the update
-    returns). With ``window == 1`` the slice ``[-0:]`` keeps everything, as in transformers."""
+    """``DynamicSlidingWindowLayer(window)``: ``concat(old, new)`` then keep the last
+    ``window - 1`` tokens, as transformers does. One difference: with ``window == 1``
+    transformers' slice ``[-0:]`` keeps everything, while cachelib's layer keeps nothing."""
 
     kind = "DynamicSlidingWindowLayer"
 
@@ -381,7 +381,7 @@ class DynamicSliding(Rule):
         super().__init__(token_bytes)
         self.window = window
         self.stored = 0
-        self.bounded = window > 1
+        self.bounded = True
 
     @property
     def capacity(self) -> int:
@@ -392,7 +392,7 @@ class DynamicSliding(Rule):
         return self.stored
 
     def _keep(self, full: int) -> int:
-        return full if self.window == 1 else min(full, self.window - 1)
+        return min(full, self.window - 1)
 
     def update(self, n: int) -> int:
         before = self.bytes_allocated
@@ -514,9 +514,10 @@ class Kivi(Rule):
 
 
 class QuantizeAfter(Rule):
-    """A full-precision ``KVCache`` that mlx-lm's ``maybe_quantize_kv_cache`` converts with
-    ``to_quantized`` after the first update that brings ``offset >= start``: the quantized
-    arrays keep the full buffer's slot count, and the conversion holds both copies."""
+    """``QuantizedKVCache(start=N)`` of cachelib (both backends): full precision until an update
+    begins with ``offset >= start``; that update first converts the buffer (as mlx-lm's
+    ``to_quantized`` does between steps: the quantized arrays keep the full buffer's slot count,
+    and the conversion holds both copies), then writes quantized."""
 
     def __init__(self, fp_token_bytes: int, q_token_bytes: int, start: int, step: int = MLX_STEP):
         super().__init__(fp_token_bytes)
@@ -546,20 +547,21 @@ class QuantizeAfter(Rule):
         return self.inner.bytes_used
 
     def update(self, n: int) -> int:
-        peak = self.inner.update(n)
-        self.offset = self.inner.offset
+        peak = 0
         if not self.converted and self.offset >= self.start:
             fp = self.inner.bytes_allocated
             q = StepGrowth(self.q_token_bytes, MLX_STEP, kind="QuantizedKVCache")
             q.cap, q.offset = self.inner.cap, self.inner.offset
             self.inner, self.converted = q, True
-            peak = max(peak, fp + q.bytes_allocated)
+            peak = fp + q.bytes_allocated
+        peak = max(peak, self.inner.update(n))
+        self.offset = self.inner.offset
         return peak
 
     def regular_steps(self) -> int:
         k = self.inner.regular_steps()
         if not self.converted:
-            k = min(k, max(0, self.start - 1 - self.offset))
+            k = min(k, max(0, self.start - self.offset))
         return k
 
     def skip(self, k: int) -> None:

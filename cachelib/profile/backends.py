@@ -49,7 +49,10 @@ class BackendProbe:
         return cache.introspect()
 
     def set_track_error(self, cache, on: bool) -> None:
-        for layer in self.layer_caches(cache):
+        if self.backend == "torch":  # the whole-model cache passes it to every quantizing layer
+            cache.track_error = on
+            return
+        for layer in cache:
             for c in getattr(layer, "caches", (layer,)):
                 if hasattr(type(c), "track_error"):
                     c.track_error = on

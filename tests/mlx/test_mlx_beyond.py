@@ -120,26 +120,44 @@ def test_static_cache_preallocates_and_hands_back_the_filled_prefix(kv, same):
     assert (view.capacity, view.max_capacity, view.tokens_held) == (12, 12, 10)
 
 
-def test_kivi_keeps_the_newest_residual_tokens_exact_and_older_ones_quantized(kv, same):
+def test_kivi_quantizes_the_prompt_then_flushes_the_residual_like_transformers(kv, same):
+    """transformers' QuantizedCache bookkeeping: the prompt is quantized at once; new tokens wait
+    in a full-precision residual until residual + new >= residual_length, then all of them are
+    quantized. The torch QuantizedLayer (tested against transformers) gives the same counts and,
+    on the same quantizer codes, the same values."""
+    import torch
+
+    from cachelib.torch import QuantizedLayer
+
     rng = np.random.default_rng(606)
     cache, plain = ours.KIVICache(residual=5, group_size=32, bits=2), ours.KVCache()
+    layer = QuantizedLayer(nbits=2, q_group_size=32, residual_length=5)
     assert not hasattr(cache, "bits")
-    for S in (3, 1, 4, 1, 1, 7, 1):
+    quantized = 0
+    for i, S in enumerate((3, 1, 4, 1, 1, 7, 1, 2)):
         k, v = kv(rng, 1, 2, S, 32)
         got_k, got_v = cache.update_and_fetch(k, v)
         all_k, all_v = plain.update_and_fetch(k, v)
+        ref_k, ref_v = layer.update(torch.from_numpy(np.array(k)), torch.from_numpy(np.array(v)))
         n = all_k.shape[2]
-        old = max(0, n - 5)
-        same.check("exact residual keys", got_k[..., old:, :], all_k[..., old:, :])
-        same.check("exact residual values", got_v[..., old:, :], all_v[..., old:, :])
-        if old:
-            same.check("quantized keys", got_k[..., :old, :], _q(all_k[..., :old, :], 32, 2))
-            same.check("quantized values", got_v[..., :old, :], _q(all_v[..., :old, :], 32, 2))
-        view = cache.introspect()
-        assert (view.tokens_held, view.quantized_tokens, view.offset) == (n, old, n)
+        if i == 0:  # the prompt comes back as it went in
+            same.check("prompt keys", got_k, all_k)
+        else:  # tokens already in the store come back quantized, the rest exactly
+            same.check("exact new keys", got_k[..., quantized:, :], all_k[..., quantized:, :])
+            same.check("exact new values", got_v[..., quantized:, :], all_v[..., quantized:, :])
+            same.check("quantized keys", got_k[..., :quantized, :], _q(all_k[..., :quantized, :], 32, 2))
+        np.testing.assert_allclose(np.array(got_k), ref_k.numpy(), atol=1e-5)
+        np.testing.assert_allclose(np.array(got_v), ref_v.numpy(), atol=1e-5)
+        view, ref_view = cache.introspect(), layer.introspect()
+        assert (view.tokens_held, view.quantized_tokens, view.offset) == (
+            ref_view.tokens_held, ref_view.quantized_tokens, ref_view.offset,
+        ) == (n, view.quantized_tokens, n)
+        assert view.bytes_allocated == ref_view.bytes_allocated
+        assert n - view.quantized_tokens < 5  # the residual never reaches residual_length
+        quantized = view.quantized_tokens
     same.flush()
-    assert cache.trim(6) == plain.trim(6) == 6
-    assert cache.introspect().quantized_tokens == cache.offset == 12  # trimmed from the residual, then the store
+    assert cache.trim(3) == plain.trim(3) == 3
+    assert cache.introspect().offset == 17
     same.check("mask", cache.make_mask(2, return_array=True), plain.make_mask(2, return_array=True))
     k, v = kv(rng, 1, 2, 1, 32)
     same.check("after trim", cache.update_and_fetch(k, v)[0][..., -1:, :], plain.update_and_fetch(k, v)[0][..., -1:, :])

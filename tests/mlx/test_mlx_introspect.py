@@ -275,12 +275,15 @@ def test_error_probe_covers_the_start_conversion_and_kivi_flushes(kv):
 
     kivi = ours.KIVICache(residual=3, group_size=32, bits=2)
     kivi.track_error = True
-    k, v = kv(rng, 1, 1, 3, 32)
-    kivi.update_and_fetch(k, v)
-    assert kivi.introspect().quant_error is None  # everything still in the residual
+    k, v = kv(rng, 1, 1, 4, 32)
+    kivi.update_and_fetch(k, v)  # the prompt is quantized at once
+    assert kivi.introspect().quant_error is not None
+    k1, v1 = kv(rng, 1, 1, 1, 32)
+    kivi.update_and_fetch(k1, v1)
+    assert kivi.introspect().quant_error is None  # waits in the residual: nothing quantized
     k2, v2 = kv(rng, 1, 1, 2, 32)
-    kivi.update_and_fetch(k2, v2)
-    flushed = k[..., :2, :]
+    kivi.update_and_fetch(k2, v2)  # 1 + 2 >= 3: the residual and the new tokens are flushed
+    flushed = mx.concatenate([k1, k2], axis=2)
     deq = mx.dequantize(*mx.quantize(flushed, group_size=32, bits=2), group_size=32, bits=2)
     rel, _ = quant_error(np.array(flushed), np.array(deq))
     assert kivi.introspect().quant_error.key_rel_rms == pytest.approx(rel, rel=1e-4)

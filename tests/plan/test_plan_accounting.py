@@ -78,11 +78,11 @@ def test_to_quantized_holds_both_copies_at_the_conversion():
     fp = 256 * token_bytes(LLAMA, "float16")  # one step of full-precision slots
     q = 256 * token_bytes(LLAMA, "float16", key_bits=4, value_bits=4)
     layers = LLAMA.num_layers
-    assert steps[1].bytes_allocated == layers * fp  # offset 4 < start: still KVCache
-    assert steps[2].bytes_allocated == layers * q  # offset 5: converted, same slot count
+    assert steps[2].bytes_allocated == layers * fp  # offset 4 -> 5: the update began below start
+    assert steps[3].bytes_allocated == layers * q  # began at offset 5: converted, same slot count
     # layers convert in order: the worst moment is the first one, every layer still at full
     # precision and one quantized copy beside it
-    assert steps[2].peak_bytes == layers * fp + q
+    assert steps[3].peak_bytes == layers * fp + q
 
 
 def test_rotating_multi_token_update_peak_holds_old_reordered_and_new_buffers():

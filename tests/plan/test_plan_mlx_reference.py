@@ -31,11 +31,11 @@ def _sizes(rng: random.Random, big: int) -> list[int]:
 
 
 def _replay_reference(arch, make, sizes, batch, dtype, before_update=None, after_update=None):
-    """nbytes of the reference cache after every update (the cache may be swapped by after_update)."""
+    """nbytes of the reference cache after every update (a hook may return a replacement cache)."""
     cache, out = make(), []
     for n in sizes:
         if before_update:
-            before_update(cache)
+            cache = before_update(cache) or cache
         keys = mx.random.normal((batch, arch.kv_heads, n, arch.key_dim)).astype(dtype)
         values = mx.random.normal((batch, arch.kv_heads, n, arch.value_dim)).astype(dtype)
         cache.update_and_fetch(keys, values)
@@ -98,7 +98,9 @@ def test_quantized_cache_matches_mlx_lm(bits, group_size):
 
 @pytest.mark.parametrize("start", [1, 100, 700])
 def test_quantize_after_start_matches_kvcache_then_to_quantized(start):
-    """mlx-lm's generate converts with to_quantized once offset >= quantized_kv_start."""
+    """cachelib's QuantizedKVCache(start=N) converts (with mlx-lm's to_quantized) at the first
+    update that begins with offset >= N; mlx-lm's generate does it right after the previous
+    model call, which is the same moment seen from the next step."""
     arch, rng = _arch(), random.Random(start)
 
     def convert(cache):
@@ -109,7 +111,7 @@ def test_quantize_after_start_matches_kvcache_then_to_quantized(start):
     for _ in range(SEQUENCES // 2):
         sizes = _sizes(rng, 300)
         ours = trace(arch, f"quantized:bits=4,start={start}", "mlx", updates=sizes, dtype="float16")
-        ref = _replay_reference(arch, C.KVCache, sizes, 1, mx.float16, after_update=convert)
+        ref = _replay_reference(arch, C.KVCache, sizes, 1, mx.float16, before_update=convert)
         assert [s.bytes_allocated for s in ours.steps] == ref, sizes
 
 

@@ -83,7 +83,6 @@ CASES = {
     "concat": (T.DynamicLayer, 300),
     "sliding:window=50": (lambda: T.DynamicSlidingWindowLayer(50), 80),
     "sliding:window=2": (lambda: T.DynamicSlidingWindowLayer(2), 5),
-    "sliding:window=1": (lambda: T.DynamicSlidingWindowLayer(1), 5),  # transformers keeps everything
     "static:max_len=5000": (lambda: T.StaticLayer(5000), 200),
     "kivi:bits=4,group_size=64,residual=128": (lambda: PackedQuantizedLayer(4, q_group_size=64, residual_length=128),
                                                300),
@@ -102,6 +101,19 @@ def test_layers_match_transformers(spec):
         ours = trace(ARCH, spec, "torch", updates=sizes, batch=batch, dtype=dtype)
         ref = _replay_reference(make, sizes, batch, getattr(torch, dtype))
         assert [s.bytes_allocated for s in ours.steps] == ref, (spec, sizes)
+
+
+def test_window_of_one_holds_nothing_in_cachelib_unlike_transformers():
+    """transformers' slice [-0:] keeps every token at window 1; cachelib's layer keeps none."""
+    from cachelib.torch import DynamicSlidingWindowLayer
+
+    ours, theirs = DynamicSlidingWindowLayer(1), T.DynamicSlidingWindowLayer(1)
+    for _ in range(3):
+        k = torch.randn(1, 1, 2, 64)
+        ours.update(k, k)
+        theirs.update(k, k)
+    assert ours.introspect().bytes_allocated == 0 == trace(ARCH, "sliding:window=1", "torch", updates=[2, 2, 2]).steps[-1].bytes_allocated
+    assert theirs.keys.shape[-2] == 6
 
 
 @pytest.mark.parametrize("max_len, window", [(40, 16), (10, 16), (300, 64)])

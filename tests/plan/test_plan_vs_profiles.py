@@ -59,4 +59,4 @@ def test_presets_measured_bytes_equal_planned_bytes(name, backend, load_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_bundled_model_measured_bytes_equal_planned_bytes(backend, smollm2_mlx, smollm2_torch):
-    _check(smollm2_mlx if backend == "mlx" else smollm2_torch, steps=40)
+    _check(smollm2_mlx if backend == "mlx" else smollm2_torch, steps=20)

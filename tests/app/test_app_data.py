@@ -1,0 +1,104 @@
+"""What the pages show besides figures: the full-cache reference, the summary in plain words,
+several profiles side by side, the profile folder listing, saving under a name."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from app import data, state
+from cachelib.profile import Profile, load_profile
+
+
+def profile_with_steps(rows, **meta) -> Profile:
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    p = Profile(
+        {"schema_version": 1, "name": "p", "status": "complete", "strategies": json.dumps(strategies),
+         "baseline": strategies[0], "num_layers": 2, "num_kv_heads": 3, "head_dim": 4, "dtype": "float16", **meta}
+    )  # fmt: skip
+    p.add("steps", rows)
+    return p
+
+
+ROWS = [
+    {"strategy": "standard", "step": 0, "phase": "prefill", "position": 9, "cache_bytes_allocated": 1000, "kl": 0.0,
+     "top1_agree": True, "tokens_per_second": 100.0},
+    {"strategy": "standard", "step": 1, "phase": "decode", "position": 10, "cache_bytes_allocated": 1000, "kl": 0.0,
+     "top1_agree": True, "tokens_per_second": 10.0},
+    {"strategy": "rotating:max_size=4", "step": 0, "phase": "prefill", "position": 9, "cache_bytes_allocated": 250,
+     "kl": 0.0, "top1_agree": True, "tokens_per_second": 100.0},
+    {"strategy": "rotating:max_size=4", "step": 1, "phase": "decode", "position": 10, "cache_bytes_allocated": 250,
+     "kl": 0.02, "top1_agree": False, "tokens_per_second": 12.0},
+]  # fmt: skip
+
+
+def test_full_cache_reference_is_two_times_layers_heads_dim_element_size_per_token():
+    p = profile_with_steps(ROWS)
+    ref = data.full_cache_reference(p.meta, p.frame("steps"), "standard")
+    per_token = 2 * 2 * 3 * 4 * 2  # K and V, 2 layers, 3 KV heads, head_dim 4, float16
+    assert ref["step"].tolist() == [0, 1]
+    assert ref["bytes"].tolist() == [10 * per_token, 11 * per_token]  # positions 9 and 10 -> 10 and 11 tokens
+    assert data.full_cache_reference({**p.meta, "num_kv_heads": 0}, p.frame("steps"), "standard") is None
+
+
+def test_summary_table_says_what_each_strategy_saved_in_plain_words():
+    table = data.summary_table(profile_with_steps(ROWS))
+    assert table["strategy"].tolist() == ["standard", "rotating:max_size=4"]
+    assert table.loc[0, "verdict"] == "baseline"
+    assert table.loc[1, "verdict"].startswith("saved 75% memory for 0.02 nats mean KL")
+    assert table.loc[1, "top1_agreement"] == pytest.approx(0.5)
+    assert table.loc[1, "peak_mib"] == pytest.approx(250 / 2**20)
+
+
+def test_combine_labels_strategies_by_profile_and_keeps_each_baseline():
+    a = data.run_view(profile_with_steps(ROWS), "run-a")
+    b = data.run_view(profile_with_steps(ROWS, status="incomplete", reason="stopped by request before step 2"), "run-b")
+    both = data.combine([a, b])
+    assert both.strategies == [
+        "run-a / standard", "run-a / rotating:max_size=4", "run-b / standard", "run-b / rotating:max_size=4",
+    ]  # fmt: skip
+    assert both.baselines == ["run-a / standard", "run-b / standard"]
+    assert set(both.steps["strategy"]) == set(both.strategies)
+    assert both.summary["strategy"].tolist() == both.strategies
+    assert both.status == "incomplete" and "run-b: stopped by request" in both.reason
+    assert both.reference["label"].unique().tolist() == [data.REFERENCE_LABEL]  # same model: one line
+    same = data.combine([a, data.run_view(profile_with_steps(ROWS), "run-a")])
+    assert same.strategies[2] == "run-a (2) / standard"
+
+
+def test_nearest_recorded_step_is_at_or_before_else_the_first():
+    assert data.nearest_at_or_before([0, 16, 32], 20) == 16
+    assert data.nearest_at_or_before([0, 16, 32], 32) == 32
+    assert data.nearest_at_or_before([4, 8], 1) == 4
+    assert data.nearest_at_or_before([], 3) is None
+
+
+def test_profile_listing_covers_sweep_folders_and_marks_bad_and_incomplete_files(tiny_profiles, tmp_path):
+    folder = tmp_path / "profiles"
+    (folder / "sweep-a").mkdir(parents=True)
+    (folder / "done.csv").write_bytes((tiny_profiles / "tiny-complete.csv").read_bytes())
+    (folder / "sweep-a" / "point-1.csv").write_bytes((tiny_profiles / "tiny-stopped.csv").read_bytes())
+    (folder / "sweep-a" / "index.csv").write_text("point,status\npoint-1,stopped\n")
+    (folder / "notes.csv").write_text("a,b\n1,2\n")
+    (folder / ".running.csv.partial").write_text("")
+    files = state.list_profiles(folder)
+    assert [f.name for f in files] == ["done.csv", "notes.csv", "sweep-a/point-1.csv"]
+    assert files[2].label == "sweep-a/point-1"
+    table = state.listing(files).set_index("profile")
+    assert table.loc["done.csv", "status"] == "complete"
+    assert table.loc["sweep-a/point-1.csv", "status"] == "incomplete"
+    assert "stopped by request" in table.loc["sweep-a/point-1.csv", "reason"]
+    assert table.loc["notes.csv", "status"] == "not a profile"
+
+
+def test_save_as_refuses_bad_and_taken_names(tiny_profiles, profiles_dir):
+    profile = load_profile(tiny_profiles / "tiny-complete.csv")
+    path = state.save_as(profile, "my-run")
+    assert path == profiles_dir / "my-run.csv"
+    assert load_profile(path).name == "my-run"
+    with pytest.raises(ValueError, match="already exists"):
+        state.save_as(profile, "my-run.csv")
+    with pytest.raises(ValueError, match="is not allowed"):
+        state.save_as(profile, "../elsewhere")
