@@ -97,7 +97,8 @@ def test_layer_heatmap_is_layer_by_step_on_one_scale_for_all_strategies():
     np.testing.assert_allclose(z, 1.0)  # 1024 B = 1 KiB everywhere
     assert list(heat["y"]) == [0, 1, 2] and list(heat["x"]) == [0, 1]
     assert heat["zmax"] == pytest.approx(6.0)  # the largest cell of any strategy (A, layer 2): 6 KiB
-    used = np.asarray(figure_json(charts.layer_heatmap_figure(layers_table(), A, "bytes_used"))["data"][0]["z"], dtype=float)
+    used_fig = figure_json(charts.layer_heatmap_figure(layers_table(), A, "bytes_used"))
+    used = np.asarray(used_fig["data"][0]["z"], dtype=float)
     np.testing.assert_allclose(used[:, 1] * charts.KIB, [2000, 4000, 6000])  # layer-major, step 1
 
 
@@ -139,10 +140,8 @@ def test_speed_figure_without_timings_says_the_probe_was_off():
 
 def ring_tables():
     positions = ring_slot_positions(offset=9, write_index=3, keep=2, capacity=6)  # [0 1 8 5 6 7]
-    slots = table(
-        "slots",
-        [{"strategy": B, "step": 5, "layer": 0, "write_index": 3, "keep": 2, "positions": " ".join(map(str, positions))}],
-    )
+    text = " ".join(map(str, positions))
+    slots = table("slots", [{"strategy": B, "step": 5, "layer": 0, "write_index": 3, "keep": 2, "positions": text}])
     layers = table(
         "layers",
         [

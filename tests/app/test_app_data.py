@@ -66,6 +66,11 @@ def test_combine_labels_strategies_by_profile_and_keeps_each_baseline():
     assert both.reference["label"].unique().tolist() == [data.REFERENCE_LABEL]  # same model: one line
     same = data.combine([a, data.run_view(profile_with_steps(ROWS), "run-a")])
     assert same.strategies[2] == "run-a (2) / standard"
+    wider = data.run_view(profile_with_steps(ROWS, num_kv_heads=6), "run-c")  # another model: its own line
+    refs = data.combine([a, wider]).reference
+    assert sorted(refs["label"].unique()) == ["full cache (run-a)", "full cache (run-c)"]
+    by_label = refs.groupby("label")["bytes"].last()
+    assert by_label["full cache (run-c)"] == 2 * by_label["full cache (run-a)"]
 
 
 def test_nearest_recorded_step_is_at_or_before_else_the_first():

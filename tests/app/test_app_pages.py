@@ -81,6 +81,30 @@ def test_default_run_on_the_bundled_model_updates_live_then_keeps_its_charts_thr
     assert len(list(profiles_dir.glob("*.csv"))) == 1  # nothing ran
 
 
+def test_strategy_rows_are_added_duplicated_removed_and_offer_each_strategys_knobs(profiles_dir):
+    at = new_app()
+    at.button(key="strategy_1_dup").click().run()  # a copy of the ring right after it
+    at.button(key="strategy_add").click().run()  # a new standard row at the end
+    at.selectbox(key="strategy_4_name").set_value("chunked").run()
+    chunk = at.number_input(key="strategy_4_chunked.chunk_size")
+    assert chunk.min == 1 and chunk.value == 256  # required knob: a first value inside its range
+    at.number_input(key="strategy_3_rotating.max_size").set_value(32)
+    assert at.selectbox(key="strategy_2_quantized.bits").options == ["2", "3", "4", "5", "6", "8"]
+    assert at.selectbox(key="strategy_1_rotating.bits").options[0] == "off"  # optional knob
+    at.button(key="strategy_0_del").click().run()  # the ring becomes the baseline
+    at.selectbox(key="model").set_value("tiny-llama").run()
+    at.slider(key="max_tokens").set_value(2)
+    at.button(key="run").click().run()
+    assert not at.exception and not errors(at)
+    run = at.session_state[state.LIVE]
+    assert run.strategies == [
+        "rotating:max_size=64,keep=4", "rotating:max_size=32,keep=4", "quantized:bits=4,group_size=64",
+        "chunked:chunk_size=256",
+    ]  # fmt: skip
+    finish_run(at)
+    assert at.dataframe[0].value["strategy"].tolist() == run.strategies
+
+
 def test_bad_input_shows_what_to_fix_without_a_traceback(profiles_dir):
     at = new_app()
     at.number_input(key="strategy_1_rotating.keep").set_value(64)

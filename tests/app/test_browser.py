@@ -22,7 +22,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
 START_TIMEOUT = 90  # seconds for the server to answer
 RUN_TIMEOUT = 300  # seconds for the default run (model load + 32 steps x 3 strategies) on a busy 2-core machine
 UI_TIMEOUT = 60  # seconds for anything else the page does
@@ -102,7 +104,8 @@ def _shoot(page, tmp_path: Path, name: str) -> Path:
 
 
 def _traces_per_chart(page) -> list[int]:
-    return page.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => (d.data || []).length)")
+    script = "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => (d.data || []).length)"
+    return page.evaluate(script)
 
 
 def test_default_run_in_a_real_browser_draws_the_charts(app_url, browser, tmp_path):

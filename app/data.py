@@ -1,0 +1,236 @@
+"""The numbers the pages show, shaped from profiles: no Streamlit, no disk.
+
+:class:`RunView` is what every chart and table of the app reads: the tables of one profile (or
+of several, relabelled "profile / strategy" so they share the charts), the strategy order (which
+fixes the colours), the baseline(s) and the per-strategy summary in plain words.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+import pandas as pd
+
+from cachelib.profile import Profile, summarize, verdict
+
+TABLES = ("steps", "layers", "slots", "masks")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+REFERENCE_LABEL = "full cache (exact fit)"
+
+
+@dataclass
+class RunView:
+    """One run (or several runs side by side), ready to draw."""
+
+    name: str
+    meta: dict
+    strategies: list[str]
+    baselines: list[str]
+    status: str
+    reason: str
+    tables: dict[str, pd.DataFrame]
+    summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    reference: pd.DataFrame | None = None  # full-cache bytes per step: columns step, bytes, label
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # figures drawn from this view
+
+    def figure(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()`` once per view and key: a rerun that changes nothing rebuilds nothing."""
+        if key not in self.memo:
+            self.memo[key] = build()
+        return self.memo[key]
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.tables["steps"]
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        return self.tables["layers"]
+
+    @property
+    def slots(self) -> pd.DataFrame:
+        return self.tables["slots"]
+
+    @property
+    def masks(self) -> pd.DataFrame:
+        return self.tables["masks"]
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+    def steps_recorded(self, strategy: str, table: str = "steps") -> list[int]:
+        frame = self.tables[table]
+        return sorted(int(s) for s in frame.loc[frame["strategy"] == strategy, "step"].unique())
+
+
+def run_view(profile: Profile, name: str | None = None, tables: dict[str, pd.DataFrame] | None = None) -> RunView:
+    """The view of one profile. ``tables`` overrides the profile's frames (a live snapshot)."""
+    tables = tables or {t: profile.frame(t) for t in TABLES}
+    summary = summary_table(profile, tables["steps"])
+    ref = full_cache_reference(profile.meta, tables["steps"], profile.baseline)
+    return RunView(
+        name=name or profile.name or str(profile.meta.get("run_id", "run")),
+        meta=dict(profile.meta),
+        strategies=profile.strategies,
+        baselines=[profile.baseline],
+        status=profile.status,
+        reason=str(profile.meta.get("reason", "")),
+        tables=tables,
+        summary=summary,
+        reference=ref,
+    )
+
+
+def full_cache_reference(meta: dict, steps: pd.DataFrame, baseline: str) -> pd.DataFrame | None:
+    """Bytes a full-precision cache holding exactly every token so far would take, per step:
+    2 (K and V) x layers x KV heads x head_dim x element size x tokens. None when the profile
+    lacks the geometry (e.g. a recurrent model)."""
+    try:
+        layers, heads, dim = (int(meta.get(k) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
+    except (TypeError, ValueError):
+        return None
+    size = DTYPE_BYTES.get(str(meta.get("dtype", "")))
+    if not (layers and heads and dim and size) or not len(steps):
+        return None
+    rows = steps[steps["strategy"] == baseline]
+    if not len(rows):
+        rows = steps.drop_duplicates("step")
+    rows = rows.sort_values("step")
+    tokens = pd.to_numeric(rows["position"], errors="coerce") + 1
+    per_token = 2 * layers * heads * dim * size
+    return pd.DataFrame(
+        {
+            "step": rows["step"].astype("int64").to_numpy(),
+            "bytes": (tokens * per_token).to_numpy(dtype="float64"),
+            "label": REFERENCE_LABEL,
+        }
+    )
+
+
+SUMMARY_DISPLAY = {
+    "strategy": "strategy",
+    "steps": "steps",
+    "peak_mib": "peak MiB allocated",
+    "bytes_per_token": "bytes/token",
+    "mean_kl": "mean KL (nats)",
+    "top1_agreement": "top-1 agreement",
+    "decode_tokens_per_second": "tokens/s",
+    "verdict": "in plain words",
+}
+
+
+def summary_table(profile: Profile, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per strategy: peak bytes, bytes/token, mean KL, agreement, tokens/s, and the verdict
+    ("saved 62% memory for 0.013 nats mean KL ...") against the baseline."""
+    if steps is not None:
+        # summarize() reads only the steps table and the metadata: give it the snapshot's.
+        probe = Profile(profile.meta)
+        probe.add("steps", steps.to_dict("records"))
+        profile = probe
+    table = summarize(profile)
+    if not len(table):
+        return pd.DataFrame(columns=list(SUMMARY_DISPLAY))
+    out = pd.DataFrame(
+        {
+            "strategy": table["strategy"],
+            "steps": table["steps"],
+            "peak_mib": pd.to_numeric(table["peak_bytes_allocated"], errors="coerce") / 2**20,
+            "bytes_per_token": pd.to_numeric(table["bytes_per_token"], errors="coerce"),
+            "mean_kl": pd.to_numeric(table["mean_kl"], errors="coerce"),
+            "top1_agreement": pd.to_numeric(table["top1_agreement"], errors="coerce"),
+            "decode_tokens_per_second": pd.to_numeric(table["decode_tokens_per_second"], errors="coerce"),
+            "verdict": [verdict(r, profile.baseline) for _, r in table.iterrows()],
+        }
+    )
+    return out.reset_index(drop=True)
+
+
+def combine(views: Sequence[RunView]) -> RunView:
+    """Several runs as one view: every strategy relabelled "run name / strategy"."""
+    if len(views) == 1:
+        return views[0]
+    names = _unique_names([v.name for v in views])
+    tables: dict[str, list[pd.DataFrame]] = {t: [] for t in TABLES}
+    strategies, baselines, summaries, references = [], [], [], {}
+    for name, v in zip(names, views):
+        rename = {s: f"{name} / {s}" for s in v.strategies}
+        strategies += list(rename.values())
+        baselines += [rename.get(b, f"{name} / {b}") for b in v.baselines]
+        for t in TABLES:
+            frame = v.tables[t]
+            if len(frame):
+                labels = frame["strategy"].astype("string").map(lambda s, r=rename: r.get(s, s))
+                tables[t].append(frame.assign(strategy=labels))
+        if len(v.summary):
+            summaries.append(v.summary.assign(strategy=v.summary["strategy"].map(lambda s, r=rename: r.get(s, s))))
+        if v.reference is not None:
+            references[name] = v.reference
+    status = "complete" if all(v.complete for v in views) else "incomplete"
+    reasons = [f"{n}: {v.reason or v.status}" for n, v in zip(names, views) if not v.complete]
+    return RunView(
+        name=" + ".join(names),
+        meta={},
+        strategies=strategies,
+        baselines=baselines,
+        status=status,
+        reason="; ".join(reasons),
+        tables={t: _concat(tables[t], views[0].tables[t]) for t in TABLES},
+        summary=pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=list(SUMMARY_DISPLAY)),
+        reference=_merge_references(references),
+    )
+
+
+def _concat(parts: list[pd.DataFrame], like: pd.DataFrame) -> pd.DataFrame:
+    return pd.concat(parts, ignore_index=True) if parts else like.iloc[0:0]
+
+
+def _merge_references(refs: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
+    """One full-cache line per distinct curve: runs of one model and prompt agree on the steps
+    they share, so the longest of them stands for all."""
+    groups: list[list] = []  # [run names, curve (bytes by step)]
+    for name, ref in refs.items():
+        curve = ref.set_index("step")["bytes"]
+        for group in groups:
+            common = curve.index.intersection(group[1].index)
+            if len(common) and curve[common].equals(group[1][common]):
+                group[0].append(name)
+                if len(curve) > len(group[1]):
+                    group[1] = curve
+                break
+        else:
+            groups.append([[name], curve])
+    if not groups:
+        return None
+    if len(groups) == 1:
+        return groups[0][1].rename("bytes").reset_index().assign(label=REFERENCE_LABEL)
+    return pd.concat(
+        [c.rename("bytes").reset_index().assign(label=f"full cache ({', '.join(n)})") for n, c in groups],
+        ignore_index=True,
+    )
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
+    return out
+
+
+def nearest_at_or_before(recorded: Sequence[int], step: int) -> int | None:
+    """The last recorded step <= ``step`` (sampled probes), else the first recorded one."""
+    before = [s for s in recorded if s <= step]
+    if before:
+        return before[-1]
+    return recorded[0] if recorded else None
+
+
+def probes_of(meta: dict) -> dict[str, int]:
+    try:
+        return json.loads(meta.get("probes") or "{}")
+    except (TypeError, ValueError):
+        return {}

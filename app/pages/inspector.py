@@ -1,0 +1,110 @@
+"""Inspector: step through one strategy of a run: its slots, its attention masks, its quantization error."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, state
+from app.data import RunView, nearest_at_or_before
+from app.panels import PLOTLY_CONFIG
+
+PLAY_SECONDS = 0.6  # one step per tick while playing
+
+st.title("Inspector")
+st.caption(
+    "One strategy of a run, step by step: which absolute position each cache slot holds, what the "
+    "attention mask lets each query see, and how much quantization distorted keys and values."
+)
+
+sources: dict[str, RunView] = {}
+if (cur := state.current()) is not None:
+    sources[f"current run · {cur[1].name}"] = cur[1]
+sources.update(st.session_state.get(state.LOADED, {}))
+live = st.session_state.get(state.LIVE)
+if live is not None and live.running:
+    st.info("A run is in progress on the Live comparison page; it appears here when it ends.")
+if not sources:
+    st.info(
+        "Nothing to inspect yet: press **Run** on the Live comparison page, or load a profile on the Profiles page."
+    )
+    st.stop()
+
+top = st.columns([3, 3, 2])
+source = top[0].selectbox("Run", list(sources), key="insp_source")
+view = sources[source]
+strategies = [s for s in view.strategies if (view.layers["strategy"] == s).any()]
+if not strategies:
+    st.warning("This run recorded no per-layer rows (the memory probe was off): nothing to inspect.")
+    st.stop()
+strategy = top[1].selectbox("Strategy", strategies, key="insp_strategy")
+steps = view.steps_recorded(strategy, "layers")
+layers = sorted(int(x) for x in view.layers.loc[view.layers["strategy"] == strategy, "layer"].unique())
+layer = top[2].selectbox("Layer", layers, key="insp_layer")
+
+
+def _toggle_play() -> None:
+    st.session_state["insp_playing"] = not st.session_state.get("insp_playing", False)
+
+
+playing = bool(st.session_state.get("insp_playing")) and len(steps) > 1
+st.button(
+    "⏸ Pause" if playing else "▶ Play", key="insp_play", on_click=_toggle_play, disabled=len(steps) < 2,
+    help=f"advance one step every {PLAY_SECONDS} s",
+)  # fmt: skip
+
+
+def step_panel() -> None:
+    if st.session_state.get("insp_step") not in steps:
+        st.session_state["insp_step"] = steps[0]
+    if playing:
+        i = steps.index(st.session_state["insp_step"])
+        if i + 1 < len(steps):
+            st.session_state["insp_step"] = steps[i + 1]
+        else:
+            st.session_state["insp_playing"] = False
+            st.rerun()  # redraw the Play button and stop the ticking
+    if len(steps) > 1:
+        step = st.select_slider("Step", steps, key="insp_step")
+    else:
+        step = steps[0]
+        st.caption(f"step {step} (the only step recorded)")
+
+    slot_steps = view.steps_recorded(strategy, "slots")
+    ring_step = nearest_at_or_before(slot_steps, step) if slot_steps else step
+    st.plotly_chart(
+        charts.ring_figure(view.slots, view.layers, strategy, ring_step, layer), key="insp_ring", config=PLOTLY_CONFIG
+    )
+    if ring_step != step:
+        st.caption(f"Slots are sampled; showing step {ring_step}, the last recorded at or before {step}.")
+
+    st.subheader("Attention mask")
+    mask_steps = view.steps_recorded(strategy, "masks")
+    if not mask_steps:
+        st.caption("No masks recorded for this strategy (the masks probe was off).")
+    else:
+        mask_step = nearest_at_or_before(mask_steps, step)
+        listed = ", ".join(map(str, mask_steps[:12])) + ("…" if len(mask_steps) > 12 else "")
+        st.caption(f"Masks are sampled at steps {listed}; showing step {mask_step}.")
+        left, right = st.columns(2)
+        for col, order in ((left, "slot"), (right, "temporal")):
+            with col:
+                st.plotly_chart(
+                    charts.mask_figure(view.masks, view.strategies, strategy, mask_step, layer, order),
+                    key=f"insp_mask_{order}", config=PLOTLY_CONFIG,
+                )  # fmt: skip
+
+    st.subheader("Quantization error")
+    column = st.radio(
+        "Error of", list(charts.ERROR_COLUMNS), key="insp_error", horizontal=True,
+        format_func=lambda c: charts.ERROR_COLUMNS[c],
+    )  # fmt: skip
+    left, right = st.columns(2)
+    with left:
+        fig = charts.quant_error_heatmap(view.layers, strategy, column)
+        st.plotly_chart(fig, key="insp_qheat", config=PLOTLY_CONFIG)
+    with right:
+        fig = charts.quant_error_bars(view.layers, view.strategies, strategy, step)
+        st.plotly_chart(fig, key="insp_qbars", config=PLOTLY_CONFIG)
+
+
+st.fragment(run_every=PLAY_SECONDS if playing else None)(step_panel)()

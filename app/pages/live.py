@@ -1,0 +1,103 @@
+"""Live comparison: configure a run, watch its charts fill in, stop it, keep what it recorded."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from app import panels, state, widgets
+from cachelib.profile import default_profile_name, parse_memory_limit
+
+st.title("Live comparison")
+st.caption(
+    "Decode one prompt with several KV-cache strategies side by side. The first strategy is the "
+    "baseline; the others are fed the same tokens and compared to it."
+)
+
+run: state.LiveRun | None = st.session_state.get(state.LIVE)
+state.collect(run)
+running = bool(run and run.running)
+
+with st.sidebar:
+    st.subheader("Model")
+    model = widgets.model_settings()
+    st.subheader("Input")
+    options = widgets.input_settings()
+    probes, memory_limit = widgets.probe_settings()
+
+with st.expander("Strategies", expanded=state.current() is None):
+    rows = widgets.strategy_editor(model["backend"])
+
+
+def start() -> None:
+    """Validate everything, load the model (cached), start the run; ValueError on bad input."""
+    specs = widgets.specs_of(rows, model["backend"])
+    text = options.get("prompt", options.get("text")) or ""
+    if not text.strip():
+        raise ValueError(
+            "the prompt is empty; type a prompt to decode from"
+            if "prompt" in options
+            else "the evaluation text is empty; paste a text to evaluate on"
+        )
+    if not model["name"]:
+        raise ValueError("give the path of a model folder (config.json + safetensors)")
+    limit = parse_memory_limit(memory_limit)
+    with st.spinner(f"Loading {model['name']} on {model['backend']}/{model['device']}…"):
+        loaded = state.loaded_model(model["name"], model["backend"], model["device"])
+    name = default_profile_name(model["name"].rstrip("/").split("/")[-1], specs)
+    while (state.profiles_dir() / f"{name}.csv").exists():
+        name += "-b"
+    state.start_run(loaded, specs, name, probes=probes, memory_limit=limit, **options)
+
+
+run_col, note_col = st.columns([1, 5], vertical_alignment="center")
+clicked = run_col.button("Run", type="primary", key="run", disabled=running, width="stretch")
+note_col.caption(f"Runs are saved to `{state.profiles_dir()}` when they end (finished or stopped).")
+if clicked:
+    st.session_state.pop(state.LIVE, None)  # a finished run's results are already current
+    try:
+        start()
+    except ValueError as e:
+        st.error(str(e))
+    except Exception as e:  # a model that fails to load, a broken install: one line, no traceback
+        st.error(f"{type(e).__name__}: {e}")
+    else:
+        st.rerun()  # redraw with Run disabled and the live panel polling
+    run = None  # the start failed: no run of this click to show
+
+
+def live_panel(run: state.LiveRun) -> None:
+    if not run.running:
+        state.collect(run)
+        st.rerun()  # the final redraw, outside the polling fragment
+    done = max(run.step + 1, 0)
+    st.progress(done / max(run.total, 1), text=run.rate_text())
+    st.button("Stop", key="stop", on_click=run.stop, help="stop after the current step; keeps what was recorded")
+    if run.waiting:
+        st.info("Waiting for another session's run to finish…")
+    start = time.perf_counter()
+    view = run.view()
+    if view is None:
+        st.info("Prefilling the prompt…")
+        return
+    panels.charts_grid(view, key="live")
+    if view is not run.drawn_view:
+        run.drawn_view = view
+        run.note_refresh(time.perf_counter() - start)
+
+
+if running:
+    st.fragment(run_every=state.REFRESH_SECONDS)(live_panel)(run)
+else:
+    if run is not None and run.error:
+        st.error(run.error)
+    result = state.current()
+    if result is not None:
+        profile, view = result
+        st.markdown(panels.describe(view))
+        if run is not None and run.first_step_at is not None and run.final is profile:
+            st.caption(run.rate_text())
+        panels.charts_grid(view, key="current")
+    elif not clicked:
+        st.info("Press **Run** to decode with the strategies above (defaults: the bundled SmolLM2, 64 tokens).")

@@ -1,0 +1,101 @@
+"""Profiles: list saved runs, upload CSVs, compare several with the same charts, save and download."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import panels, state
+
+st.title("Profiles")
+st.caption(f"Profiles in `{state.profiles_dir()}` (and its sweep folders), or uploaded CSV files.")
+
+# --- the current run ---------------------------------------------------------------------------
+
+if (cur := state.current()) is not None:
+    profile, view = cur
+    st.subheader("Current run")
+    st.markdown(panels.describe(view))
+    panels.status(view)
+    path = profile.path
+    left, right = st.columns([2, 3], vertical_alignment="bottom")
+    with left:
+        if path:
+            st.download_button(
+                "Download CSV", data=path.read_bytes, file_name=f"{view.name}.csv",
+                mime="text/csv", key="download_current",
+            )  # fmt: skip
+    with right:
+        with st.form("save_as", border=False):
+            a, b = st.columns([3, 1], vertical_alignment="bottom")
+            new_name = a.text_input("Save as", key="save_name", placeholder="a name, e.g. smollm2-ring-vs-4bit")
+            if b.form_submit_button("Save"):
+                try:
+                    saved = state.save_as(profile, new_name)
+                except ValueError as e:
+                    st.error(str(e))
+                else:
+                    st.success(f"saved as `{saved}`")
+
+# --- saved and uploaded profiles ---------------------------------------------------------------
+
+st.subheader("Saved profiles")
+files = state.list_profiles()
+by_name = {f.name: f for f in files}
+if files:
+    st.dataframe(state.listing(files), hide_index=True, width="stretch")
+    for folder in sorted({f.folder for f in files if f.folder}):
+        if (state.profiles_dir() / folder / "index.csv").exists():
+            with st.expander(f"Sweep `{folder}`: every grid point, with or without a profile"):
+                from cachelib.sweep import load_index
+
+                try:
+                    index = load_index(state.profiles_dir() / folder)
+                except ValueError as e:
+                    st.error(str(e))
+                else:
+                    st.dataframe(index.drop(columns=["path"]), hide_index=True, width="stretch")
+else:
+    st.caption("No profiles saved yet.")
+
+uploads = st.file_uploader("Upload profile CSVs", type=["csv"], accept_multiple_files=True, key="upload")
+uploaded: dict = st.session_state.setdefault("_uploaded", {})  # "upload: NAME" -> (file id, RunView)
+fresh = []
+for upload in uploads or []:
+    label = f"upload: {upload.name}"
+    if label in uploaded and uploaded[label][0] == upload.file_id:
+        continue  # parsed already: keep the same view (and the figures drawn from it)
+    try:
+        view = state.view_of_upload(upload.getvalue(), upload.name)
+    except ValueError as e:
+        st.error(str(e))
+        continue
+    if label not in uploaded:
+        fresh.append(label)
+    uploaded[label] = (upload.file_id, view)
+
+# Widget state is dropped on other pages: restore the selection from a plain key.
+options = [*by_name, *uploaded]
+if "compare" not in st.session_state:
+    st.session_state["compare"] = [n for n in st.session_state.get("_compare", []) if n in options]
+st.session_state["compare"] = [n for n in st.session_state["compare"] if n in options] + fresh
+chosen = st.multiselect("Compare", options, key="compare", placeholder="choose profiles to load")
+st.session_state["_compare"] = chosen
+
+views = {}
+for name in chosen:
+    if name in uploaded:
+        views[name.removeprefix("upload: ").removesuffix(".csv")] = uploaded[name][1]
+        continue
+    try:
+        views[by_name[name].label] = state.view_of_file(by_name[name])
+    except ValueError as e:
+        st.error(str(e))
+    except OSError as e:
+        st.error(f"{name}: cannot read the file ({e.strerror})")
+st.session_state[state.LOADED] = views
+
+if views:
+    st.subheader("Comparison" if len(views) > 1 else next(iter(views)))
+    for name, v in views.items():
+        st.markdown(panels.describe(v))
+    panels.charts_grid(state.combined(views), key="compare")
