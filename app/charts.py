@@ -594,3 +594,21 @@ def quant_error_bars(layers: pd.DataFrame, strategies: Sequence[str], strategy: 
         legend={"orientation": "h", "y": -0.2},
     )
     return fig
+
+
+# The Planner page's figures live in their own module; re-exported so `charts.<name>` reaches them too.
+from .plan_charts import (  # noqa: E402, F401
+    chart_range,
+    cli_command,
+    context_grid,
+    evidence_table,
+    frontier_curves,
+    memory_curves,
+    parse_strategies,
+    plan_frontier_figure,
+    plan_memory_figure,
+    plan_table,
+    plan_table_text,
+    savings_text,
+    styled_plan_table,
+)

@@ -12,8 +12,9 @@ import streamlit as st  # noqa: E402
 st.set_page_config(page_title="cachelib", page_icon=":material/memory:", layout="wide")
 
 PAGES = [
-    st.Page("pages/live.py", title="Live comparison", icon=":material/monitoring:", default=True),
-    st.Page("pages/inspector.py", title="Inspector", icon=":material/search:"),
-    st.Page("pages/profiles.py", title="Profiles", icon=":material/folder_open:"),
+    st.Page("views/live.py", title="Live comparison", icon=":material/monitoring:", default=True),
+    st.Page("views/inspector.py", title="Inspector", icon=":material/search:"),
+    st.Page("views/profiles.py", title="Profiles", icon=":material/folder_open:"),
+    st.Page("views/planner.py", title="Planner", icon=":material/calculate:"),
 ]
 st.navigation(PAGES).run()

@@ -195,6 +195,13 @@ class Spec:
             return self.get(knob)
         return self.get("bits") if "bits" in names else None
 
+    @property
+    def key(self) -> tuple:
+        """What the spec means: its name and every knob's effective value. Two texts that differ
+        only by knobs left at their defaults (``quantized:bits=4`` and
+        ``quantized:bits=4,group_size=64``) have the same key."""
+        return (self.name, tuple(sorted(self.values.items())))
+
     def supports(self, backend: str) -> bool:
         return backend in self.strategy.backends
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -108,6 +109,16 @@ class Arch:
     @property
     def attention_layers(self) -> int:
         return sum(k != "recurrent" for k in self.layer_kinds)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The names this model goes by: the preset or config name, and the repository name its
+        source names (``smollm2`` is also ``SmolLM2-135M-Instruct``). Profiles record the latter."""
+        names = {self.name}
+        match = re.search(r"huggingface\.co/[^/]+/([^/]+)", self.source)
+        if match:
+            names.add(match.group(1))
+        return frozenset(names)
 
     def describe(self) -> str:
         kinds = ", ".join(f"{self.layer_kinds.count(k)} {k}" for k in LAYER_KINDS if k in self.layer_kinds)

@@ -84,9 +84,10 @@ def _run(args: argparse.Namespace) -> None:
     specs = [parse_spec(s) for s in (args.strategy or ["standard"])]
     quality = measured_quality(args.quality_from) if args.quality_from.exists() else {}
     recommending = args.max_kl is not None or args.min_agreement is not None
-    if recommending:  # the candidates: the strategies asked for and every strategy with evidence
-        given = {str(s) for s in specs}
-        specs += [parse_spec(s) for s in quality if s not in given]
+    measured = []  # recommending: every strategy with evidence is a candidate too
+    if recommending:
+        given = {s.key for s in specs}
+        measured = [parse_spec(s) for s in quality if parse_spec(s).key not in given]
     for flag, value in (("context", args.context), ("batch", args.batch)):
         if value <= 0:
             raise ValueError(f"--{flag} must be a positive integer, got {value}")
@@ -101,17 +102,29 @@ def _run(args: argparse.Namespace) -> None:
         prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
         reserve_bytes=_gb("reserve-gb", args.reserve_gb) or 0,
     )  # fmt: skip
+    skipped = []
+    for spec in measured:  # one at a time: a measured strategy this model or backend refuses is left out
+        try:
+            fits += plan(
+                arch, [spec], context=args.context, batch=args.batch, backend=args.backend, dtype=args.dtype,
+                prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
+                reserve_bytes=_gb("reserve-gb", args.reserve_gb) or 0,
+            )  # fmt: skip
+        except ValueError as e:
+            skipped.append(f"{spec} ({e})")
     fits = attach_quality(fits, quality)
     print(_header(arch, args, weights, budget))
     print(format_table(fits, budgeted=budget is not None))
     measured_on = sorted({f.quality.model for f in fits if f.quality is not None})
     if measured_on:
         print(f"quality measured on {', '.join(measured_on)} (profiles in {args.quality_from}), not on {arch.name}"
-              if arch.name not in measured_on else f"quality measured on {', '.join(measured_on)}")
+              if not arch.names & set(measured_on) else f"quality measured on {', '.join(measured_on)}")
     if recommending:
         print()
         print("recommendation: " + recommend(fits, max_kl=args.max_kl, min_agreement=args.min_agreement,
-                                             planned_model=arch.name).text)
+                                             planned_model=arch).text)
+        for line in skipped:
+            print(f"measured but not plannable here: {line}")
     if args.layers:
         for spec in specs:
             print()

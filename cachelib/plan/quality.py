@@ -14,13 +14,14 @@ the most concurrent sessions), and explains the choice in one paragraph.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
 
-from ..spec import parse_spec
+from ..spec import Spec, parse_spec
+from .arch import Arch
 from .solver import Fit, Quality, attach_quality, human_bytes
 
 
@@ -36,10 +37,23 @@ class Evidence:
     mean_kl: float
     top1_agreement: float
     files: tuple[str, ...]
+    context: int = 0  # the longest context (prompt + decoded tokens) any of the runs reached
 
     def quality(self) -> Quality:
         where = f"{self.runs} run(s), {self.steps} steps, {self.backend}: " + ", ".join(self.files)
-        return Quality(self.mean_kl, self.top1_agreement, self.model, where)
+        return Quality(self.mean_kl, self.top1_agreement, self.model, where, self.context)
+
+
+# the knob that bounds what a strategy keeps: quality measured before the bound was reached
+# says nothing about eviction
+BOUND_KNOBS = {"rotating": "max_size", "sliding": "window", "chunked": "chunk_size"}
+
+
+def bound_of(spec: str | Spec) -> int | None:
+    """The token bound of an evicting strategy (ring size, window, chunk), else None."""
+    spec = parse_spec(spec)
+    knob = BOUND_KNOBS.get(spec.name)
+    return None if knob is None else spec.get(knob)
 
 
 def _profile_paths(source: str | os.PathLike) -> list[Path]:
@@ -56,7 +70,8 @@ def collect_evidence(source: str | os.PathLike = "profiles", model: str | None =
     (strategies other than each profile's baseline). Files that are not profiles are skipped."""
     from ..profile import load_profile
 
-    groups: dict[tuple[str, str, str], list[tuple[str, pd.DataFrame]]] = {}
+    groups: dict[tuple[str, str, tuple], list[tuple[str, pd.DataFrame, int]]] = {}
+    texts: dict[tuple, str] = {}  # spec key -> the first canonical text seen for it
     for path in _profile_paths(source):
         try:
             profile = load_profile(path)
@@ -70,22 +85,25 @@ def collect_evidence(source: str | os.PathLike = "profiles", model: str | None =
             rows = decode[decode["strategy"] == label]
             if rows["kl"].notna().sum() == 0:
                 continue
-            spec = str(parse_spec(label.split("#")[0]))
-            key = (str(profile.meta.get("model")), str(profile.meta.get("backend")), spec)
-            groups.setdefault(key, []).append((path.name, rows))
+            spec = parse_spec(label.split("#")[0])
+            texts.setdefault(spec.key, str(spec))
+            reached = int(steps.loc[steps["strategy"] == label, "position"].max()) + 1
+            key = (str(profile.meta.get("model")), str(profile.meta.get("backend")), spec.key)
+            groups.setdefault(key, []).append((path.name, rows, reached))
     out = []
-    for (model_name, backend, spec), parts in sorted(groups.items()):
-        frames = pd.concat([rows for _, rows in parts], ignore_index=True)
+    for (model_name, backend, spec_key), parts in sorted(groups.items(), key=lambda kv: (kv[0][:2], texts[kv[0][2]])):
+        frames = pd.concat([rows for _, rows, _ in parts], ignore_index=True)
         out.append(
             Evidence(
-                spec=spec,
+                spec=texts[spec_key],
                 model=model_name,
                 backend=backend,
                 runs=len(parts),
                 steps=len(frames),
                 mean_kl=float(frames["kl"].mean()),
                 top1_agreement=float(frames["top1_agree"].astype("Float64").mean()),
-                files=tuple(sorted({name for name, _ in parts})),
+                files=tuple(sorted({name for name, _, _ in parts})),
+                context=max(reached for _, _, reached in parts),
             )
         )
     return out
@@ -94,11 +112,18 @@ def collect_evidence(source: str | os.PathLike = "profiles", model: str | None =
 def measured_quality(source: str | os.PathLike = "profiles", model: str | None = None) -> dict[str, Quality]:
     """Spec -> :class:`Quality` from the profiles under ``source``. Where several models (or
     backends) measured the same spec, the one with the most steps is kept."""
-    best: dict[str, Evidence] = {}
-    for ev in collect_evidence(source, model):
-        if ev.spec not in best or ev.steps > best[ev.spec].steps:
-            best[ev.spec] = ev
-    return {spec: ev.quality() for spec, ev in best.items()}
+    return quality_table(collect_evidence(source, model))
+
+
+def quality_table(evidence: Iterable[Evidence]) -> dict[str, Quality]:
+    """Spec -> :class:`Quality` from collected evidence; where several models (or backends)
+    measured the same spec, the one with the most steps is kept."""
+    best: dict[tuple, Evidence] = {}
+    for ev in evidence:
+        key = parse_spec(ev.spec).key
+        if key not in best or ev.steps > best[key].steps:
+            best[key] = ev
+    return {ev.spec: ev.quality() for ev in best.values()}
 
 
 @dataclass(frozen=True)
@@ -107,6 +132,24 @@ class Recommendation:
     text: str
     qualified: tuple[str, ...]  # specs that meet the thresholds (with evidence)
     unmeasured: tuple[str, ...]  # planned specs with no measured quality
+    unfilled: tuple[str, ...] = ()  # evicting specs whose runs never filled their bound: not evidence
+
+
+# strategies that keep every token at full precision: their predictions are the full cache's
+LOSSLESS = frozenset({"standard", "concat", "static", "offloaded"})
+
+
+def _exact(fit: Fit) -> Fit:
+    """A lossless strategy's fit, with its quality known by construction when none was measured."""
+    if fit.quality is not None or parse_spec(fit.spec).name not in LOSSLESS:
+        return fit
+    return replace(fit, quality=Quality(0.0, 1.0, "any model", "exact: keeps every token at full precision"))
+
+
+def _never_filled(fit: Fit) -> bool:
+    """The evidence of an evicting strategy comes from runs that never passed its bound."""
+    bound = bound_of(fit.spec)
+    return bound is not None and fit.quality is not None and (fit.quality.context or 0) <= bound
 
 
 def recommend(
@@ -114,21 +157,26 @@ def recommend(
     *,
     max_kl: float | None = None,
     min_agreement: float | None = None,
-    planned_model: str | None = None,
+    planned_model: str | Arch | None = None,
 ) -> Recommendation:
-    """The cheapest fit whose measured quality meets ``max_kl`` / ``min_agreement``."""
+    """The cheapest fit whose measured quality meets ``max_kl`` / ``min_agreement``.
+
+    A ring, window or chunk whose runs never went past its bound never evicted anything: its
+    measured quality says nothing about eviction, so it is not recommended on that evidence."""
     if max_kl is None and min_agreement is None:
         raise ValueError("give a quality threshold: max_kl (mean KL, nats) and/or min_agreement (0..1)")
     if max_kl is not None and max_kl < 0:
         raise ValueError(f"max_kl must be >= 0, got {max_kl}")
     if min_agreement is not None and not 0 <= min_agreement <= 1:
         raise ValueError(f"min_agreement must be between 0 and 1, got {min_agreement}")
-    fits = list(fits)
+    fits = [_exact(f) for f in fits]
     unmeasured = tuple(f.spec for f in fits if f.quality is None)
+    unfilled = tuple(f.spec for f in fits if _never_filled(f))
     ok = [
         f
         for f in fits
         if f.quality is not None
+        and not _never_filled(f)
         and (max_kl is None or f.quality.mean_kl <= max_kl)
         and (min_agreement is None or f.quality.top1_agreement >= min_agreement)
         and f.fits is not False
@@ -141,25 +189,44 @@ def recommend(
         )
         if t
     )
+    caveats = ""
+    if unmeasured:
+        caveats += f" Not measured yet: {', '.join(unmeasured)} (profile them to get evidence)."
+    if unfilled:
+        caveats += (
+            f" Measured only on runs shorter than their window, so never evicting: {', '.join(unfilled)} "
+            "(profile them past their bound)."
+        )
     if not ok:
         text = f"No planned strategy with measured quality meets {wanted}"
-        text += f" and fits the budget." if any(f.fits is False for f in fits) else "."
-        if unmeasured:
-            text += f" Not measured yet: {', '.join(unmeasured)} (profile them to get evidence)."
-        return Recommendation(None, text, (), unmeasured)
+        text += " and fits the budget." if any(f.fits is False for f in fits) else "."
+        return Recommendation(None, text + caveats, (), unmeasured, unfilled)
     ok.sort(key=lambda f: (f.cache.peak_bytes, -(f.sessions or 0)))
     pick = ok[0]
     q = pick.quality
+    context = f" at up to {q.context:,} tokens" if q.context else ""
+    evidence = (
+        f"mean KL {q.mean_kl:.4g} nats, top-1 agreement {q.top1_agreement:.1%}, measured on {q.model}{context} "
+        f"({q.source})"
+        if q.model != "any model"
+        else q.source
+    )
     text = (
         f"{pick.spec}: the smallest cache peak ({human_bytes(pick.cache.peak_bytes)} at {pick.cache.context:,} tokens) "
-        f"among the {len(ok)} strategies that meet {wanted}. Evidence: mean KL {q.mean_kl:.4g} nats, top-1 "
-        f"agreement {q.top1_agreement:.1%}, measured on {q.model} ({q.source})."
+        f"among the {len(ok)} strategies that meet {wanted}. Evidence: {evidence}."
     )
-    if planned_model and planned_model != q.model:
-        text += f" Measured on {q.model}, not on {planned_model}: treat it as an estimate for {planned_model}."
+    names = planned_model.names if isinstance(planned_model, Arch) else {planned_model} if planned_model else set()
+    if names and q.model not in names and q.model != "any model":
+        shown = planned_model.name if isinstance(planned_model, Arch) else planned_model
+        text += f" Measured on {q.model}, not on {shown}: treat it as an estimate for {shown}."
+    if q.context and pick.cache.context > q.context and bound_of(pick.spec) is not None:
+        text += (
+            f" It evicts more at {pick.cache.context:,} tokens than in the runs measured ({q.context:,} tokens): "
+            "the quality there may be worse; profile it at that length to be sure."
+        )
     if pick.sessions is not None:
         text += f" {pick.sessions} concurrent session(s) fit the budget."
-    return Recommendation(pick, text, tuple(f.spec for f in ok), unmeasured)
+    return Recommendation(pick, text + caveats, tuple(f.spec for f in ok), unmeasured, unfilled)
 
 
 def with_quality(fits: Iterable[Fit], source: str | os.PathLike = "profiles", model: str | None = None) -> list[Fit]:

@@ -36,6 +36,7 @@ class Quality:
     top1_agreement: float  # share of steps whose top-1 token equals the full cache's
     model: str  # the model it was measured on (it may differ from the one planned)
     source: str = ""  # the profile(s) it comes from
+    context: int | None = None  # the longest context (tokens) it was measured at
 
 
 @dataclass(frozen=True)
@@ -350,7 +351,7 @@ def plan(
 
 
 def attach_quality(fits: Iterable[Fit], table: Mapping[str | Spec, Quality]) -> list[Fit]:
-    """The fits with ``quality`` set from ``table`` (keyed by spec; specs are compared in their
-    canonical form, so ``"rotating:keep=4,max_size=512"`` matches ``rotating:max_size=512,...``)."""
-    by_spec = {str(parse_spec(k)): q for k, q in table.items()}
-    return [replace(f, quality=by_spec.get(f.spec, f.quality)) for f in fits]
+    """The fits with ``quality`` set from ``table`` (keyed by spec; specs are compared by meaning,
+    so ``"rotating:keep=4,max_size=512"`` and ``"rotating:max_size=512"`` match, :attr:`Spec.key`)."""
+    by_spec = {parse_spec(k).key: q for k, q in table.items()}
+    return [replace(f, quality=by_spec.get(parse_spec(f.spec).key, f.quality)) for f in fits]

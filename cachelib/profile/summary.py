@@ -44,7 +44,7 @@ def summarize(profile: Profile) -> pd.DataFrame:
                 "bytes_per_token": float(peak) / held if held and pd.notna(peak) else None,
                 "mean_kl": _float(decode["kl"].mean() if len(decode) else s["kl"].mean()),
                 "max_kl": _float(s["kl"].max()),
-                "top1_agreement": _float(s["top1_agree"].astype("Float64").mean()),
+                "top1_agreement": _float((decode if len(decode) else s)["top1_agree"].astype("Float64").mean()),
                 "mean_logprob_target": _float(s["logprob_target"].mean()),
                 "decode_tokens_per_second": _float(decode["tokens_per_second"].median()),
                 "first_departure_step": _int(departed["step"].min()) if len(departed) else None,

@@ -3,7 +3,7 @@
 ``load_grid(path)`` reads a TOML grid and checks it; ``run_sweep(grid, out, scheduler=...)`` runs
 every unfinished point as one Dask task and writes one profile per point plus ``index.csv``;
 ``load_index(folder)`` reads a sweep folder's index back. The file format and how to run a
-sweep on several machines: ``docs/sweep.md``.
+sweep on several machines: the README's "Sweeps" section.
 """
 
 from .grid import DEVICE_RESOURCES, GRID_KEYS, Grid, GridError, Input, Point, load_grid, parse_grid

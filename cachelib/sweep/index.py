@@ -20,7 +20,7 @@ from .grid import Point
 INDEX_FILE = "index.csv"
 GRID_FILE = "grid.toml"  # the grid file as it was run, for the record
 
-# One name per column; docs/sweep.md documents each.
+# One name per column; the README's "Sweeps" section documents each.
 INDEX_COLUMNS = (
     "point",  # stable id of the grid point; also the profile's file stem and its meta `name`
     "status",  # pending | done | stopped | failed

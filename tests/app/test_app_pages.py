@@ -176,7 +176,7 @@ def test_profiles_page_lists_loads_and_compares_profiles(profiles_dir, tiny_prof
     (profiles_dir / "sweep-a" / "point-1.csv").write_bytes((tiny_profiles / "tiny-stopped.csv").read_bytes())
     (profiles_dir / "not-a-profile.csv").write_text("a,b\n1,2\n")
     at = new_app()
-    at.switch_page("pages/profiles.py").run()
+    at.switch_page("views/profiles.py").run()
     assert not at.exception
     listing = at.dataframe[0].value.set_index("profile")
     assert listing.loc["sweep-a/point-1.csv", "status"] == "incomplete"
@@ -200,8 +200,8 @@ def test_profiles_page_lists_loads_and_compares_profiles(profiles_dir, tiny_prof
     assert len(at.get("plotly_chart")) == 4 and not at.exception
 
     # The selection survives a visit to another page.
-    at.switch_page("pages/live.py").run()
-    at.switch_page("pages/profiles.py").run()
+    at.switch_page("views/live.py").run()
+    at.switch_page("views/profiles.py").run()
     assert at.multiselect(key="compare").value == ["complete.csv", "sweep-a/point-1.csv", "not-a-profile.csv"]
 
 
@@ -210,7 +210,7 @@ def test_profiles_page_saves_the_current_run_under_a_name(profiles_dir, tiny_pro
     profile = load_profile(tiny_profiles / "tiny-complete.csv")
     at.session_state[state.CURRENT] = (profile, run_view(profile, "tiny-complete"))
     at.run()
-    at.switch_page("pages/profiles.py").run()
+    at.switch_page("views/profiles.py").run()
     assert at.get("download_button")
 
     def save_as(name: str) -> None:
@@ -236,7 +236,7 @@ def test_inspector_steps_through_slots_masks_and_quantization_error(profiles_dir
     view.layers.loc[quantized, "value_rel_rms"] = 0.02
     at.session_state[state.CURRENT] = (profile, view)
     at.run()
-    at.switch_page("pages/inspector.py").run()
+    at.switch_page("views/inspector.py").run()
     assert not at.exception
     at.selectbox(key="insp_strategy").set_value("rotating:max_size=16,keep=2").run()
     at.select_slider(key="insp_step").set_value(20).run()
@@ -262,6 +262,6 @@ def test_inspector_steps_through_slots_masks_and_quantization_error(profiles_dir
 
 def test_inspector_without_a_run_says_where_to_start():
     at = new_app()
-    at.switch_page("pages/inspector.py").run()
+    at.switch_page("views/inspector.py").run()
     assert not at.exception
     assert "Nothing to inspect yet" in at.info[0].value

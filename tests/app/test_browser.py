@@ -1,7 +1,7 @@
 """The app in a real browser: ``streamlit run`` on a free port, driven by headless Chromium.
 
 Press Run on the default settings (tokens set to 32 through the slider), wait for the charts,
-check that the plotly charts are drawn with data, then open the Inspector and Profiles pages.
+check that the plotly charts are drawn with data, then open the Inspector, Profiles and Planner pages.
 Screenshots go to the test's output folder, and also to ``$CACHELIB_SCREENSHOTS`` when set
 (that is how ``assets/app-*.png`` are made).
 """
@@ -162,3 +162,19 @@ def test_default_run_in_a_real_browser_draws_the_charts(app_url, browser, tmp_pa
     page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length === 4")
     page.wait_for_timeout(1000)
     _shoot(page, tmp_path, "profiles")
+
+    # The Planner, with the run just saved as evidence of its two non-baseline strategies.
+    page.get_by_role("link", name="Planner").click()
+    page.locator(".st-key-plan_frontier .js-plotly-plot").wait_for()
+    page.get_by_text("Also planned because profiles measured them").wait_for()
+    page.wait_for_timeout(1000)
+    assert page.locator("[data-testid='stException']").count() == 0
+    traces = _traces_per_chart(page)
+    # 6 strategies on each chart: the 5 asked, and the run's ring (its 4-bit strategy is the asked quantized:bits=4)
+    assert len(traces) == 2 and min(traces) >= 6, traces
+    _shoot(page, tmp_path, "planner")
+
+    # A page's own URL, opened directly (a bookmark, a reload), runs through main.py's routes.
+    page.goto(f"{app_url}/inspector")
+    page.get_by_role("link", name="Live comparison").wait_for()
+    assert page.get_by_role("link", name="main", exact=True).count() == 0  # no page list of Streamlit's own

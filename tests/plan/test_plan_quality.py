@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cachelib.cli import main
-from cachelib.plan import plan, preset
+from cachelib.plan import Quality, attach_quality, plan, preset
 from cachelib.plan.quality import collect_evidence, measured_quality, recommend, with_quality
 from cachelib.profile import run_profile
 
@@ -43,7 +43,7 @@ def test_recommendation_is_the_cheapest_strategy_meeting_the_threshold(profiles_
     best = min(quality, key=lambda s: quality[s].mean_kl)
     assert recommend(fits, max_kl=strict).fit.spec == best
     none = recommend(fits, max_kl=-0.0, min_agreement=1.0)
-    assert none.fit is None or quality[none.fit.spec].top1_agreement == 1.0
+    assert none.fit.spec == "standard" or quality[none.fit.spec].top1_agreement == 1.0  # lossless: exact
 
 
 def test_threshold_errors_are_named():
@@ -59,3 +59,46 @@ def test_plan_cli_prints_quality_and_recommendation(profiles_dir, capsys):
     assert code == 0
     assert "mean KL" in out and "quality measured on tiny-llama" in out
     assert "recommendation: rotating:max_size=16,keep=4" in out
+
+
+def test_evidence_records_its_context_and_specs_match_by_meaning(profiles_dir):
+    evidence = {e.spec: e for e in collect_evidence(profiles_dir)}
+    prompt_a = evidence["quantized:bits=4"].context - 48  # one run: its prompt, then 48 decode steps
+    assert prompt_a > 0 and evidence["rotating:max_size=16,keep=4"].context >= evidence["quantized:bits=4"].context
+    # The same strategy written with its default knobs spelled out gets the same evidence.
+    spelled = ["quantized:bits=4,group_size=64", "rotating:keep=4,max_size=32", "quantized:bits=4,group_size=32"]
+    fits = with_quality(plan(preset("llama-3.1-8b"), spelled, context=4096, prefill=64), profiles_dir)
+    assert fits[0].quality.mean_kl == evidence["quantized:bits=4"].mean_kl
+    assert fits[1].quality.mean_kl == evidence["rotating:max_size=32,keep=4"].mean_kl
+    assert fits[2].quality is None  # another group size is another strategy
+
+
+def test_a_ring_measured_only_before_it_filled_is_not_recommended():
+    specs = ["standard", "rotating:max_size=4096", "rotating:max_size=64", "quantized:bits=8"]
+    fits = plan(preset("smollm2"), specs, context=8192, prefill=64)
+    measured = {  # the 4096-ring ran 300 tokens: it never evicted anything
+        "rotating:max_size=4096": Quality(0.0, 1.0, "SmolLM2-135M-Instruct", "short.csv", context=300),
+        "rotating:max_size=64": Quality(0.02, 0.95, "SmolLM2-135M-Instruct", "long.csv", context=300),
+        "quantized:bits=8": Quality(0.001, 0.99, "SmolLM2-135M-Instruct", "long.csv", context=300),
+    }
+    pick = recommend(attach_quality(fits, measured), max_kl=0.05, planned_model=preset("smollm2"))
+    assert pick.fit.spec == "rotating:max_size=64" and pick.unfilled == ("rotating:max_size=4096",)
+    assert pick.unmeasured == () and "standard" in pick.qualified  # lossless: exact by construction
+    exact = recommend(attach_quality(fits, measured), max_kl=0.0, planned_model=preset("smollm2"))
+    assert exact.fit.spec == "standard" and "keeps every token at full precision" in exact.text
+    assert "never evicting: rotating:max_size=4096" in pick.text
+    assert "evicts more at 8,192 tokens than in the runs measured (300 tokens)" in pick.text
+    assert "not on" not in pick.text  # the bundled smollm2 preset is SmolLM2-135M-Instruct, what profiles record
+    assert "not on llama" in recommend(attach_quality(plan(preset("llama-3.1-8b"), ["quantized:bits=8"], context=64),
+                                                      measured), max_kl=1, planned_model=preset("llama-3.1-8b")).text
+
+
+def test_plan_cli_leaves_out_measured_strategies_this_backend_refuses(tmp_path, load_model, capsys):
+    loaded = load_model("tiny-llama", "torch")
+    run_profile(loaded, ["standard", "offloaded"], prompt="Offload me.", max_tokens=4, out=tmp_path / "o.csv")
+    args = ["plan", "--model", "smollm2", "--context", "512", "--quality-from", str(tmp_path), "--max-kl", "1"]
+    assert main([*args, "--backend", "mlx"]) == 0  # offloaded exists on torch only: skipped, not fatal
+    out = capsys.readouterr().out
+    assert "measured but not plannable here: offloaded" in out and "recommendation: standard" in out
+    assert main([*args, "--backend", "torch"]) == 0
+    assert "recommendation: offloaded" in capsys.readouterr().out

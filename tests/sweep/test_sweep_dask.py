@@ -96,7 +96,7 @@ max_tokens = 16
 
 @pytest.fixture
 def dask_cli_cluster(tmp_path):
-    """A scheduler and one worker started the way docs/sweep.md tells a team to, as processes."""
+    """A scheduler and one worker started the way the README's "Sweeps" section tells a team to, as processes."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     info = tmp_path / "scheduler.json"
     common = ["--scheduler-file", str(info)]

@@ -1,0 +1,303 @@
+"""Planner: the cache each strategy needs at a context, what fits in a memory budget, and which
+strategy the measured quality recommends; the numbers of ``python -m cachelib plan``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pandas as pd
+import streamlit as st
+
+from app import plan_charts, state
+from app.panels import PLOTLY_CONFIG
+from cachelib.plan import GB, Arch, Fit, attach_quality, cache_budget, plan, preset_names, resolve_model, weight_bytes
+from cachelib.plan.accounting import DTYPE_BYTES
+from cachelib.plan.quality import Evidence, Recommendation, collect_evidence, quality_table, recommend
+from cachelib.plan.solver import Quality, human_bytes
+from cachelib.spec import STRATEGIES, parse_spec
+
+CONFIG = "a config.json…"
+DEFAULTS: dict[str, Any] = {  # widget key -> first value
+    "plan_model": "llama-3.1-8b", "plan_config": "", "plan_backend": "mlx", "plan_dtype": "float16",
+    "plan_context": 32768, "plan_batch": 1, "plan_prefill": None, "plan_prefill_chunk": 2048,
+    "plan_strategies": "standard\nrotating:max_size=4096\nquantized:bits=8\nquantized:bits=4\nkivi",
+    "plan_budget": 24.0, "plan_weights": None, "plan_weight_bits": 16.0, "plan_reserve": 1.0,
+    "plan_max_kl": 0.1, "plan_min_agreement": 0.9, "plan_range": None, "plan_log": False, "plan_measure": "max_batch",
+}  # fmt: skip
+OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", "plan_min_agreement"}  # empty: none
+LAST = "planner_last"  # the last valid plan, shown again under an error
+SAVED = "_planner_inputs"  # widget values, restored after a visit to another page (which drops them)
+
+
+# --- pure and cached -----------------------------------------------------------------------------
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def _plan(arch: Arch, specs: tuple[str, ...], context: int, run: dict, budget, weights, reserve) -> list[Fit]:
+    return plan(arch, specs, context=context, **run, budget_bytes=budget, weights_bytes=weights, reserve_bytes=reserve)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _memory_curves(arch: Arch, specs: tuple[str, ...], grid: tuple[int, ...], run: dict) -> pd.DataFrame:
+    return plan_charts.memory_curves(arch, specs, grid, **run)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _frontier_curves(arch: Arch, specs: tuple[str, ...], grid: tuple[int, ...], available: int, run: dict):
+    run = {k: v for k, v in run.items() if k != "batch"}  # counted at batch 1: bytes scale with the batch
+    return plan_charts.frontier_curves(arch, specs, grid, available, **run)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _evidence(folder: str, version: tuple) -> tuple[list[Evidence], dict[str, Quality]]:
+    """What the profiles under ``folder`` measured (``version``, the files' mtimes and sizes, keys the cache)."""
+    if not Path(folder).is_dir():
+        return [], {}
+    evidence = collect_evidence(folder)
+    return evidence, quality_table(evidence)
+
+
+def _version(folder: Path) -> tuple:
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*.csv")))
+
+
+class Planned(NamedTuple):
+    arch: Arch
+    values: dict[str, Any]  # the inputs it was planned from
+    weights: int | None
+    available: int | None  # bytes left for the cache: budget - weights - reserve
+    fits: list[Fit]  # the strategies asked for, then those added from the evidence
+    added: list[str]  # planned because profiles measured them (as the CLI does when recommending)
+    skipped: dict[str, str]  # measured but not plannable here -> why
+    curves: pd.DataFrame
+    frontier: pd.DataFrame
+    evidence: list[Evidence]
+    recommendation: Recommendation | None
+    command: str
+
+
+def _bytes(gb: float | None) -> int | None:
+    return None if gb is None else round(gb * GB)  # as the CLI converts --budget-gb and friends
+
+
+def compute(v: dict[str, Any]) -> Planned:
+    """The whole plan from the inputs; ValueError (or OSError) on bad input."""
+    model = v["plan_config"].strip() if v["plan_model"] == CONFIG else v["plan_model"]
+    if not model:
+        raise ValueError("give the path of a config.json (or of the folder holding it)")
+    arch = resolve_model(model)
+    specs = plan_charts.parse_strategies(v["plan_strategies"])
+    context = int(v["plan_context"])
+    run = dict(batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"],
+               prefill=v["plan_prefill"], prefill_chunk=v["plan_prefill_chunk"])  # fmt: skip
+    weights = _bytes(v["plan_weights"])
+    if weights is None and arch.num_params is not None:
+        weights = weight_bytes(arch, v["plan_weight_bits"])
+    budget, reserve = _bytes(v["plan_budget"]), _bytes(v["plan_reserve"]) or 0
+    fits = _plan(arch, tuple(specs), context, run, budget, weights, reserve)
+
+    folder = state.profiles_dir()
+    evidence, quality = _evidence(str(folder), _version(folder))
+    max_kl, min_agreement = v["plan_max_kl"], v["plan_min_agreement"]
+    recommending = max_kl is not None or min_agreement is not None
+    added, skipped = [], {}
+    if recommending:  # the candidates: the strategies asked for and every strategy with evidence
+        asked = {parse_spec(s).key for s in specs}
+        for spec in (s for s in quality if parse_spec(s).key not in asked):
+            try:
+                fits = fits + _plan(arch, (spec,), context, run, budget, weights, reserve)
+            except ValueError as e:  # e.g. measured on torch only, or a group size this model's heads refuse
+                skipped[spec] = str(e)
+            else:
+                added.append(spec)
+    fits = attach_quality(fits, quality)
+    rec = None
+    if recommending and quality:
+        rec = recommend(fits, max_kl=max_kl, min_agreement=min_agreement, planned_model=arch)
+
+    names = tuple(f.spec for f in fits)
+    grid = tuple(plan_charts.context_grid(
+        context, v["plan_range"] or plan_charts.chart_range(context, arch.max_position_embeddings), log=v["plan_log"]
+    ))  # fmt: skip
+    available = cache_budget(budget, weights, reserve) if budget is not None and weights is not None else None
+    frontier = pd.DataFrame() if available is None else _frontier_curves(arch, names, grid, available, run)
+    shown_folder = folder.relative_to(state.ROOT) if folder.is_relative_to(state.ROOT) else folder
+    command = plan_charts.cli_command(
+        model, specs, context=context, **run, budget_gb=v["plan_budget"], weights_gb=v["plan_weights"],
+        weight_bits=v["plan_weight_bits"], reserve_gb=v["plan_reserve"] or 0.0, quality_from=str(shown_folder),
+        max_kl=max_kl, min_agreement=min_agreement,
+    )  # fmt: skip
+    return Planned(
+        arch, dict(v), weights, available, fits, added, skipped, _memory_curves(arch, names, grid, run), frontier,
+        evidence, rec, command,
+    )  # fmt: skip
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+def _number(label: str, key: str, help: str, where: Any = st, **options: Any) -> None:
+    """A number input whose value lives in session state; an optional one reads None when cleared."""
+    if DEFAULTS[key] is None or key in OPTIONAL:
+        options["value"] = None  # the start value comes from session state; None is what a cleared field gives
+    where.number_input(label, key=key, help=help, **options)
+
+
+def inputs() -> dict[str, Any]:
+    saved = st.session_state.setdefault(SAVED, dict(DEFAULTS))
+    for key, value in saved.items():
+        st.session_state.setdefault(key, value)
+    with st.sidebar:
+        st.subheader("Model")
+        presets = "published architectures, the bundled smollm2 and the tiny-* presets, or any config.json"
+        st.selectbox("Model", [*preset_names(), CONFIG], key="plan_model", help=presets)
+        if st.session_state["plan_model"] == CONFIG:
+            st.text_input("config.json", key="plan_config", placeholder="/path/to/config.json or its folder")
+        rules = "the cache library whose allocation rules apply (they differ)"
+        st.radio("Backend", ["mlx", "torch"], key="plan_backend", horizontal=True, help=rules)
+        st.selectbox("K/V dtype", list(DTYPE_BYTES), key="plan_dtype")
+
+        st.subheader("Workload")
+        _number(
+            "Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", min_value=1, step=1024
+        )
+        _number("Batch", "plan_batch", "sequences per run", min_value=1, step=1)
+        with st.expander("Prompt feeding"):
+            rest = "the rest of the context is decoded one token at a time"
+            _number("Prompt tokens", "plan_prefill", rest, min_value=1, step=256, placeholder="the whole context")
+            chunks = "mlx-lm's generate feeds prompts in chunks of 2048 (the default here); empty: one update"
+            _number("Prefill chunk", "plan_prefill_chunk", chunks, min_value=1, step=256, placeholder="one update")
+
+        st.subheader("Strategies")
+        grammar = (
+            f"name[:knob=value,...], e.g. rotating:max_size=4096,keep=4. Strategies: {', '.join(STRATEGIES)}. "
+            "The first is the reference the recommendation's savings are counted against."
+        )
+        st.text_area("One spec per line", key="plan_strategies", height=150, help=grammar)
+
+        st.subheader("Memory")
+        budget = "device memory for weights + reserve + cache; 1 GB = 10^9 bytes"
+        _number("Budget (GB)", "plan_budget", budget, min_value=0.0, step=1.0, placeholder="none")
+        weights = "measured weight bytes; empty: counted from the parameters"
+        _number("Weights (GB)", "plan_weights", weights, min_value=0.0, step=0.5, placeholder="params x weight bits")
+        bits = "bits per weight when counting (e.g. 4.5 for 4-bit weights with group scales)"
+        _number("Weight bits", "plan_weight_bits", bits, min_value=0.5, step=0.5)
+        _number("Reserve (GB)", "plan_reserve", "kept free for activations and the runtime", min_value=0.0, step=0.5)
+
+        st.subheader("Quality")
+        kl = "measured KL(full cache ‖ strategy), mean over decode steps"
+        _number("Max mean KL (nats)", "plan_max_kl", kl, min_value=0.0, step=0.01, format="%.4f", placeholder="none")
+        agree = "share of steps whose top token equals the full cache's (0..1)"
+        _number("Min top-1 agreement", "plan_min_agreement", agree, min_value=0.0, max_value=1.0, step=0.01,
+                placeholder="none")  # fmt: skip
+    return {k: st.session_state[k] for k in DEFAULTS}
+
+
+def remember() -> None:
+    st.session_state[SAVED] = {k: st.session_state.get(k, DEFAULTS[k]) for k in DEFAULTS}
+
+
+# --- output ----------------------------------------------------------------------------------------
+
+
+def header(p: Planned) -> None:
+    v, arch = p.values, p.arch
+    prompt = v["plan_context"] if v["plan_prefill"] is None else min(v["plan_prefill"], v["plan_context"])
+    feed = f"in chunks of {v['plan_prefill_chunk']:,}" if v["plan_prefill_chunk"] else "in one update"
+    lines = [
+        f"**{arch.describe()}**",
+        f"{v['plan_backend']} {v['plan_dtype']}, batch {v['plan_batch']}, context {v['plan_context']:,} "
+        f"(prompt {prompt:,} {feed}, then {v['plan_context'] - prompt:,} decode steps)",
+    ]
+    if p.weights is not None:
+        how = (
+            "given" if v["plan_weights"] is not None else f"{arch.num_params:,} params x {v['plan_weight_bits']:g} bits"
+        )
+        lines.append(f"weights {human_bytes(p.weights)} ({how})")
+    if p.available is not None:
+        lines.append(
+            f"budget {human_bytes(_bytes(v['plan_budget']))} − reserve {human_bytes(_bytes(v['plan_reserve']) or 0)}"
+            f" − weights = **{human_bytes(p.available)} for the cache**"
+        )
+    st.markdown(" · ".join(lines))
+    with st.expander("The same plan from the command line"):
+        st.code(p.command, language="bash", wrap_lines=True)
+
+
+def recommendation(p: Planned) -> None:
+    folder = state.profiles_dir()
+    if p.values["plan_max_kl"] is None and p.values["plan_min_agreement"] is None:
+        st.info("Set a quality threshold (max mean KL and/or min top-1 agreement) to get a recommendation.")
+    elif not p.evidence:
+        st.info(
+            f"**No evidence, no recommendation.** No complete profile in `{folder}` measured a strategy against its "
+            "baseline, so the quality price of these strategies is unknown. Profile them on the Live comparison "
+            "page (or with `python -m cachelib profile`); every profile in that folder and its subfolders counts."
+        )
+    elif p.recommendation.fit is None:
+        st.warning(p.recommendation.text)
+    else:
+        pick = p.recommendation.fit
+        st.success(f"**Recommended: `{pick.spec}`.** {p.recommendation.text} {plan_charts.savings_text(pick, p.fits)}")
+    if p.added:
+        st.caption("Also planned because profiles measured them: " + ", ".join(f"`{s}`" for s in p.added) + ".")
+    for spec, why in p.skipped.items():
+        st.caption(f"Measured but not plannable here: `{spec}` ({why}).")
+
+
+def charts(p: Planned) -> None:
+    names = [f.spec for f in p.fits]
+    a, b, c = st.columns([2, 1, 3], vertical_alignment="bottom")
+    auto, what = "2 x context (at most the model's)", "the end of both charts' context axis"
+    _number("Charts up to (tokens)", "plan_range", what, where=a, min_value=1, step=1024, placeholder=auto)
+    b.checkbox("Log scales", key="plan_log", help="contexts from 1 token on a log axis; bytes on a log axis too")
+    c.radio("Frontier of", list(plan_charts.FRONTIER_MEASURES), key="plan_measure", horizontal=True,
+            format_func=lambda m: plan_charts.FRONTIER_MEASURES[m])  # fmt: skip
+    log, measure = p.values["plan_log"], st.session_state["plan_measure"]
+    left, right = st.columns(2)
+    with left:
+        fig = plan_charts.plan_memory_figure(
+            p.curves, names, cache_budget=p.available, context=p.values["plan_context"], fits=p.fits, log=log
+        )
+        st.plotly_chart(fig, key="plan_memory", config=PLOTLY_CONFIG)
+    with right:
+        workload = (p.values["plan_context"], p.values["plan_batch"] if measure == "max_batch" else 1)
+        fig = plan_charts.plan_frontier_figure(p.frontier, names, measure=measure, workload=workload, log=log)
+        st.plotly_chart(fig, key="plan_frontier", config=PLOTLY_CONFIG)
+
+
+def evidence(p: Planned) -> None:
+    with st.expander(f"Evidence: quality measured by the profiles in `{state.profiles_dir()}`"):
+        if not p.evidence:
+            st.caption("None yet.")
+        else:
+            st.dataframe(plan_charts.evidence_table(p.evidence), hide_index=True, width="stretch", key="plan_evidence")
+
+
+st.title("Planner")
+st.caption(
+    "Exact KV-cache bytes per strategy at a context, what fits in a memory budget, and the cheapest strategy "
+    "whose measured quality meets your thresholds: the numbers `python -m cachelib plan` prints."
+)
+values = inputs()
+try:
+    planned = compute(values)
+except (ValueError, OSError) as e:
+    st.error(str(e))
+    planned = st.session_state.get(LAST)
+    if planned is not None:
+        st.caption("Showing the last valid plan.")
+else:
+    st.session_state[LAST] = planned
+remember()
+if planned is None:
+    st.stop()
+header(planned)
+recommendation(planned)
+table = plan_charts.plan_table(planned.fits)
+st.dataframe(plan_charts.styled_plan_table(table, [f.spec for f in planned.fits]), hide_index=True, width="stretch")
+charts(planned)
+evidence(planned)

@@ -1,0 +1,216 @@
+"""The Planner page through Streamlit's AppTest: the default plan, the frontier following the
+budget, bad input, and the recommendation from profiles in the app's folder, all equal to what
+the planner library and ``python -m cachelib plan`` give for the same inputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shlex
+
+import pandas as pd
+import pytest
+from app_helpers import MAIN, plotly_figures
+from streamlit.testing.v1 import AppTest
+
+from cachelib.cli import main as cli_main
+from cachelib.plan import GB, attach_quality, cache_budget, max_batch, plan, preset
+from cachelib.plan.quality import measured_quality, recommend
+from cachelib.plan.solver import human_bytes
+
+TIMEOUT = 60
+DEFAULT_SPECS = ["standard", "rotating:max_size=4096", "quantized:bits=8", "quantized:bits=4", "kivi"]
+LLAMA = preset("llama-3.1-8b")
+
+
+def planner() -> AppTest:
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page("views/planner.py").run()
+    assert not at.exception
+    return at
+
+
+def errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def figures(at) -> dict[str, dict]:
+    """The page's two figures by their title's first words."""
+    out = {}
+    for fig in plotly_figures(at):
+        title = fig["layout"]["title"]["text"]
+        out["frontier" if title.startswith("Fit frontier") else "memory"] = fig
+    return out
+
+
+def cli_table(command: str, capsys, *extra: str) -> tuple[list[dict[str, str]], str]:
+    """Run the command the page shows; its table as {column: cell} per row, and all it printed."""
+    assert cli_main([*shlex.split(command)[3:], *extra]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("strategy"))
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.startswith("quality measured"):
+            break
+        rows.append(line)
+    names = re.split(r"\s{2,}", lines[start].strip())
+    return [dict(zip(names, re.split(r"\s{2,}", r.strip()))) for r in rows], out
+
+
+def same_as_cli(shown: pd.DataFrame, cli: list[dict[str, str]]) -> None:
+    assert len(cli) and shown["strategy"].tolist() == [r["strategy"] for r in cli]
+    for (_, ours), theirs in zip(shown.iterrows(), cli):
+        for col in ("allocated", "used", "peak", "per token", "fits", "headroom", "budget needed", "mean KL", "top-1"):
+            if col in theirs:
+                expected = "–" if theirs[col] == "-" else theirs[col]  # no value
+                assert ours[col] == expected, (ours["strategy"], col)
+        assert (
+            ours["max batch"] == f"{int(theirs['max batch']):,}" and ours["sessions"] == f"{int(theirs['sessions']):,}"
+        )
+
+
+def traces(fig: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in fig["data"] if t.get("mode") == "lines" and t.get("meta") != "peak"}
+
+
+def test_default_page_plans_llama_against_24_gb_with_the_librarys_numbers_as_the_cli_prints_them(profiles_dir, capsys):
+    at = planner()
+    assert not errors(at) and not at.warning
+    table = at.dataframe[0].value
+    expected = plan(LLAMA, DEFAULT_SPECS, context=32768, prefill_chunk=2048, budget_bytes=24 * GB, reserve_bytes=GB)
+    assert table["strategy"].tolist() == DEFAULT_SPECS
+    assert table["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in expected]
+    assert table["max batch"].tolist() == [f"{f.max_batch:,}" for f in expected]
+    assert table["sessions"].tolist() == [f"{f.sessions:,}" for f in expected]
+    assert table["max context"].tolist() == ["51,200", "–", "96,512", "131,072", "131,072"]
+    assert [f.max_context for f in expected] == [51200, None, 96512, 131072, 131072]
+    assert table["limited by"].tolist() == ["memory", "nothing", "memory", "model length", "model length"]
+    assert "6.94 GB for the cache" in at.markdown[0].value
+
+    figs = figures(at)
+    assert set(figs) == {"memory", "frontier"}
+    frontier = traces(figs["frontier"])
+    assert list(frontier) == DEFAULT_SPECS
+    at_context = frontier["standard"]["x"].index(32768)
+    assert frontier["standard"]["y"][at_context] == expected[0].max_batch == 1
+    assert frontier["rotating:max_size=4096"]["y"][at_context] == expected[1].max_batch == 8  # the ring stays small
+    assert list(traces(figs["memory"])) == DEFAULT_SPECS
+    assert "No evidence, no recommendation" in at.info[0].value  # the profiles folder is empty
+    same_as_cli(table, cli_table(at.code[0].value, capsys)[0])
+
+
+def test_changing_the_budget_moves_the_frontier_and_the_inputs_survive_a_page_visit(profiles_dir):
+    at = planner()
+    before = traces(figures(at)["frontier"])["quantized:bits=4"]
+    at.number_input(key="plan_budget").set_value(40.0).run()
+    assert not at.exception and not errors(at)
+    after = traces(figures(at)["frontier"])["quantized:bits=4"]
+    available = cache_budget(40 * GB, LLAMA.num_params * 2, GB)
+    assert after["x"] == before["x"]
+    assert after["y"] == [
+        max_batch(LLAMA, "quantized:bits=4", available, context=n, prefill_chunk=2048) for n in after["x"]
+    ]
+    assert all(a >= b for a, b in zip(after["y"], before["y"])) and after["y"] != before["y"]
+    budget_line = [s for s in figures(at)["memory"]["layout"]["shapes"] if s["y0"] == s["y1"]]
+    assert budget_line[0]["y0"] == pytest.approx(available / GB)
+    assert at.dataframe[0].value["max batch"].tolist()[3] == f"{int(after['y'][after['x'].index(32768)]):,}"
+
+    at.radio(key="plan_measure").set_value("sessions").run()
+    assert "concurrent sessions" in figures(at)["frontier"]["layout"]["title"]["text"]
+    at.switch_page("views/live.py").run()
+    at.switch_page("views/planner.py").run()
+    assert at.number_input(key="plan_budget").value == 40.0
+    assert at.radio(key="plan_measure").value == "sessions"
+
+
+def test_bad_input_shows_the_librarys_message_and_keeps_the_previous_plan(profiles_dir, tmp_path):
+    at = planner()
+    shown = at.dataframe[0].value
+
+    def check(message: str) -> None:
+        assert not at.exception
+        assert errors(at) == [message]
+        assert at.dataframe[0].value.equals(shown) and len(at.get("plotly_chart")) == 2
+        assert "Showing the last valid plan." in [c.value for c in at.caption]
+
+    at.text_area(key="plan_strategies").set_value("standard\nrotating:max_size=0").run()
+    check("strategy on line 2 ('rotating:max_size=0'): rotating: knob 'max_size' = 0 must be >= 1")
+    at.text_area(key="plan_strategies").set_value("\n".join(DEFAULT_SPECS)).run()
+    assert not errors(at)
+
+    at.number_input(key="plan_budget").set_value(10.0).run()
+    check(
+        "budget 10.000 GB is below the weights (16.061 GB): nothing is left for the cache; "
+        "raise the budget or quantize the weights"
+    )
+    at.number_input(key="plan_budget").set_value(24.0).run()
+
+    at.radio(key="plan_backend").set_value("mlx")
+    at.text_area(key="plan_strategies").set_value("standard\noffloaded").run()
+    check("strategy 'offloaded' is not available on mlx; it runs on: torch")
+    at.text_area(key="plan_strategies").set_value("\n".join(DEFAULT_SPECS)).run()
+
+    at.selectbox(key="plan_model").set_value(at.selectbox(key="plan_model").options[-1]).run()  # a config.json
+    check("give the path of a config.json (or of the folder holding it)")
+    missing = tmp_path / "no-such" / "config.json"
+    at.text_input(key="plan_config").set_value(str(missing)).run()
+    check(f"model config '{missing}' not found (give a config.json or a folder holding one)")
+    partial = tmp_path / "config.json"
+    partial.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    at.text_input(key="plan_config").set_value(str(partial)).run()
+    check(
+        f"{partial}: config is missing required field(s): num_hidden_layers, num_attention_heads (model_type 'llama')"
+    )
+
+
+def test_recommendation_comes_from_the_profiles_in_the_apps_folder_as_the_cli_gives_it(
+    profiles_dir, tiny_profiles, tmp_path, capsys
+):
+    for name in ("tiny-complete.csv", "tiny-stopped.csv"):  # the stopped run is not evidence
+        (profiles_dir / name).write_bytes((tiny_profiles / name).read_bytes())
+    at = planner()
+    at.selectbox(key="plan_model").set_value("tiny-llama")
+    at.number_input(key="plan_context").set_value(2048)
+    at.text_area(key="plan_strategies").set_value("standard\nquantized:bits=8")
+    at.number_input(key="plan_budget").set_value(1.0)
+    at.number_input(key="plan_weights").set_value(0.01)
+    at.number_input(key="plan_reserve").set_value(0.0)
+    at.number_input(key="plan_max_kl").set_value(100.0)
+    at.number_input(key="plan_min_agreement").set_value(None).run()
+    assert not at.exception and not errors(at)
+
+    arch = preset("tiny-llama")
+    quality = measured_quality(profiles_dir)
+    assert set(quality) == {"rotating:max_size=16,keep=2", "quantized:bits=4,group_size=32"}
+    fits = plan(arch, ["standard", "quantized:bits=8", *quality], context=2048, budget_bytes=GB,
+                weights_bytes=10**7)  # fmt: skip
+    rec = recommend(attach_quality(fits, quality), max_kl=100.0, planned_model="tiny-llama")
+    assert rec.fit is not None and rec.fit.spec in quality
+    [success] = [s.value for s in at.success]
+    assert success.startswith(f"**Recommended: `{rec.fit.spec}`.** {rec.text}")
+    assert "measured on tiny-llama" in success and "tiny-complete.csv" in success and "tiny-stopped" not in success
+    assert "Against standard it needs" in success
+    assert "Also planned because profiles measured them" in " ".join(c.value for c in at.caption)
+
+    table = at.dataframe[0].value
+    assert table["strategy"].tolist() == [f.spec for f in fits]
+    measured = table.set_index("strategy")["mean KL"]
+    assert measured["quantized:bits=4,group_size=32"] == f"{quality['quantized:bits=4,group_size=32'].mean_kl:.4g}"
+    assert measured[["standard", "quantized:bits=8"]].tolist() == ["–", "–"]
+    evidence = at.dataframe[1].value
+    assert sorted(evidence["strategy"]) == sorted(quality) and set(evidence["files"]) == {"tiny-complete.csv"}
+
+    # The command the page shows prints the same table and recommendation, and its CSV the exact bytes.
+    out = tmp_path / "plan.csv"
+    cli, printed = cli_table(at.code[0].value, capsys, "--csv", str(out))
+    same_as_cli(table, cli)
+    assert f"recommendation: {rec.text}" in printed
+    with open(out, newline="") as fh:
+        exact = {r["strategy"]: int(r["peak_bytes"]) for r in csv.DictReader(fh)}
+    assert exact == {f.spec: f.cache.peak_bytes for f in fits}
+
+    at.number_input(key="plan_max_kl").set_value(None).run()
+    assert "Set a quality threshold" in at.info[0].value and not at.success
