@@ -97,19 +97,16 @@ def _run(args: argparse.Namespace) -> None:
     budget = _gb("budget-gb", args.budget_gb)
     if budget is not None and weights is None:
         raise ValueError(f"{arch.name} has no parameter count; give --weights-gb to plan against --budget-gb")
-    fits = plan(
-        arch, specs, context=args.context, batch=args.batch, backend=args.backend, dtype=args.dtype,
-        prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
+    workload = dict(
+        context=args.context, batch=args.batch, backend=args.backend, dtype=args.dtype, prefill=args.prefill,
+        prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
         reserve_bytes=_gb("reserve-gb", args.reserve_gb) or 0,
     )  # fmt: skip
+    fits = plan(arch, specs, **workload)
     skipped = []
     for spec in measured:  # one at a time: a measured strategy this model or backend refuses is left out
         try:
-            fits += plan(
-                arch, [spec], context=args.context, batch=args.batch, backend=args.backend, dtype=args.dtype,
-                prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
-                reserve_bytes=_gb("reserve-gb", args.reserve_gb) or 0,
-            )  # fmt: skip
+            fits += plan(arch, [spec], **workload)
         except ValueError as e:
             skipped.append(f"{spec} ({e})")
     fits = attach_quality(fits, quality)
