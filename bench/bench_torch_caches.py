@@ -17,7 +17,7 @@ Cases (targets from issue 4):
              model's shapes, no model), which is all a cache can change in a decode step.
 
     python bench/bench_torch_caches.py [--cases updates,static,dynamic,quantized]
-        [--static-tokens 512] [--dynamic-tokens 2048] [--quant-tokens 512]
+        [--static-tokens 512] [--dynamic-tokens 2048] [--quant-tokens 512] [--model smollm2]
 """
 
 from __future__ import annotations
@@ -138,13 +138,14 @@ def main() -> None:
     parser.add_argument("--static-tokens", type=int, default=512)
     parser.add_argument("--dynamic-tokens", type=int, default=2048)
     parser.add_argument("--quant-tokens", type=int, default=512)
+    parser.add_argument("--model", default="smollm2", help="smollm2 (default), a preset (e.g. tiny-llama) or a folder")
     args = parser.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - {"updates", "static", "dynamic", "quantized"}
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; choose from updates, static, dynamic, quantized")
 
-    loaded = load("smollm2", "torch")
+    loaded = load(args.model, "torch")
     model, config = loaded.model, loaded.model.config
     prompt_ids = encode_prompt(loaded.tokenizer, PROMPT)
     print(f"model {loaded.info.name}, {loaded.info.device}, {loaded.info.dtype}; prompt {len(prompt_ids)} tokens; "
