@@ -11,11 +11,11 @@ import streamlit as st
 
 from app import plan_charts, state
 from app.panels import PLOTLY_CONFIG
-from cachelib.plan import GB, Arch, Fit, attach_quality, cache_budget, plan, preset_names, resolve_model, weight_bytes
+from cachelib.plan import Arch, Fit, PlanResult, plan_request, preset_names, resolve_model
 from cachelib.plan.accounting import DTYPE_BYTES
-from cachelib.plan.quality import Evidence, Recommendation, collect_evidence, quality_table, recommend
+from cachelib.plan.quality import Evidence, collect_evidence, quality_table
 from cachelib.plan.solver import Quality, human_bytes
-from cachelib.spec import STRATEGIES, parse_spec
+from cachelib.spec import STRATEGIES
 
 CONFIG = "a config.json…"
 DEFAULTS: dict[str, Any] = {  # widget key -> first value
@@ -33,9 +33,9 @@ SAVED = "_planner_inputs"  # widget values, restored after a visit to another pa
 # --- pure and cached -----------------------------------------------------------------------------
 
 
-@st.cache_data(show_spinner=False, max_entries=128)
-def _plan(arch: Arch, specs: tuple[str, ...], context: int, run: dict, budget, weights, reserve) -> list[Fit]:
-    return plan(arch, specs, context=context, **run, budget_bytes=budget, weights_bytes=weights, reserve_bytes=reserve)
+@st.cache_data(show_spinner=False, max_entries=64)
+def _plan_request(arch: Arch, specs: tuple[str, ...], quality: dict, request: dict) -> PlanResult:
+    return plan_request(arch, specs, quality=quality, **request)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -65,22 +65,20 @@ def _version(folder: Path) -> tuple:
 
 
 class Planned(NamedTuple):
-    arch: Arch
+    result: PlanResult  # the fits (asked, then measured candidates), weights, budget, recommendation
     values: dict[str, Any]  # the inputs it was planned from
-    weights: int | None
-    available: int | None  # bytes left for the cache: budget - weights - reserve
-    fits: list[Fit]  # the strategies asked for, then those added from the evidence
-    added: list[str]  # planned because profiles measured them (as the CLI does when recommending)
-    skipped: dict[str, str]  # measured but not plannable here -> why
     curves: pd.DataFrame
     frontier: pd.DataFrame
     evidence: list[Evidence]
-    recommendation: Recommendation | None
     command: str
 
+    @property
+    def arch(self) -> Arch:
+        return self.result.arch
 
-def _bytes(gb: float | None) -> int | None:
-    return None if gb is None else round(gb * GB)  # as the CLI converts --budget-gb and friends
+    @property
+    def fits(self) -> list[Fit]:
+        return self.result.fits
 
 
 def compute(v: dict[str, Any]) -> Planned:
@@ -93,47 +91,26 @@ def compute(v: dict[str, Any]) -> Planned:
     context = int(v["plan_context"])
     run = dict(batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"],
                prefill=v["plan_prefill"], prefill_chunk=v["plan_prefill_chunk"])  # fmt: skip
-    weights = _bytes(v["plan_weights"])
-    if weights is None and arch.num_params is not None:
-        weights = weight_bytes(arch, v["plan_weight_bits"])
-    budget, reserve = _bytes(v["plan_budget"]), _bytes(v["plan_reserve"]) or 0
-    fits = _plan(arch, tuple(specs), context, run, budget, weights, reserve)
-
+    limits = dict(budget_gb=v["plan_budget"], weights_gb=v["plan_weights"], weight_bits=v["plan_weight_bits"],
+                  reserve_gb=v["plan_reserve"] or 0.0)  # fmt: skip
     folder = state.profiles_dir()
     evidence, quality = _evidence(str(folder), _version(folder))
-    max_kl, min_agreement = v["plan_max_kl"], v["plan_min_agreement"]
-    recommending = max_kl is not None or min_agreement is not None
-    added, skipped = [], {}
-    if recommending:  # the candidates: the strategies asked for and every strategy with evidence
-        asked = {parse_spec(s).key for s in specs}
-        for spec in (s for s in quality if parse_spec(s).key not in asked):
-            try:
-                fits = fits + _plan(arch, (spec,), context, run, budget, weights, reserve)
-            except ValueError as e:  # e.g. measured on torch only, or a group size this model's heads refuse
-                skipped[spec] = str(e)
-            else:
-                added.append(spec)
-    fits = attach_quality(fits, quality)
-    rec = None
-    if recommending and quality:
-        rec = recommend(fits, max_kl=max_kl, min_agreement=min_agreement, planned_model=arch)
+    thresholds = dict(max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"])
+    result = _plan_request(arch, tuple(specs), quality, dict(context=context, **run, **limits, **thresholds))
 
-    names = tuple(f.spec for f in fits)
+    names = tuple(f.spec for f in result.fits)
     grid = tuple(plan_charts.context_grid(
         context, v["plan_range"] or plan_charts.chart_range(context, arch.max_position_embeddings), log=v["plan_log"]
     ))  # fmt: skip
-    available = cache_budget(budget, weights, reserve) if budget is not None and weights is not None else None
+    available = result.cache_budget
     frontier = pd.DataFrame() if available is None else _frontier_curves(arch, names, grid, available, run)
     shown_folder = folder.relative_to(state.ROOT) if folder.is_relative_to(state.ROOT) else folder
     command = plan_charts.cli_command(
         model, specs, context=context, **run, budget_gb=v["plan_budget"], weights_gb=v["plan_weights"],
         weight_bits=v["plan_weight_bits"], reserve_gb=v["plan_reserve"] or 0.0, quality_from=str(shown_folder),
-        max_kl=max_kl, min_agreement=min_agreement,
+        **thresholds,
     )  # fmt: skip
-    return Planned(
-        arch, dict(v), weights, available, fits, added, skipped, _memory_curves(arch, names, grid, run), frontier,
-        evidence, rec, command,
-    )  # fmt: skip
+    return Planned(result, dict(v), _memory_curves(arch, names, grid, run), frontier, evidence, command)
 
 
 # --- inputs ----------------------------------------------------------------------------------------
@@ -212,15 +189,16 @@ def header(p: Planned) -> None:
         f"{v['plan_backend']} {v['plan_dtype']}, batch {v['plan_batch']}, context {v['plan_context']:,} "
         f"(prompt {prompt:,} {feed}, then {v['plan_context'] - prompt:,} decode steps)",
     ]
-    if p.weights is not None:
+    r = p.result
+    if r.weights_bytes is not None:
         how = (
             "given" if v["plan_weights"] is not None else f"{arch.num_params:,} params x {v['plan_weight_bits']:g} bits"
         )
-        lines.append(f"weights {human_bytes(p.weights)} ({how})")
-    if p.available is not None:
+        lines.append(f"weights {human_bytes(r.weights_bytes)} ({how})")
+    if r.cache_budget is not None:
         lines.append(
-            f"budget {human_bytes(_bytes(v['plan_budget']))} − reserve {human_bytes(_bytes(v['plan_reserve']) or 0)}"
-            f" − weights = **{human_bytes(p.available)} for the cache**"
+            f"budget {human_bytes(r.budget_bytes)} − reserve {human_bytes(r.reserve_bytes)}"
+            f" − weights = **{human_bytes(r.cache_budget)} for the cache**"
         )
     st.markdown(" · ".join(lines))
     with st.expander("The same plan from the command line"):
@@ -237,14 +215,14 @@ def recommendation(p: Planned) -> None:
             "baseline, so the quality price of these strategies is unknown. Profile them on the Live comparison "
             "page (or with `python -m cachelib profile`); every profile in that folder and its subfolders counts."
         )
-    elif p.recommendation.fit is None:
-        st.warning(p.recommendation.text)
+    elif p.result.recommendation.fit is None:
+        st.warning(p.result.recommendation.text)
     else:
-        pick = p.recommendation.fit
-        st.success(f"**Recommended: `{pick.spec}`.** {p.recommendation.text} {plan_charts.savings_text(pick, p.fits)}")
-    if p.added:
-        st.caption("Also planned because profiles measured them: " + ", ".join(f"`{s}`" for s in p.added) + ".")
-    for spec, why in p.skipped.items():
+        pick = p.result.recommendation.fit
+        st.success(f"**Recommended: `{pick.spec}`.** {p.result.recommendation.text} {plan_charts.savings_text(pick, p.fits)}")
+    if p.result.added:
+        st.caption("Also planned because profiles measured them: " + ", ".join(f"`{s}`" for s in p.result.added) + ".")
+    for spec, why in p.result.skipped.items():
         st.caption(f"Measured but not plannable here: `{spec}` ({why}).")
 
 
@@ -260,7 +238,7 @@ def charts(p: Planned) -> None:
     left, right = st.columns(2)
     with left:
         fig = plan_charts.plan_memory_figure(
-            p.curves, names, cache_budget=p.available, context=p.values["plan_context"], fits=p.fits, log=log
+            p.curves, names, cache_budget=p.result.cache_budget, context=p.values["plan_context"], fits=p.fits, log=log
         )
         st.plotly_chart(fig, key="plan_memory", config=PLOTLY_CONFIG)
     with right:

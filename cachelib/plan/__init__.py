@@ -7,6 +7,8 @@ memory budget.
 - :mod:`~cachelib.plan.rules`: each cache class's allocation rules, replayed on integers.
 - :mod:`~cachelib.plan.accounting`: which cache each layer gets, step traces, final accounts.
 - :mod:`~cachelib.plan.solver`: max context / batch / sessions in a budget, and the reverse.
+- :mod:`~cachelib.plan.quality`: the measured quality price and the recommendation.
+- :mod:`~cachelib.plan.request`: one planning request as the CLI and the app make it.
 - :mod:`~cachelib.plan.cli`: ``python -m cachelib plan``.
 """
 
@@ -28,6 +30,7 @@ from .accounting import (
 )
 from .arch import Arch, Latent, Recurrent, arch_from_config, arch_from_model_info, count_params, load_config
 from .presets import preset, preset_names, resolve_model
+from .request import PlanResult, gb_to_bytes, plan_request
 from .solver import (
     GB,
     NO_LIMIT,
@@ -47,6 +50,6 @@ __all__ = [
     "Account", "Arch", "Fit", "GB", "LayerAccount", "LayerCache", "Latent", "NO_LIMIT", "Quality", "Recurrent",
     "StepBytes", "Trace", "Update", "account", "arch_from_config", "arch_from_model_info", "attach_quality",
     "budget_needed", "cache_budget", "cache_layout", "count_params", "kv_bytes_per_token", "load_config",
-    "max_batch", "max_context", "max_sessions", "plan", "preset", "preset_names", "quantized_storage_ratio",
+    "max_batch", "max_context", "max_sessions", "plan", "PlanResult", "gb_to_bytes", "plan_request", "preset", "preset_names", "quantized_storage_ratio",
     "recurrent_state_bytes", "resolve_model", "schedule", "token_bytes", "trace", "weight_bytes",
 ]  # fmt: skip

@@ -16,8 +16,9 @@ from pathlib import Path
 from ..spec import parse_spec
 from .accounting import DTYPE_BYTES, account
 from .presets import preset_names, resolve_model
-from .quality import measured_quality, recommend
-from .solver import GB, Fit, attach_quality, human_bytes, plan, weight_bytes
+from .quality import measured_quality
+from .request import PlanResult, plan_request
+from .solver import Fit, human_bytes
 
 CSV_COLUMNS = (
     "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",
@@ -71,61 +72,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gb(name: str, value: float | None) -> int | None:
-    if value is None:
-        return None
-    if value < 0:
-        raise ValueError(f"--{name} must be >= 0, got {value}")
-    return round(value * GB)
-
-
 def _run(args: argparse.Namespace) -> None:
     arch = resolve_model(args.model)
-    specs = [parse_spec(s) for s in (args.strategy or ["standard"])]
     quality = measured_quality(args.quality_from) if args.quality_from.exists() else {}
-    recommending = args.max_kl is not None or args.min_agreement is not None
-    measured = []  # recommending: every strategy with evidence is a candidate too
-    if recommending:
-        given = {s.key for s in specs}
-        measured = [parse_spec(s) for s in quality if parse_spec(s).key not in given]
-    for flag, value in (("context", args.context), ("batch", args.batch)):
-        if value <= 0:
-            raise ValueError(f"--{flag} must be a positive integer, got {value}")
-    weights = _gb("weights-gb", args.weights_gb)
-    if weights is None and arch.num_params is not None:
-        weights = weight_bytes(arch, args.weight_bits)
-    budget = _gb("budget-gb", args.budget_gb)
-    if budget is not None and weights is None:
-        raise ValueError(f"{arch.name} has no parameter count; give --weights-gb to plan against --budget-gb")
-    workload = dict(
-        context=args.context, batch=args.batch, backend=args.backend, dtype=args.dtype, prefill=args.prefill,
-        prefill_chunk=args.prefill_chunk, budget_bytes=budget, weights_bytes=weights,
-        reserve_bytes=_gb("reserve-gb", args.reserve_gb) or 0,
+    result = plan_request(
+        arch, args.strategy or ["standard"], context=args.context, batch=args.batch, backend=args.backend,
+        dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_gb=args.budget_gb,
+        weights_gb=args.weights_gb, weight_bits=args.weight_bits, reserve_gb=args.reserve_gb or 0.0,
+        quality=quality, max_kl=args.max_kl, min_agreement=args.min_agreement,
     )  # fmt: skip
-    fits = plan(arch, specs, **workload)
-    skipped = []
-    for spec in measured:  # one at a time: a measured strategy this model or backend refuses is left out
-        try:
-            fits += plan(arch, [spec], **workload)
-        except ValueError as e:
-            skipped.append(f"{spec} ({e})")
-    fits = attach_quality(fits, quality)
-    print(_header(arch, args, weights, budget))
-    print(format_table(fits, budgeted=budget is not None))
-    measured_on = sorted({f.quality.model for f in fits if f.quality is not None})
+    fits = result.fits
+    print(_header(arch, args, result))
+    print(format_table(fits, budgeted=result.budget_bytes is not None))
+    measured_on = [m for m in result.measured_on if m != "any model"]
     if measured_on:
         print(f"quality measured on {', '.join(measured_on)} (profiles in {args.quality_from}), not on {arch.name}"
               if not arch.names & set(measured_on) else f"quality measured on {', '.join(measured_on)}")
-    if recommending:
+    if result.recommendation is not None:
         print()
-        print("recommendation: " + recommend(fits, max_kl=args.max_kl, min_agreement=args.min_agreement,
-                                             planned_model=arch).text)
-        for line in skipped:
-            print(f"measured but not plannable here: {line}")
+        print("recommendation: " + result.recommendation.text)
+        for spec, why in result.skipped.items():
+            print(f"measured but not plannable here: {spec} ({why})")
     if args.layers:
-        for spec in specs:
+        for spec in (args.strategy or ["standard"]):
             print()
-            print(_layer_table(arch, spec, args))
+            print(_layer_table(arch, parse_spec(spec), args))
     if args.csv:
         write_csv(args.csv, fits, arch.name)
         print(f"\nwrote {args.csv}")
@@ -135,7 +106,8 @@ def _run(args: argparse.Namespace) -> None:
 # text
 
 
-def _header(arch, args, weights, budget) -> str:
+def _header(arch, args, result: PlanResult) -> str:
+    weights, budget = result.weights_bytes, result.budget_bytes
     prompt = args.context if args.prefill is None else args.prefill
     feed = f"in chunks of {args.prefill_chunk}" if args.prefill_chunk else "in one update"
     lines = [
@@ -147,7 +119,7 @@ def _header(arch, args, weights, budget) -> str:
         how = "given" if args.weights_gb is not None else f"{arch.num_params:,} params x {args.weight_bits:g} bits"
         lines.append(f"weights {human_bytes(weights)} ({how})")
     if budget is not None:
-        lines.append(f"budget {human_bytes(budget)}, reserve {human_bytes(_gb('reserve-gb', args.reserve_gb) or 0)}")
+        lines.append(f"budget {human_bytes(budget)}, reserve {human_bytes(result.reserve_bytes)}")
     return "\n".join(lines)
 
 
