@@ -96,7 +96,8 @@ def compute(v: dict[str, Any]) -> Planned:
     folder = state.profiles_dir()
     evidence, quality = _evidence(str(folder), _version(folder))
     thresholds = dict(max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"])
-    result = _plan_request(arch, tuple(specs), quality, dict(context=context, **run, **limits, **thresholds))
+    request = dict(context=context, **run, **limits, **thresholds)
+    result = _plan_request(arch, tuple(specs), quality, request)
 
     names = tuple(f.spec for f in result.fits)
     grid = tuple(plan_charts.context_grid(
@@ -105,11 +106,7 @@ def compute(v: dict[str, Any]) -> Planned:
     available = result.cache_budget
     frontier = pd.DataFrame() if available is None else _frontier_curves(arch, names, grid, available, run)
     shown_folder = folder.relative_to(state.ROOT) if folder.is_relative_to(state.ROOT) else folder
-    command = plan_charts.cli_command(
-        model, specs, context=context, **run, budget_gb=v["plan_budget"], weights_gb=v["plan_weights"],
-        weight_bits=v["plan_weight_bits"], reserve_gb=v["plan_reserve"] or 0.0, quality_from=str(shown_folder),
-        **thresholds,
-    )  # fmt: skip
+    command = plan_charts.cli_command(model, specs, **request, quality_from=str(shown_folder))
     return Planned(result, dict(v), _memory_curves(arch, names, grid, run), frontier, evidence, command)
 
 

@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace) -> None:
     fits = result.fits
     print(_header(arch, args, result))
     print(format_table(fits, budgeted=result.budget_bytes is not None))
-    measured_on = [m for m in result.measured_on if m != "any model"]
+    measured_on = result.measured_on
     if measured_on:
         print(f"quality measured on {', '.join(measured_on)} (profiles in {args.quality_from}), not on {arch.name}"
               if not arch.names & set(measured_on) else f"quality measured on {', '.join(measured_on)}")

@@ -137,13 +137,14 @@ class Recommendation:
 
 # strategies that keep every token at full precision: their predictions are the full cache's
 LOSSLESS = frozenset({"standard", "concat", "static", "offloaded"})
+EXACT = Quality(0.0, 1.0, "any model", "exact: keeps every token at full precision")  # by construction
 
 
 def _exact(fit: Fit) -> Fit:
     """A lossless strategy's fit, with its quality known by construction when none was measured."""
     if fit.quality is not None or parse_spec(fit.spec).name not in LOSSLESS:
         return fit
-    return replace(fit, quality=Quality(0.0, 1.0, "any model", "exact: keeps every token at full precision"))
+    return replace(fit, quality=EXACT)
 
 
 def _never_filled(fit: Fit) -> bool:
@@ -208,7 +209,7 @@ def recommend(
     evidence = (
         f"mean KL {q.mean_kl:.4g} nats, top-1 agreement {q.top1_agreement:.1%}, measured on {q.model}{context} "
         f"({q.source})"
-        if q.model != "any model"
+        if q is not EXACT
         else q.source
     )
     text = (
@@ -216,7 +217,7 @@ def recommend(
         f"among the {len(ok)} strategies that meet {wanted}. Evidence: {evidence}."
     )
     names = planned_model.names if isinstance(planned_model, Arch) else {planned_model} if planned_model else set()
-    if names and q.model not in names and q.model != "any model":
+    if names and q is not EXACT and q.model not in names:
         shown = planned_model.name if isinstance(planned_model, Arch) else planned_model
         text += f" Measured on {q.model}, not on {shown}: treat it as an estimate for {shown}."
     if q.context and pick.cache.context > q.context and bound_of(pick.spec) is not None:
