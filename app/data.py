@@ -13,10 +13,10 @@ from typing import Any, Callable, Hashable, Sequence
 
 import pandas as pd
 
+from cachelib.core.units import DTYPE_BYTES
 from cachelib.profile import Profile, summarize, verdict
 
 TABLES = ("steps", "layers", "slots", "masks")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 REFERENCE_LABEL = "full cache (exact fit)"
 
 

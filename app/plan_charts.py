@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 
 from cachelib.plan import GB, Arch, Fit, account, max_batch, max_sessions
 from cachelib.plan.quality import Evidence
-from cachelib.plan.solver import human_bytes
+from cachelib.core.units import human_bytes
 from cachelib.spec import parse_spec
 
 BUDGET_COLOR = "#7f7f7f"

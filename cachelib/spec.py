@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-BACKENDS = ("mlx", "torch")
+from .core.units import BACKENDS, STEP
 QUANT_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize supports; torch supports TORCH_QUANT_BITS
 TORCH_QUANT_BITS = (2, 4, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -93,7 +93,7 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             "standard",
             "full cache, preallocated in steps of `step` tokens (mlx-lm KVCache)",
-            (Knob("step", "tokens added per growth", 256, min=1),),
+            (Knob("step", "tokens added per growth", STEP, min=1),),
         ),
         Strategy("concat", "full cache grown by concatenation every step (transformers DynamicCache)"),
         Strategy(

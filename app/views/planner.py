@@ -12,9 +12,10 @@ import streamlit as st
 from app import plan_charts, state
 from app.panels import PLOTLY_CONFIG
 from cachelib.plan import Arch, Fit, PlanResult, plan_request, preset_names, resolve_model
-from cachelib.plan.accounting import DTYPE_BYTES
+from cachelib.core.units import DTYPE_BYTES
 from cachelib.plan.quality import Evidence, collect_evidence, quality_table
-from cachelib.plan.solver import Quality, human_bytes
+from cachelib.core.units import human_bytes
+from cachelib.plan.solver import Quality
 from cachelib.spec import STRATEGIES
 
 CONFIG = "a config.json…"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-BACKENDS = ("mlx", "torch")
+from ..core.units import BACKENDS
 
 
 def check_backend(backend: str) -> str:

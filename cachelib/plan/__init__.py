@@ -4,7 +4,7 @@ memory budget.
 - :mod:`~cachelib.plan.arch`: the architecture record, read from any Hugging Face config.json.
 - :mod:`~cachelib.plan.presets`: published architectures (Llama-3.1, Qwen2.5/3, Mistral,
   Gemma-2/3, DeepSeek-V3, Jamba), the bundled SmolLM2 and the toy presets.
-- :mod:`~cachelib.plan.rules`: each cache class's allocation rules, replayed on integers.
+- :mod:`~cachelib.core.rules`: each cache class's allocation rules, replayed on integers.
 - :mod:`~cachelib.plan.accounting`: which cache each layer gets, step traces, final accounts.
 - :mod:`~cachelib.plan.solver`: max context / batch / sessions in a budget, and the reverse.
 - :mod:`~cachelib.plan.quality`: the measured quality price and the recommendation.

@@ -42,22 +42,15 @@ import copy
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ..core import rules as R
+from ..core.units import BACKENDS, DTYPE_BYTES, check_dtype
 from ..spec import Spec, parse_spec
-from . import rules as R
 from .arch import Arch
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-BACKENDS = ("mlx", "torch")
 
 
 # ---------------------------------------------------------------------------------------------
 # per-token and per-state sizes
-
-
-def check_dtype(dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
-    return DTYPE_BYTES[dtype]
 
 
 def _check_group(arch: Arch, group_size: int) -> None:
@@ -242,7 +235,7 @@ def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int) -
     if kind == "QuantizedKVCache":
         start = cache.knob("start")
         if start == 0:
-            return R.StepGrowth(q, R.MLX_STEP, kind="QuantizedKVCache")
+            return R.StepGrowth(q, R.STEP, kind="QuantizedKVCache")
         return R.QuantizeAfter(fp, q, start)
     if kind == "QuantizedLayer":
         return R.Kivi(fp, q, cache.knob("residual"))

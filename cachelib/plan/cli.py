@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 from ..spec import parse_spec
-from .accounting import DTYPE_BYTES, account
+from ..core.units import DTYPE_BYTES
+from .accounting import account
 from .presets import preset_names, resolve_model
 from .quality import measured_quality
 from .request import PlanResult, plan_request
-from .solver import Fit, human_bytes
+from ..core.units import human_bytes
+from .solver import Fit
 
 CSV_COLUMNS = (
     "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",

@@ -22,7 +22,8 @@ import pandas as pd
 
 from ..spec import Spec, parse_spec
 from .arch import Arch
-from .solver import Fit, Quality, attach_quality, human_bytes
+from ..core.units import human_bytes
+from .solver import Fit, Quality, attach_quality
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
+from ..core import rules
+from ..core.units import GB, human_bytes
 from ..spec import Spec, parse_spec
-from . import rules
 from .accounting import Account, Replay, account, replay
 from .arch import Arch
 
-GB = 10**9
 NO_LIMIT = 1 << 40  # tokens: a context limit that never binds (search memory alone)
 
 
@@ -72,18 +72,6 @@ class Fit:
     def fits(self) -> bool | None:
         headroom = self.headroom_bytes
         return None if headroom is None else headroom >= 0
-
-
-def human_bytes(n: float | None) -> str:
-    """SI units: 1 GB = 10^9 bytes."""
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{int(n)} B"
 
 
 def weight_bytes(arch: Arch, bits: float = 16) -> int:
@@ -163,7 +151,7 @@ def max_context(
         return _bisect_update(run, 0, cap, available_bytes, cap)
     context = 0
     quiet: list[tuple] = []  # the last updates' byte signatures, to spot a bounded cache's fixed point
-    window = 3 + -(-rules.MLX_STEP // chunk)
+    window = 3 + -(-rules.STEP // chunk)
     while context < prompt:
         n = min(chunk, prompt - context)
         if n == 1:

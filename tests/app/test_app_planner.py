@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 from cachelib.cli import main as cli_main
 from cachelib.plan import GB, attach_quality, cache_budget, max_batch, plan, preset
 from cachelib.plan.quality import measured_quality, recommend
-from cachelib.plan.solver import human_bytes
+from cachelib.core.units import human_bytes
 
 TIMEOUT = 60
 DEFAULT_SPECS = ["standard", "rotating:max_size=4096", "quantized:bits=8", "quantized:bits=4", "kivi"]

@@ -15,7 +15,7 @@ from cachelib.cli import build_parser
 from cachelib.plan import GB, Quality, account, attach_quality, max_batch, max_sessions, plan, preset
 from cachelib.plan.cli import format_table
 from cachelib.plan.quality import Evidence
-from cachelib.plan.solver import human_bytes
+from cachelib.core.units import human_bytes
 
 SMOL = preset("smollm2")  # 30 layers, 3 KV heads x 64, max_position_embeddings 8192
 SPECS = ["standard", "rotating:max_size=256,keep=4", "quantized:bits=4"]

@@ -27,8 +27,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from .units import STEP
+
 UNBOUNDED = 1 << 62  # "every coming 1-token update is regular"
-MLX_STEP = 256  # mlx-lm's growth step (KVCache.step, QuantizedKVCache.step, RotatingKVCache.step)
 
 
 def _ceil_steps(n: int, step: int) -> int:
@@ -104,7 +105,7 @@ class StepGrowth(Rule):
 
     kind = "KVCache"
 
-    def __init__(self, token_bytes: int, step: int = MLX_STEP, kind: str | None = None):
+    def __init__(self, token_bytes: int, step: int = STEP, kind: str | None = None):
         super().__init__(token_bytes)
         self.step = step
         self.cap = 0
@@ -181,7 +182,7 @@ class Rotating(Rule):
     kind = "RotatingKVCache"
     bounded = True
 
-    def __init__(self, token_bytes: int, max_size: int, keep: int = 0, step: int = MLX_STEP):
+    def __init__(self, token_bytes: int, max_size: int, keep: int = 0, step: int = STEP):
         super().__init__(token_bytes)
         self.max_size, self.keep, self.step = max_size, keep, step
         self.cap = 0
@@ -278,7 +279,7 @@ class Chunked(Rule):
     kind = "ChunkedKVCache"
     bounded = True
 
-    def __init__(self, token_bytes: int, chunk_size: int, step: int = MLX_STEP):
+    def __init__(self, token_bytes: int, chunk_size: int, step: int = STEP):
         super().__init__(token_bytes)
         self.chunk, self.step = chunk_size, step
         self.cap = 0
@@ -519,7 +520,7 @@ class QuantizeAfter(Rule):
     ``to_quantized`` does between steps: the quantized arrays keep the full buffer's slot count,
     and the conversion holds both copies), then writes quantized."""
 
-    def __init__(self, fp_token_bytes: int, q_token_bytes: int, start: int, step: int = MLX_STEP):
+    def __init__(self, fp_token_bytes: int, q_token_bytes: int, start: int, step: int = STEP):
         super().__init__(fp_token_bytes)
         self.start = start
         self.inner: StepGrowth = StepGrowth(fp_token_bytes, step, kind="KVCache")
@@ -550,7 +551,7 @@ class QuantizeAfter(Rule):
         peak = 0
         if not self.converted and self.offset >= self.start:
             fp = self.inner.bytes_allocated
-            q = StepGrowth(self.q_token_bytes, MLX_STEP, kind="QuantizedKVCache")
+            q = StepGrowth(self.q_token_bytes, STEP, kind="QuantizedKVCache")
             q.cap, q.offset = self.inner.cap, self.inner.offset
             self.inner, self.converted = q, True
             peak = fp + q.bytes_allocated
