@@ -6,9 +6,9 @@ A view is built from a handful of integers the cache already keeps, so it is che
 take every decode step; the one per-slot table (:meth:`CacheView.slot_positions`) is computed
 only when asked for, from those integers alone.
 
-This module knows nothing of MLX or PyTorch: it holds the record, the slot arithmetic of the
-cache layouts (append-only, ring with ``keep`` sink slots, chunked, left-padded batches) and the
-quantization-error summary.
+This module knows nothing of MLX or PyTorch: it holds the record, the slot tables of the cache
+layouts (append-only, chunked, left-padded batches; the ring's comes from
+:mod:`cachelib.core.ring`) and the quantization-error summary.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
+
+from .core.masks import visible_held
+from .core.ring import ring_slot_positions
 
 Layout = Literal["linear", "ring", "recurrent", "none"]
 
@@ -99,26 +102,6 @@ def linear_slot_positions(filled: int, capacity: int, start: int = 0) -> np.ndar
     return out
 
 
-def ring_slot_positions(offset: int, write_index: int | None, keep: int, capacity: int) -> np.ndarray:
-    """Ring layout with ``keep`` sink slots in front.
-
-    Until the ring first wraps (``offset <= capacity``) slots fill in order. After that, slots
-    ``[0, keep)`` hold positions ``0..keep-1`` for good, the newest token sits just before the
-    write index, and the ring slots ``[keep, capacity)`` hold the most recent
-    ``capacity - keep`` positions in cyclic order starting at the write index.
-    """
-    if offset <= capacity or write_index is None:
-        return linear_slot_positions(offset, capacity)
-    out = np.empty((capacity,), dtype=np.int64)
-    out[:keep] = np.arange(keep, dtype=np.int64)
-    ring = capacity - keep
-    slots = np.arange(keep, capacity, dtype=np.int64)
-    # Distance back from the newest token (which sits at write_index - 1), cyclic in the ring.
-    back = (write_index - 1 - slots) % ring
-    out[keep:] = offset - 1 - back
-    return out
-
-
 def quant_error(x: np.ndarray, x_hat: np.ndarray) -> tuple[float, float]:
     """(relative RMS, max abs) of the reconstruction ``x_hat`` of ``x``."""
     x = np.asarray(x, dtype=np.float64)
@@ -139,7 +122,4 @@ def dense_causal_mask(
     """
     q = np.arange(query_start, query_start + n_queries, dtype=np.int64)[:, None]
     p = np.asarray(kv_positions, dtype=np.int64)[None, :]
-    mask = (p >= 0) & (p <= q)
-    if window is not None:
-        mask &= (q - p) < window
-    return mask
+    return visible_held(q, p, window)

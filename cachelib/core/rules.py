@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from . import ring
 from .units import STEP
 
 UNBOUNDED = 1 << 62  # "every coming 1-token update is regular"
@@ -201,70 +202,42 @@ class Rotating(Rule):
 
     def _concat(self, n: int) -> int:
         before = self.bytes_allocated
-        if self.cap == 0:  # the incoming arrays become the cache
-            self.cap = n
-            self.offset += n
-            self.idx = self.cap
-            return self.bytes_allocated
-        extra = 0
-        if self.idx == self.cap:
-            length = self.cap
-        elif self.idx < self.offset:  # wrapped: reordered into a new buffer first
-            length = self.cap
-            extra = self.cap * self.token_bytes
-        else:  # not wrapped: a view cut at the write index
-            length = self.idx
-        cut = length - self.max_size + 1
-        if cut > 0:
-            length -= cut
-        self.cap = length + n
+        plan = ring.write_block(n, self.offset, self.idx, self.cap, self.max_size, self.keep)
+        # A wrapped ring is reordered into a new buffer first; otherwise the order is a view.
+        extra = self.cap * self.token_bytes if plan.wrapped else 0
+        self.cap = plan.capacity
         self.offset += n
-        self.idx = self.cap
+        self.idx = plan.capacity
         return before + extra + self.bytes_allocated
 
     def _in_place(self) -> int:
         before = self.bytes_allocated
         peak = before
         prev = self.offset
-        if self.cap == 0 or (prev >= self.cap and self.cap < self.max_size):
-            grow = min(self.step, self.max_size - prev)
-            if grow <= 0:
+        w = ring.write_one(prev, self.idx, self.cap, self.max_size, self.keep, self.step)
+        if w.grow is not None:
+            if w.grow <= 0:
                 raise ValueError(
-                    f"RotatingKVCache rule: cannot grow by {grow} slots at offset {prev} "
+                    f"RotatingKVCache rule: cannot grow by {w.grow} slots at offset {prev} "
                     f"(capacity {self.cap}, max_size {self.max_size})"
                 )
-            self.cap += grow
+            self.cap += w.grow
             peak = before + self.bytes_allocated
-            self.idx = prev
-        if self.cap > self.max_size:  # left over from a multi-token update: cut back
+        if w.cut:  # left over from a multi-token update: cut back
             old = self.bytes_allocated
-            self.cap = self.max_size
+            self.cap = w.capacity
             peak = max(peak, old + self.bytes_allocated)
-            self.idx = self.max_size
-        if self.idx == self.max_size:
-            self.idx = self.keep
         self.offset += 1
-        self.idx += 1
+        self.idx = w.slot + 1
         return peak
 
     def regular_steps(self) -> int:
-        if self.cap == 0 or self.cap > self.max_size:
-            return 0
-        if self.cap == self.max_size:
-            return UNBOUNDED
-        return max(0, self.cap - self.offset)
+        k = ring.steady_writes(self.offset, self.cap, self.max_size)
+        return UNBOUNDED if k is None else k
 
     def skip(self, k: int) -> None:
         self.offset += k
-        if self.cap < self.max_size:
-            self.idx += k
-            return
-        linear = min(k, self.max_size - self.idx)
-        self.idx += linear
-        k -= linear
-        if k:  # the pointer sits at max_size: each step wraps into [keep, max_size)
-            ring = self.max_size - self.keep
-            self.idx = self.keep + 1 + (ring - 1 + k) % ring
+        self.idx = ring.advance(k, self.idx, self.cap, self.max_size, self.keep)
 
     def settled(self) -> bool:
         return self.cap == self.max_size

@@ -15,6 +15,7 @@ our :class:`ArraysCache` names mlx-lm's class as a base: a marker only, every me
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache as _MlxLmArraysCache
@@ -189,6 +190,9 @@ class CacheList(LayerCache):
     """mlx-lm's ``CacheList(*caches)``: several caches serving one layer, indexable."""
 
     _STATE = ("(member state, member class name) per member",)
+    # Class name -> class, for the members a state names; set by .registry, whose table lists
+    # CacheList too (so this module cannot import it).
+    member_class: Callable[[str], type[LayerCache]]
 
     def __init__(self, *caches):
         self.caches = caches
@@ -212,15 +216,13 @@ class CacheList(LayerCache):
 
     @state.setter
     def state(self, v):
-        from .registry import cache_class
-
         if not isinstance(v, (list, tuple)):
             raise ValueError("CacheList state must be a list of (member state, member class name) pairs")
         members = []
         for i, entry in enumerate(v):
             if not isinstance(entry, (list, tuple)) or len(entry) != 2 or not isinstance(entry[1], str):
                 raise ValueError(f"CacheList state entry {i} must be a (member state, member class name) pair")
-            members.append(cache_class(entry[1]).from_state(entry[0]))
+            members.append(self.member_class(entry[1]).from_state(entry[0]))
         self.caches = members
 
     def filter(self, batch_indices) -> None:

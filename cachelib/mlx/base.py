@@ -16,9 +16,8 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from ..core.masks import visible
 from ..introspect import CacheView
-
-STEP = 256  # tokens added per growth of a step-allocated buffer (mlx-lm's ``step``)
 
 
 class LayerCache:
@@ -123,9 +122,7 @@ def causal_mask(n: int, offset: int = 0, window: int | None = None, left_padding
     """
     key_pos = mx.arange(offset + n)[None]  # (1, K)
     query_pos = mx.arange(offset, offset + n)[:, None]  # (n, 1)
-    mask = query_pos >= key_pos
-    if window is not None:
-        mask = mask & (query_pos < key_pos + window)
+    mask = visible(query_pos, key_pos, window)
     if left_padding is not None:
         mask = mask & (left_padding[:, None, None, None] <= key_pos)
     return mask

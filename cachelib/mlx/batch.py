@@ -18,9 +18,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ..core import ring
+from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
-    STEP,
     LayerCache,
     array_bytes,
     causal_mask,
@@ -296,7 +297,11 @@ class BatchRotatingKVCache(LayerCache):
         self._lengths = None
 
     def _time_order(self) -> None:
-        """Unwrap the ring in place: oldest slot first."""
+        """Unwrap the ring in place: oldest slot first.
+
+        mlx-lm's batch ring knows it wrapped by ``rotated`` (which a trim leaves set), not by
+        ``_idx < offset`` as the single ring does, so this stays apart from core.ring's order.
+        """
         if self.rotated:
             self.keys = mx.roll(self.keys, -self._idx, axis=2)
             self.values = mx.roll(self.values, -self._idx, axis=2)
@@ -318,8 +323,8 @@ class BatchRotatingKVCache(LayerCache):
                 self.values = roll_rows(self.values, shift[:, None])
                 self.left_padding += shift
                 self.offset = self.offset - shift
-            drop = self._idx - self.max_size + 1  # each new token keeps max_size - 1 behind it
-            if drop > 0:
+            drop, _ = ring.make_room(self._idx, keys.shape[2], self.max_size)
+            if drop:
                 self.left_padding -= drop
                 self.keys = self.keys[..., drop:, :]
                 self.values = self.values[..., drop:, :]
@@ -336,30 +341,24 @@ class BatchRotatingKVCache(LayerCache):
         if self._lengths is not None:
             raise RuntimeError("BatchRotatingKVCache: call finalize() after a right-padded prefill before decoding")
         S = keys.shape[2]
-        prev = self._offset
         cap = 0 if self.keys is None else self.keys.shape[2]
-        if self.keys is None or (prev >= cap and cap < self.max_size):
-            room = min(self.step, self.max_size - prev)
-            fresh_k, fresh_v = zeros_like_tokens(keys, room), zeros_like_tokens(values, room)
+        w = ring.write_one(self._offset, self._idx, cap, self.max_size, 0, self.step)
+        if w.grow is not None:
+            fresh_k, fresh_v = zeros_like_tokens(keys, w.grow), zeros_like_tokens(values, w.grow)
             if self.keys is None:
                 self.keys, self.values = fresh_k, fresh_v
             else:
                 self.keys = mx.concatenate([self.keys, fresh_k], axis=2)
                 self.values = mx.concatenate([self.values, fresh_v], axis=2)
-            self._idx = prev
-            cap += room
-        over = cap - self.max_size
-        if over > 0:
-            self.keys = self.keys[..., over:, :]
-            self.values = self.values[..., over:, :]
-            self._idx = self.max_size
-            self.left_padding -= over
-        if self._idx == self.max_size:
+        if w.cut:
+            self.keys = self.keys[..., w.cut :, :]
+            self.values = self.values[..., w.cut :, :]
+            self.left_padding -= w.cut
+        if w.wraps:
             self.rotated = True
-            self._idx = 0
         if self.rotated:
             self.left_padding -= S
-        i = self._idx
+        i = w.slot
         self.keys[..., i : i + S, :] = keys
         self.values[..., i : i + S, :] = values
         self._offset += S
@@ -430,12 +429,10 @@ class BatchRotatingKVCache(LayerCache):
         self.max_size, self._offset, self._idx, self.rotated = max_size, tokens, idx, bool(rotated)
 
     def is_trimmable(self) -> bool:
-        return self._offset < self.max_size
+        return ring.trimmable(self._offset, self.max_size)
 
     def trim(self, n: int) -> int:
-        n = min(self._offset, check_trim(n, "BatchRotatingKVCache"))
-        self._offset -= n
-        self._idx -= n
+        n, self._offset, self._idx = ring.trim(check_trim(n, "BatchRotatingKVCache"), self._offset, self._idx)
         self.offset = self.offset - n
         return n
 
@@ -458,8 +455,7 @@ class BatchRotatingKVCache(LayerCache):
             padding = padding - 1
         mask = causal_mask(N, offset, window, padding)
         if wrapped:
-            idx = self._idx if self._idx < self.max_size else 0
-            mask = mx.roll(mask, shift=idx + 1, axis=-1)
+            mask = mx.roll(mask, shift=ring.mask_slot(self._idx, self.max_size) + 1, axis=-1)
         return mask
 
     def filter(self, batch_indices) -> None:
@@ -564,3 +560,9 @@ class BatchRotatingKVCache(LayerCache):
         return _row_view(
             self, "ring", self._offset, cap, held, self._idx, starts, max_capacity=self.max_size
         )
+
+
+# merge() of the single-sequence caches builds these; kv.py and rotating.py are imported here,
+# so the link is made here and imports run one way.
+KVCache.batch_class = BatchKVCache
+RotatingKVCache.batch_class = BatchRotatingKVCache

@@ -188,3 +188,10 @@ class KIVICache(QuantizingCache):
             dtype=dtype_name(self.residual_keys),
             quant_error=self._last_error(),
         )
+
+
+# --- the builder named by the strategy table (cachelib.spec.STRATEGIES): (spec) -> layer cache
+
+
+def build_kivi(spec) -> KIVICache:
+    return KIVICache(residual=spec.get("residual"), group_size=spec.get("group_size"), bits=spec.get("bits"))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
-    STEP,
     LayerCache,
     array_bytes,
     attention_mask,
@@ -115,12 +115,14 @@ class KVCache(LayerCache):
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
         return attention_mask(N, self.offset, window_size, return_array)
 
+    # The batch cache that merge() builds; set by .batch, which imports this module.
+    batch_class: type[LayerCache]
+
     @classmethod
     def merge(cls, caches):
-        """One left-padded :class:`BatchKVCache` holding each cache as a batch row."""
-        from .batch import BatchKVCache
-
-        return BatchKVCache.merge(caches)
+        """One left-padded :class:`~cachelib.mlx.batch.BatchKVCache` holding each cache as a
+        batch row."""
+        return cls.batch_class.merge(caches)
 
     def empty(self) -> bool:
         return self.keys is None
@@ -365,3 +367,23 @@ class StaticKVCache(LayerCache):
     def introspect(self) -> CacheView:
         cap = 0 if self.keys is None else self.max_len
         return _linear_view(self, min(self.offset, cap), cap, max_capacity=self.max_len, write_index=self.offset)
+
+
+# --- builders named by the strategy table (cachelib.spec.STRATEGIES): (spec) -> layer cache
+
+
+def build_standard(spec) -> KVCache:
+    return KVCache(step=spec.get("step"))
+
+
+def build_concat(spec) -> ConcatenateKVCache:
+    return ConcatenateKVCache()
+
+
+def build_chunked(spec) -> ChunkedKVCache:
+    # the front is trimmed before every update, as mlx-lm's llama4 drives its chunked layers
+    return ChunkedKVCache(spec.get("chunk_size"), trim_front=True)
+
+
+def build_static(spec) -> StaticKVCache:
+    return StaticKVCache(spec.get("max_len"))

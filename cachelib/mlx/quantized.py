@@ -18,10 +18,10 @@ import math
 
 import mlx.core as mx
 
+from ..core.units import STEP
 from ..introspect import CacheView, QuantError
 from ..spec import GROUP_SIZES, QUANT_BITS
 from .base import (
-    STEP,
     LayerCache,
     array_bytes,
     attention_mask,
@@ -325,3 +325,14 @@ class QuantizedKVCache(QuantizingCache):
         )
 
 
+# --- the builder named by the strategy table (cachelib.spec.STRATEGIES): (spec) -> layer cache
+
+
+def build_quantized(spec) -> QuantizedKVCache:
+    return QuantizedKVCache(
+        group_size=spec.get("group_size"),
+        bits=spec.get("bits"),
+        key_bits=spec.key_bits,
+        value_bits=spec.value_bits,
+        start=spec.get("start"),
+    )

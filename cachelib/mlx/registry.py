@@ -40,6 +40,10 @@ def cache_class(name: str) -> type[LayerCache]:
     return cls
 
 
+# A CacheList state names its members' classes; it looks them up here.
+CacheList.member_class = staticmethod(cache_class)
+
+
 def from_mlx_lm(cache) -> LayerCache:
     """Our equivalent of an mlx-lm cache object (same class name, same state); ours pass through."""
     if isinstance(cache, LayerCache):

@@ -9,15 +9,20 @@ to write. A single-token update writes in place (the buffer first grows in steps
 oldest ring tokens so that every new token still sees ``max_size`` tokens, and appends - so the
 buffer briefly holds up to ``max_size + S - 1`` tokens. Keys come back in slot order, which is
 why a single query needs a rolled mask when a window narrower than the ring applies.
+
+The slot arithmetic (what grows, what is cut, which slot is written) is :mod:`cachelib.core.ring`'s;
+the classes here apply it to their arrays.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from ..core import ring
+from ..core.masks import visible
+from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
-    STEP,
     LayerCache,
     array_bytes,
     causal_mask,
@@ -73,54 +78,49 @@ class _Ring(LayerCache):
             return self._write_one(keys, values)
         return self._append_block(keys, values)
 
-    def _time_ordered(self, x):
-        """The held tokens oldest first (the sink slots first), unused slots cut off."""
-        idx, keep = self._idx, self.keep
-        if idx == token_length(x):
-            return x
-        if idx < self.offset:  # wrapped: the oldest ring token sits at idx
+    def _in_order(self, x, wrapped: bool, held: int):
+        """``x``'s held tokens oldest first (the sink slots first), unused slots cut off."""
+        if wrapped:
+            idx, keep = self._idx, self.keep
             return each(lambda p: mx.concatenate([p[..., :keep, :], p[..., idx:, :], p[..., keep:idx, :]], axis=2), x)
-        return each(lambda p: p[..., :idx, :], x)
+        if held < token_length(x):
+            return each(lambda p: p[..., :held, :], x)
+        return x
+
+    def _time_ordered(self, x):
+        """The held tokens of ``x`` (keys or values) oldest first."""
+        return self._in_order(x, *ring.temporal_order(self.offset, self._idx, token_length(x), self.keep))
 
     def _append_block(self, keys: mx.array, values: mx.array):
         new_k, new_v = self._stored(keys, values)
+        n = keys.shape[2]
+        cap = 0 if self.keys is None else token_length(self.keys)
+        plan = ring.write_block(n, self.offset, self._idx, cap, self.max_size, self.keep)
         if self.keys is None:
             self.keys, self.values = new_k, new_v
         else:
-            held_k = self._time_ordered(self.keys)
-            held_v = self._time_ordered(self.values)
-            self._idx = token_length(held_k)
-            # Keep max_size - 1 old tokens so that each new token sees max_size tokens.
-            drop = self._idx - self.max_size + 1
-            self.keys = _cut(held_k, self.keep, drop, new_k)
-            self.values = _cut(held_v, self.keep, drop, new_v)
-        self.offset += keys.shape[2]
-        self._idx = token_length(self.keys)
+            self.keys = _cut(self._in_order(self.keys, plan.wrapped, plan.held), self.keep, plan.drop, new_k)
+            self.values = _cut(self._in_order(self.values, plan.wrapped, plan.held), self.keep, plan.drop, new_v)
+        self.offset += n
+        self._idx = plan.capacity
         return self._fetched(self.keys, self.values)
 
     def _write_one(self, keys: mx.array, values: mx.array):
         new_k, new_v = self._stored(keys, values)
-        prev = self.offset
         cap = 0 if self.keys is None else token_length(self.keys)
-        if self.keys is None or (prev >= cap and cap < self.max_size):
-            room = min(self.step, self.max_size - prev)
-            fresh_k = each(lambda p: zeros_like_tokens(p, room), new_k)
-            fresh_v = each(lambda p: zeros_like_tokens(p, room), new_v)
+        w = ring.write_one(self.offset, self._idx, cap, self.max_size, self.keep, self.step)
+        if w.grow is not None:
+            fresh_k = each(lambda p: zeros_like_tokens(p, w.grow), new_k)
+            fresh_v = each(lambda p: zeros_like_tokens(p, w.grow), new_v)
             if self.keys is None:
                 self.keys, self.values = fresh_k, fresh_v
             else:
                 self.keys = _cut(self.keys, self.keep, 0, fresh_k)
                 self.values = _cut(self.values, self.keep, 0, fresh_v)
-            self._idx = prev
-            cap += room
-        over = cap - self.max_size
-        if over > 0:  # a block update left more than max_size tokens: drop the oldest
-            self.keys = _cut(self.keys, self.keep, over)
-            self.values = _cut(self.values, self.keep, over)
-            self._idx = self.max_size
-        if self._idx == self.max_size:
-            self._idx = self.keep
-        i = self._idx
+        if w.cut:
+            self.keys = _cut(self.keys, self.keep, w.cut)
+            self.values = _cut(self.values, self.keep, w.cut)
+        i = w.slot
         if isinstance(new_k, (list, tuple)):
             for buf, p in zip(self.keys, new_k):
                 buf[..., i : i + 1, :] = p
@@ -129,7 +129,7 @@ class _Ring(LayerCache):
         else:
             self.keys[..., i : i + 1, :] = new_k
             self.values[..., i : i + 1, :] = new_v
-        self.offset = prev + 1
+        self.offset += 1
         self._idx = i + 1
         return self.keys_and_values()
 
@@ -145,12 +145,10 @@ class _Ring(LayerCache):
         return min(self.offset, self.max_size)
 
     def is_trimmable(self) -> bool:
-        return self.offset < self.max_size
+        return ring.trimmable(self.offset, self.max_size)
 
     def trim(self, n: int) -> int:
-        n = min(self.offset, check_trim(n, type(self).__name__))
-        self.offset -= n
-        self._idx -= n
+        n, self.offset, self._idx = ring.trim(check_trim(n, type(self).__name__), self.offset, self._idx)
         return n
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
@@ -164,11 +162,11 @@ class _Ring(LayerCache):
         if window_size is None:
             return None
         if self.offset >= window_size and self.max_size > window_size:
-            # One query over the ring in slot order: the last `window_size` tokens in time are
-            # the slots just before the write index, cyclically.
-            idx = self._idx if self._idx < self.max_size else 0
-            n = self.offset + 1 if self.offset < self.max_size else self.max_size
-            return mx.roll(mx.arange(n) >= n - window_size, shift=idx + 1)
+            # One query over the ring in slot order: the window over the n keys in time order,
+            # rolled so that the newest lands in the slot being written.
+            n = min(self.offset + 1, self.max_size)
+            in_time = visible(n - 1, mx.arange(n), window_size)
+            return mx.roll(in_time, shift=ring.mask_slot(self._idx, self.max_size) + 1)
         return None
 
     def empty(self) -> bool:
@@ -248,12 +246,14 @@ class RotatingKVCache(_Ring):
             out.values = quantize(self.values, group_size, bits)
         return out
 
+    # The batch cache that merge() builds; set by .batch, which imports this module.
+    batch_class: type[LayerCache]
+
     @classmethod
     def merge(cls, caches):
-        """One left-padded :class:`BatchRotatingKVCache` holding each cache as a batch row."""
-        from .batch import BatchRotatingKVCache
-
-        return BatchRotatingKVCache.merge(caches)
+        """One left-padded :class:`~cachelib.mlx.batch.BatchRotatingKVCache` holding each cache
+        as a batch row."""
+        return cls.batch_class.merge(caches)
 
     def introspect(self) -> CacheView:
         return self._view()
@@ -349,3 +349,21 @@ class QuantizedRotatingKVCache(_Ring, QuantizingCache):
             quantized_tokens=held,
             quant_error=self._last_error(),
         )
+
+
+# --- builders named by the strategy table (cachelib.spec.STRATEGIES): (spec) -> layer cache
+
+
+def build_rotating(spec) -> RotatingKVCache | QuantizedRotatingKVCache:
+    max_size, keep = spec.get("max_size"), spec.get("keep")
+    if spec.key_bits is None:
+        return RotatingKVCache(max_size, keep)
+    return QuantizedRotatingKVCache(
+        max_size, keep, group_size=spec.get("group_size"), bits=spec.key_bits,
+        key_bits=spec.key_bits, value_bits=spec.value_bits,
+    )  # fmt: skip
+
+
+def build_sliding(spec) -> RotatingKVCache:
+    # a sliding window is a ring without sink tokens, as mlx-lm gives its sliding layers
+    return RotatingKVCache(spec.get("window"), keep=0)

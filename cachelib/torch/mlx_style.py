@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.units import STEP
 from ..introspect import CacheView
 from .base import AttentionLayer, QuantErrorProbe, check_crop, dtype_name, tokens
 from .cache import Cache, build_layers
@@ -38,7 +39,7 @@ def _growth(step: int, n_new: int) -> int:
 class StepLayer(AttentionLayer):
     """Shared by the step-allocated layers: bookkeeping of ``offset``, trim and introspection."""
 
-    def __init__(self, step: int = 256):
+    def __init__(self, step: int = STEP):
         super().__init__()
         self.step = check_step(step)
         self.offset = 0
@@ -152,7 +153,7 @@ class QuantizedKVCacheLayer(QuantErrorProbe, KVCacheLayer):
         start: int = 0,
         key_bits: int | None = None,
         value_bits: int | None = None,
-        step: int = 256,
+        step: int = STEP,
     ):
         super().__init__(step)
         where = type(self).__name__
@@ -219,7 +220,7 @@ class ChunkedKVCacheLayer(StepLayer):
 
     kind = "ChunkedKVCache"
 
-    def __init__(self, chunk_size: int, step: int = 256):
+    def __init__(self, chunk_size: int, step: int = STEP):
         super().__init__(step)
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"ChunkedKVCacheLayer: chunk_size must be an int >= 1, got {chunk_size!r}")
@@ -302,7 +303,7 @@ class StrategyCache(Cache):
 class KVCache(StrategyCache):
     """mlx-lm's ``KVCache`` on every full-attention layer (``standard`` strategy)."""
 
-    def __init__(self, config=None, step: int = 256):
+    def __init__(self, config=None, step: int = STEP):
         super().__init__(lambda: KVCacheLayer(step), config)
 
 
@@ -318,7 +319,7 @@ class QuantizedKVCache(StrategyCache):
         key_bits: int | None = None,
         value_bits: int | None = None,
         config=None,
-        step: int = 256,
+        step: int = STEP,
     ):
         super().__init__(
             lambda: QuantizedKVCacheLayer(
@@ -331,7 +332,7 @@ class QuantizedKVCache(StrategyCache):
 class ChunkedKVCache(StrategyCache):
     """mlx-lm's ``ChunkedKVCache`` on every full-attention layer (``chunked`` strategy)."""
 
-    def __init__(self, chunk_size: int, config=None, step: int = 256):
+    def __init__(self, chunk_size: int, config=None, step: int = STEP):
         super().__init__(lambda: ChunkedKVCacheLayer(chunk_size, step), config)
 
 
@@ -345,3 +346,21 @@ __all__ = [
     "StrategyCache",
     "check_step",
 ]
+
+
+# --- builders named by the strategy table (cachelib.spec.STRATEGIES): (spec, config) -> Cache
+
+
+def build_standard(spec, config) -> KVCache:
+    return KVCache(config=config, step=spec.get("step"))
+
+
+def build_quantized(spec, config) -> QuantizedKVCache:
+    return QuantizedKVCache(
+        spec.get("group_size"), spec.get("bits"), start=spec.get("start"),
+        key_bits=spec.key_bits, value_bits=spec.value_bits, config=config,
+    )  # fmt: skip
+
+
+def build_chunked(spec, config) -> ChunkedKVCache:
+    return ChunkedKVCache(spec.get("chunk_size"), config=config)

@@ -21,10 +21,13 @@ full-attention mask has no window, so a multi-token chunk that overflows the rin
 windowed here. Prompts that fit, and every one-token step, see exactly what mlx-lm sees.)
 
 Beyond mlx-lm: the ring can be stored quantized (``bits`` / ``key_bits`` / ``value_bits``).
+The slot arithmetic is :mod:`cachelib.core.ring`'s, shared with the MLX class and the planner.
 """
 
 from __future__ import annotations
 
+from ..core import ring
+from ..core.units import STEP
 from ..introspect import CacheView
 from .base import AttentionLayer, QuantErrorProbe, cat, check_crop, dtype_name, tokens
 from .mlx_style import StrategyCache, check_step
@@ -39,7 +42,7 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
         self,
         max_size: int,
         keep: int = 0,
-        step: int = 256,
+        step: int = STEP,
         *,
         bits: int | None = None,
         group_size: int = 64,
@@ -106,48 +109,40 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
         )
 
     def _write_one(self, new_keys, new_values) -> None:
-        prev, size = self.offset, tokens(self.keys)
-        if self.keys is None or (prev >= size and size < self.max_size):
-            extra = min(self.step, self.max_size - prev)
+        size = tokens(self.keys)
+        w = ring.write_one(self.offset, self._idx, size, self.max_size, self.keep, self.step)
+        if w.grow is not None:
             if self.keys is None:
-                self.keys, self.values = zeros(new_keys, extra), zeros(new_values, extra)
+                self.keys, self.values = zeros(new_keys, w.grow), zeros(new_values, w.grow)
             else:
-                self.keys, self.values = grow(self.keys, size, extra), grow(self.values, size, extra)
-            self._idx = prev
-        excess = tokens(self.keys) - self.max_size
-        if excess > 0:  # a multi-token update left more than max_size slots
-            self.keys, self.values = self._drop_oldest(excess, self.keys), self._drop_oldest(excess, self.values)
-            self._idx = self.max_size
-        if self._idx == self.max_size:
-            self._idx = self.keep
-        write(self.keys, self._idx, new_keys)
-        write(self.values, self._idx, new_values)
+                self.keys, self.values = grow(self.keys, size, w.grow), grow(self.values, size, w.grow)
+        if w.cut:  # a multi-token update left more than max_size slots
+            self.keys, self.values = self._drop_oldest(w.cut, self.keys), self._drop_oldest(w.cut, self.values)
+        write(self.keys, w.slot, new_keys)
+        write(self.values, w.slot, new_values)
         self.offset += 1
-        self._idx += 1
+        self._idx = w.slot + 1
 
     def _append(self, new_keys, new_values, n_new: int) -> None:
+        plan = ring.write_block(n_new, self.offset, self._idx, tokens(self.keys), self.max_size, self.keep)
         if self.keys is None:
             # Own the storage: a later one-token update writes into it in place.
             self.keys = clone(new_keys) if self.key_codec is DENSE else new_keys
             self.values = clone(new_values) if self.value_codec is DENSE else new_values
         else:
-            keys, values = self._in_order(self.keys), self._in_order(self.values)
-            held = tokens(keys)
-            # Keep max_size - 1 old tokens so that the first new token sees max_size in all.
-            excess = held - self.max_size + 1
-            self.keys = self._drop_oldest(excess, keys, new_keys)
-            self.values = self._drop_oldest(excess, values, new_values)
+            keys, values = self._in_order(self.keys, plan), self._in_order(self.values, plan)
+            self.keys = self._drop_oldest(plan.drop, keys, new_keys)
+            self.values = self._drop_oldest(plan.drop, values, new_values)
         self.offset += n_new
-        self._idx = tokens(self.keys)
+        self._idx = plan.capacity
 
-    def _in_order(self, x):
+    def _in_order(self, x, plan: ring.BlockWrite):
         """The held slots in temporal order: sinks, then oldest to newest."""
-        size = tokens(x)
-        if self._idx == size:
-            return x
-        if self._idx < self.offset:  # wrapped: the oldest ring slot is the write index
+        if plan.wrapped:  # the oldest ring slot is the write index
             return cat([span(x, 0, self.keep), span(x, self._idx), span(x, self.keep, self._idx)])
-        return head(x, self._idx)
+        if plan.held < tokens(x):
+            return head(x, plan.held)
+        return x
 
     def _drop_oldest(self, n: int, x, append=None):
         """Drop the ``n`` oldest non-sink slots of a temporally ordered ``x`` and append."""
@@ -162,14 +157,9 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
         """Tokens ``update`` will return for ``n_new`` new tokens, from the current state."""
         size = tokens(self.keys)
         if n_new == 1:
-            if self.keys is None or (self.offset >= size and size < self.max_size):
-                size += min(self.step, self.max_size - self.offset)
-            size = min(size, self.max_size)
-            return min(self.offset + 1, size)
-        if self.keys is None:
-            return n_new
-        in_order = size if (self._idx == size or self._idx < self.offset) else self._idx
-        return min(in_order, self.max_size - 1) + n_new
+            w = ring.write_one(self.offset, self._idx, size, self.max_size, self.keep, self.step)
+            return min(self.offset + 1, w.capacity)
+        return ring.write_block(n_new, self.offset, self._idx, size, self.max_size, self.keep).capacity
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         # Returned old tokens sit just before the first query position, new ones at their own.
@@ -186,12 +176,10 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
 
     def is_trimmable(self) -> bool:
         """Trimming is exact only before the ring first drops a token."""
-        return self.offset < self.max_size
+        return ring.trimmable(self.offset, self.max_size)
 
     def trim(self, n: int) -> int:
-        n = min(self.offset, n)
-        self.offset -= n
-        self._idx -= n
+        n, self.offset, self._idx = ring.trim(n, self.offset, self._idx)
         return n
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -246,7 +234,7 @@ class RotatingKVCache(StrategyCache):
         keep: int = 0,
         config=None,
         *,
-        step: int = 256,
+        step: int = STEP,
         bits: int | None = None,
         group_size: int = 64,
         key_bits: int | None = None,
@@ -258,3 +246,13 @@ class RotatingKVCache(StrategyCache):
             ),
             config,
         )
+
+
+# --- the builder named by the strategy table (cachelib.spec.STRATEGIES): (spec, config) -> Cache
+
+
+def build_rotating(spec, config) -> RotatingKVCache:
+    quant = {}
+    if spec.key_bits is not None:
+        quant = dict(key_bits=spec.key_bits, value_bits=spec.value_bits, group_size=spec.get("group_size"))
+    return RotatingKVCache(spec.get("max_size"), spec.get("keep"), config=config, **quant)
