@@ -1,4 +1,5 @@
-"""Strategy specs: one string names a cache strategy and its knobs, on both backends.
+"""The one strategy table, and strategy specs: one string names a cache strategy and its knobs,
+on both backends.
 
 Grammar::
 
@@ -6,20 +7,40 @@ Grammar::
     knob  := key "=" value
 
 e.g. ``standard``, ``rotating:max_size=512,keep=4``, ``quantized:bits=4,group_size=64,start=256``.
-Parsing and validation live here and only here; a bad spec raises ``ValueError`` naming the
-strategy or knob at fault and what is allowed. Building a cache from a spec is the backends'
-job (``cachelib.mlx.make_cache``, ``cachelib.torch.make_cache``).
+Parsing and validation live here and only here; a bad spec raises :class:`SpecError` (a
+``ValueError``) naming the strategy or knob at fault and what is allowed.
+
+Each :class:`Strategy` of :data:`STRATEGIES` carries everything the rest of cachelib knows about
+it: its knobs, its facts (which knob bounds what it keeps, whether it is lossless, which
+backends run it) and its builders: the MLX layer cache, the PyTorch cache, and the planner's
+layer descriptor (whose byte rule lives in :mod:`cachelib.core.rules`). The backend builders are
+named as ``"module:function"`` and imported only when a backend asks for them, so that reading
+the table never imports MLX or PyTorch. Adding a strategy is one entry here plus one builder
+per backend (see docs/adding-a-strategy.md).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from functools import cache
+from typing import Any, Callable, Mapping
 
+from .core.layout import LayerCache
 from .core.units import BACKENDS, STEP
+
 QUANT_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize supports; torch supports TORCH_QUANT_BITS
 TORCH_QUANT_BITS = (2, 4, 8)
 GROUP_SIZES = (32, 64, 128)
+
+
+class SpecError(ValueError):
+    """A bad strategy spec. ``knob`` names the knob at fault (None when the fault is the
+    strategy's name or the spec's form), so callers can point at it without reading the text."""
+
+    def __init__(self, message: str, knob: str | None = None):
+        super().__init__(message)
+        self.knob = knob
 
 
 @dataclass(frozen=True)
@@ -34,24 +55,28 @@ class Knob:
 
     def check(self, strategy: str, value: Any) -> int:
         where = f"{strategy}: knob {self.name!r}"
+
+        def fail(message: str) -> SpecError:
+            return SpecError(message, self.name)
+
         if isinstance(value, bool):
-            raise ValueError(f"{where} must be an integer, got {value!r}")
+            raise fail(f"{where} must be an integer, got {value!r}")
         if isinstance(value, str):
             try:
                 value = int(value.strip().replace("_", ""))
             except ValueError:
-                raise ValueError(f"{where} must be an integer, got {value!r}") from None
+                raise fail(f"{where} must be an integer, got {value!r}") from None
         elif isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
-            raise ValueError(f"{where} must be an integer, got {value!r}")
+            raise fail(f"{where} must be an integer, got {value!r}")
         if self.choices is not None and value not in self.choices:
             allowed = ", ".join(map(str, self.choices))
-            raise ValueError(f"{where} = {value} is not supported; allowed: {allowed}")
+            raise fail(f"{where} = {value} is not supported; allowed: {allowed}")
         if self.min is not None and value < self.min:
-            raise ValueError(f"{where} = {value} must be >= {self.min}")
+            raise fail(f"{where} = {value} must be >= {self.min}")
         if self.max is not None and value > self.max:
-            raise ValueError(f"{where} = {value} must be <= {self.max}")
+            raise fail(f"{where} = {value} must be <= {self.max}")
         return value
 
     @property
@@ -63,20 +88,64 @@ class Knob:
         return " and ".join(x for x in (lo, hi) if x) or "any integer"
 
 
+# The planner's descriptor of what a strategy puts on one layer: (spec, backend) -> LayerCache,
+# and for a model's own sliding-window layers (spec, backend, model window) -> LayerCache or
+# None (None: the layer keeps the window cache the model gives it).
+PlanLayer = Callable[["Spec", str], LayerCache]
+PlanSlidingLayer = Callable[["Spec", str, int], "LayerCache | None"]
+
+
 @dataclass(frozen=True)
 class Strategy:
+    """One cache strategy: its knobs, its facts and its builders.
+
+    ``mlx`` names the function building the MLX cache of one full-attention layer,
+    ``(spec) -> layer cache``; ``torch`` the function building the whole transformers cache,
+    ``(spec, config) -> Cache``; both as ``"module:function"``. ``plan`` gives the planner's
+    descriptor of a full-attention layer and ``plan_sliding`` that of a model's own
+    sliding-window layers (default: they keep the model's window).
+    """
+
     name: str
     summary: str
-    knobs: tuple[Knob, ...] = ()
-    backends: tuple[str, ...] = BACKENDS
-    bounded: bool = False  # holds at most a fixed number of tokens
+    knobs: tuple[Knob, ...]
+    plan: PlanLayer
+    mlx: str | None = None
+    torch: str | None = None
+    plan_sliding: PlanSlidingLayer | None = None
+    window: str | None = None  # the knob bounding what attention sees: older tokens are evicted
+    max_context: str | None = None  # the knob bounding the run itself: a longer run is refused
+    lossless: bool = False  # keeps every token at full precision: quality exact by construction
+    every_attention_layer: bool = False  # also replaces the model's own sliding-window caches
+    check: Callable[[Spec], None] | None = None  # relations between knobs, beyond each knob's range
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(b for b in BACKENDS if self.builder_name(b) is not None)
+
+    def builder_name(self, backend: str) -> str | None:
+        return {"mlx": self.mlx, "torch": self.torch}.get(backend)
+
+    def builder(self, backend: str) -> Callable:
+        """The backend's builder function (imported on first use)."""
+        name = self.builder_name(backend)
+        if name is None:
+            raise SpecError(f"strategy {self.name!r} is not available on {backend}; it runs on: "
+                            + ", ".join(self.backends))
+        return _resolve(name)
 
     def knob(self, name: str) -> Knob:
         for k in self.knobs:
             if k.name == name:
                 return k
         allowed = ", ".join(k.name for k in self.knobs) or "none"
-        raise ValueError(f"{self.name}: unknown knob {name!r}; allowed knobs: {allowed}")
+        raise SpecError(f"{self.name}: unknown knob {name!r}; allowed knobs: {allowed}", name)
+
+
+@cache
+def _resolve(name: str) -> Callable:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _bits(name: str, help: str, default: int | None = None) -> Knob:
@@ -87,6 +156,47 @@ _GROUP = Knob("group_size", "elements per quantization group (scale + bias each)
 _KEY_BITS = _bits("key_bits", "bits for keys (default: bits)")
 _VALUE_BITS = _bits("value_bits", "bits for values (default: bits)")
 
+
+def _layer(kind: str, *knobs: str, **renamed: str):
+    """A planner descriptor builder: class ``kind`` with the spec's knobs (``renamed``: descriptor
+    knob name -> spec knob name)."""
+
+    def build(spec: Spec, backend: str) -> LayerCache:
+        pairs = [(k, spec.get(k)) for k in knobs] + [(k, spec.get(v)) for k, v in renamed.items()]
+        return LayerCache(kind, "full", tuple(pairs))
+
+    return build
+
+
+def _check_ring(spec: Spec) -> None:
+    keep, max_size = spec.get("keep"), spec.get("max_size")
+    if keep >= max_size:
+        raise SpecError(f"rotating: keep={keep} must be < max_size={max_size} (allowed: 0..{max_size - 1})", "keep")
+    given = dict(spec.params)
+    quant = [k for k in ("bits", "key_bits", "value_bits") if given.get(k) is not None]
+    if quant and given.get("bits") is None and len(quant) < 2:
+        raise SpecError("rotating: a quantized ring needs bits=, or both key_bits= and value_bits=", quant[0])
+
+
+def _sliding_window(spec: Spec, backend: str) -> LayerCache:
+    if backend == "mlx":  # mlx-lm's sliding layers: a ring without sinks
+        return LayerCache("RotatingKVCache", "full", (("max_size", spec.get("window")), ("keep", 0)))
+    return LayerCache("DynamicSlidingWindowLayer", "full", (("window", spec.get("window")),))
+
+
+def _static_sliding(spec: Spec, backend: str, window: int) -> LayerCache | None:
+    # transformers' StaticCache gives a model's sliding layers a static window of their own
+    if backend != "torch":
+        return None
+    knobs = (("max_cache_len", spec.get("max_len")), ("window", window))
+    return LayerCache("StaticSlidingWindowLayer", "sliding", knobs)
+
+
+def _offloaded_sliding(spec: Spec, backend: str, window: int) -> LayerCache:
+    # transformers' DynamicCache(offloading=True) offloads every layer, sliding ones too
+    return LayerCache("DynamicSlidingWindowLayer", "sliding", (("window", window),), offloaded=True)
+
+
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
@@ -94,8 +204,20 @@ STRATEGIES: dict[str, Strategy] = {
             "standard",
             "full cache, preallocated in steps of `step` tokens (mlx-lm KVCache)",
             (Knob("step", "tokens added per growth", STEP, min=1),),
+            plan=_layer("KVCache", "step"),
+            mlx="cachelib.mlx.kv:build_standard",
+            torch="cachelib.torch.mlx_style:build_standard",
+            lossless=True,
         ),
-        Strategy("concat", "full cache grown by concatenation every step (transformers DynamicCache)"),
+        Strategy(
+            "concat",
+            "full cache grown by concatenation every step (transformers DynamicCache)",
+            (),
+            plan=lambda spec, backend: LayerCache("ConcatenateKVCache" if backend == "mlx" else "DynamicLayer", "full"),
+            mlx="cachelib.mlx.kv:build_concat",
+            torch="cachelib.torch.cache:build_concat",
+            lossless=True,
+        ),
         Strategy(
             "rotating",
             "ring buffer of max_size tokens, the first `keep` never evicted (mlx-lm RotatingKVCache)",
@@ -107,7 +229,11 @@ STRATEGIES: dict[str, Strategy] = {
                 _KEY_BITS,
                 _VALUE_BITS,
             ),
-            bounded=True,
+            plan=_layer("RotatingKVCache", "max_size", "keep"),
+            mlx="cachelib.mlx.rotating:build_rotating",
+            torch="cachelib.torch.rotating:build_rotating",
+            window="max_size",
+            check=_check_ring,
         ),
         Strategy(
             "quantized",
@@ -119,6 +245,9 @@ STRATEGIES: dict[str, Strategy] = {
                 _KEY_BITS,
                 _VALUE_BITS,
             ),
+            plan=_layer("QuantizedKVCache", "start"),
+            mlx="cachelib.mlx.quantized:build_quantized",
+            torch="cachelib.torch.mlx_style:build_quantized",
         ),
         Strategy(
             "kivi",
@@ -128,29 +257,48 @@ STRATEGIES: dict[str, Strategy] = {
                 _GROUP,
                 Knob("residual", "tokens kept in full precision", 128, min=1),
             ),
+            plan=_layer("QuantizedLayer", "residual"),
+            mlx="cachelib.mlx.kivi:build_kivi",
+            torch="cachelib.torch.cache:build_kivi",
         ),
         Strategy(
             "chunked",
             "keeps only the tokens of the current chunk of chunk_size (mlx-lm ChunkedKVCache)",
             (Knob("chunk_size", "tokens per attention chunk", required=True, min=1),),
-            bounded=True,
+            plan=_layer("ChunkedKVCache", "chunk_size"),
+            mlx="cachelib.mlx.kv:build_chunked",
+            torch="cachelib.torch.mlx_style:build_chunked",
+            window="chunk_size",
         ),
         Strategy(
             "static",
             "preallocates max_len tokens up front (transformers StaticCache)",
             (Knob("max_len", "tokens preallocated; a longer run is refused", required=True, min=1),),
-            bounded=True,
+            plan=_layer("StaticLayer", "max_len"),
+            plan_sliding=_static_sliding,
+            mlx="cachelib.mlx.kv:build_static",
+            torch="cachelib.torch.cache:build_static",
+            max_context="max_len",
+            lossless=True,
         ),
         Strategy(
             "sliding",
             "keeps the last `window` tokens on every attention layer (sliding-window attention)",
             (Knob("window", "tokens each query may attend to", required=True, min=1),),
-            bounded=True,
+            plan=_sliding_window,
+            mlx="cachelib.mlx.rotating:build_sliding",
+            torch="cachelib.torch.cache:build_sliding",
+            window="window",
+            every_attention_layer=True,
         ),
         Strategy(
             "offloaded",
             "full cache kept on the CPU, each layer fetched to the device ahead of use (transformers offloading)",
-            backends=("torch",),
+            (),
+            plan=lambda spec, backend: LayerCache("DynamicLayer", "full", offloaded=True),
+            plan_sliding=_offloaded_sliding,
+            torch="cachelib.torch.cache:build_offloaded",
+            lossless=True,
         ),
     )
 }
@@ -205,20 +353,37 @@ class Spec:
     def supports(self, backend: str) -> bool:
         return backend in self.strategy.backends
 
+    @property
+    def window(self) -> int | None:
+        """The token bound of an evicting strategy (ring size, window, chunk), else None."""
+        knob = self.strategy.window
+        return None if knob is None else self.get(knob)
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest run the strategy accepts (a static cache's max_len), else None."""
+        knob = self.strategy.max_context
+        return None if knob is None else self.get(knob)
+
+    @property
+    def lossless(self) -> bool:
+        return self.strategy.lossless
+
     def check_backend(self, backend: str) -> None:
         if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; supported: {', '.join(BACKENDS)}")
+            raise SpecError(f"unknown backend {backend!r}; supported: {', '.join(BACKENDS)}")
         if not self.supports(backend):
-            raise ValueError(
+            raise SpecError(
                 f"strategy {self.name!r} is not available on {backend}; "
                 f"it runs on: {', '.join(self.strategy.backends)}"
             )
         if backend == "torch":
             for knob, b in (("key_bits", self.key_bits), ("value_bits", self.value_bits)):
                 if b is not None and b not in TORCH_QUANT_BITS:
-                    raise ValueError(
+                    raise SpecError(
                         f"{self.name}: {knob}={b} is not supported on torch; allowed: "
-                        + ", ".join(map(str, TORCH_QUANT_BITS))
+                        + ", ".join(map(str, TORCH_QUANT_BITS)),
+                        knob if knob in dict(self.params) else "bits",
                     )
 
     def __str__(self) -> str:
@@ -227,53 +392,79 @@ class Spec:
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.params)
 
 
+def split_spec(text: str, *, ranges: bool = False) -> tuple[str, dict[str, str | list[str]]]:
+    """The grammar, without validation: ``"rotating:max_size=512,keep=4"`` ->
+    ``("rotating", {"max_size": "512", "keep": "4"})``. With ``ranges`` a value may be a
+    bracketed list, ``max_size=[64,128]`` -> ``["64", "128"]`` (the sweep grid's knob ranges)."""
+    if not isinstance(text, str) or not text.strip():
+        raise SpecError(f"empty strategy spec; choose one of: {', '.join(STRATEGIES)}")
+    name, colon, rest = text.strip().partition(":")
+    name = name.strip()
+    if colon and not rest.strip():
+        raise SpecError(f"{name}: ':' must be followed by knobs, e.g. {name}:key=value")
+    given: dict[str, str | list[str]] = {}
+    for part in _split_outside_brackets(rest) if colon else ():
+        key, eq, value = (x.strip() for x in part.partition("="))
+        if not eq or not key or not value:
+            form = "key=value or key=[v1, v2]" if ranges else "key=value, e.g. bits=4"
+            raise SpecError(f"{name}: malformed knob {part.strip()!r}; write {form}", key or None)
+        if key in given:
+            raise SpecError(f"{name}: knob {key!r} given twice", key)
+        if ranges and (value.startswith("[") or value.endswith("]")):
+            if not (value.startswith("[") and value.endswith("]")):
+                raise SpecError(f"{name}: knob {key!r}: unbalanced brackets in {value!r}", key)
+            items = [x.strip() for x in value[1:-1].split(",")]
+            if items != [""] and any(not x for x in items):
+                raise SpecError(f"{name}: knob {key!r}: empty value in range {value!r}", key)
+            given[key] = [] if items == [""] else items
+        else:
+            given[key] = value
+    return name, given
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
+
+
 def parse_spec(text: str | Spec) -> Spec:
     """Parse and validate a strategy spec such as ``rotating:max_size=512,keep=4``."""
     if isinstance(text, Spec):
         return text
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"empty strategy spec; choose one of: {', '.join(STRATEGIES)}")
-    name, _, rest = text.strip().partition(":")
-    name = name.strip()
-    given: dict[str, str] = {}
-    if rest.strip():
-        for part in rest.split(","):
-            key, eq, value = part.partition("=")
-            key = key.strip()
-            if not eq or not key or not value.strip():
-                raise ValueError(f"{name}: malformed knob {part.strip()!r}; write key=value, e.g. bits=4")
-            if key in given:
-                raise ValueError(f"{name}: knob {key!r} given twice")
-            given[key] = value
-    elif _:
-        raise ValueError(f"{name}: ':' must be followed by knobs, e.g. {name}:key=value")
+    name, given = split_spec(text)
     return make_spec(name, given)
+
+
+def strategy(name: str) -> Strategy:
+    """The table entry of ``name``; a :class:`SpecError` naming the choices otherwise."""
+    if name not in STRATEGIES:
+        raise SpecError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
 
 
 def make_spec(name: str, knobs: Mapping[str, Any] | None = None) -> Spec:
     """Build a validated :class:`Spec` from a name and knob values (None values are dropped)."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
-    strategy = STRATEGIES[name]
+    entry = strategy(name)
     knobs = {k: v for k, v in (knobs or {}).items() if v is not None}
-    values = {k: strategy.knob(k).check(name, v) for k, v in knobs.items()}
-    for knob in strategy.knobs:
+    values = {k: entry.knob(k).check(name, v) for k, v in knobs.items()}
+    for knob in entry.knobs:
         if knob.required and knob.name not in values:
-            raise ValueError(f"{name}: knob {knob.name!r} is required ({knob.help}), e.g. {name}:{knob.name}=512")
-    params = tuple((k.name, values[k.name]) for k in strategy.knobs if k.name in values)
+            raise SpecError(
+                f"{name}: knob {knob.name!r} is required ({knob.help}), e.g. {name}:{knob.name}=512", knob.name
+            )
+    params = tuple((k.name, values[k.name]) for k in entry.knobs if k.name in values)
     spec = Spec(name, params)
-    _check_relations(spec)
+    if entry.check is not None:
+        entry.check(spec)
     return spec
-
-
-def _check_relations(spec: Spec) -> None:
-    if spec.name == "rotating":
-        keep, max_size = spec.get("keep"), spec.get("max_size")
-        if keep >= max_size:
-            raise ValueError(f"rotating: keep={keep} must be < max_size={max_size} (allowed: 0..{max_size - 1})")
-        quant = [k for k in ("bits", "key_bits", "value_bits") if dict(spec.params).get(k) is not None]
-        if quant and dict(spec.params).get("bits") is None and len(quant) < 2:
-            raise ValueError("rotating: a quantized ring needs bits=, or both key_bits= and value_bits=")
 
 
 def spec_from_mlx_flags(

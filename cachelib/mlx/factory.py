@@ -13,11 +13,10 @@ from ..introspect import CacheView
 from ..spec import Spec, parse_spec
 from .arrays import CacheList
 from .base import LayerCache, check_int
-from .kivi import KIVICache
-from .kv import ChunkedKVCache, ConcatenateKVCache, KVCache, StaticKVCache
-from .quantized import QuantizedKVCache, check_head_dim
+from .kv import KVCache
+from .quantized import check_head_dim
 from .registry import from_mlx_lm
-from .rotating import QuantizedRotatingKVCache, RotatingKVCache
+from .rotating import RotatingKVCache
 
 
 def make_prompt_cache(model, max_kv_size: int | None = None, *, keep: int = 4) -> list[LayerCache]:
@@ -58,47 +57,10 @@ def _apply(spec: Spec, cache: LayerCache) -> LayerCache:
     if isinstance(cache, CacheList):
         return CacheList(*(_apply(spec, c) for c in cache.caches))
     if type(cache) is RotatingKVCache:  # the model's own sliding-window layer
-        return RotatingKVCache(spec.get("window"), keep=0) if spec.name == "sliding" else cache
+        return spec.strategy.builder("mlx")(spec) if spec.strategy.every_attention_layer else cache
     if type(cache) is not KVCache:  # recurrent state, chunked attention, ...: the model's own
         return cache
-    return _full_attention_cache(spec)
-
-
-def _full_attention_cache(spec: Spec) -> LayerCache:
-    get = spec.get
-    name = spec.name
-    if name == "standard":
-        return KVCache(step=get("step"))
-    if name == "concat":
-        return ConcatenateKVCache()
-    if name == "rotating":
-        if spec.key_bits is None:
-            return RotatingKVCache(get("max_size"), get("keep"))
-        return QuantizedRotatingKVCache(
-            get("max_size"),
-            get("keep"),
-            group_size=get("group_size"),
-            bits=spec.key_bits,
-            key_bits=spec.key_bits,
-            value_bits=spec.value_bits,
-        )
-    if name == "quantized":
-        return QuantizedKVCache(
-            group_size=get("group_size"),
-            bits=get("bits"),
-            key_bits=spec.key_bits,
-            value_bits=spec.value_bits,
-            start=get("start"),
-        )
-    if name == "kivi":
-        return KIVICache(residual=get("residual"), group_size=get("group_size"), bits=get("bits"))
-    if name == "chunked":
-        return ChunkedKVCache(get("chunk_size"), trim_front=True)
-    if name == "static":
-        return StaticKVCache(get("max_len"))
-    if name == "sliding":
-        return RotatingKVCache(get("window"), keep=0)
-    raise ValueError(f"strategy {name!r} has no MLX cache")
+    return spec.strategy.builder("mlx")(spec)
 
 
 def _head_dim(model) -> int | None:

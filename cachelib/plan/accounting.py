@@ -39,10 +39,11 @@ device holds the non-offloaded layers and the first offloaded layer (prefetched 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from ..core import rules as R
+from ..core.layout import LayerCache, rule_for
 from ..core.units import BACKENDS, DTYPE_BYTES, check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
@@ -132,30 +133,6 @@ def recurrent_state_bytes(arch: Arch, backend: str = "mlx", dtype: str = "float1
 # which cache each layer gets
 
 
-@dataclass(frozen=True)
-class LayerCache:
-    """The cache class one layer gets, with the knobs its byte rule needs."""
-
-    kind: str  # the class whose allocation rules apply
-    layer_type: str  # full / sliding / recurrent
-    knobs: tuple[tuple[str, int], ...] = ()
-    key_bits: int | None = None
-    value_bits: int | None = None
-    group_size: int | None = None
-    offloaded: bool = False
-
-    def knob(self, name: str) -> int:
-        return dict(self.knobs)[name]
-
-    def describe(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.knobs]
-        if self.key_bits is not None:
-            bits = self.key_bits if self.key_bits == self.value_bits else f"{self.key_bits}/{self.value_bits}"
-            parts.append(f"bits={bits},group_size={self.group_size}")
-        text = f"{self.kind}({', '.join(parts)})"
-        return text + " offloaded" if self.offloaded else text
-
-
 def check_backend(spec: Spec, backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
@@ -163,93 +140,42 @@ def check_backend(spec: Spec, backend: str) -> None:
 
 
 def cache_layout(arch: Arch, spec: str | Spec, backend: str = "mlx") -> list[LayerCache]:
-    """The cache class of every layer for ``spec`` on ``backend`` (see the module docstring)."""
+    """The cache class of every layer for ``spec`` on ``backend``: the strategy's table entry
+    says what goes on full-attention layers and on the model's own sliding-window layers."""
     spec = parse_spec(spec)
     check_backend(spec, backend)
-    full = _full_layer_cache(arch, spec, backend)
-    # The model's sliding layers keep their window, except under ``sliding``, which puts its
-    # window on every attention layer.
-    window = spec.get("window") if spec.name == "sliding" else arch.sliding_window or 0
-    if backend == "mlx":
-        sliding = LayerCache("RotatingKVCache", "sliding", (("max_size", window), ("keep", 0)))
-        recurrent = LayerCache("ArraysCache", "recurrent")
+    strategy = spec.strategy
+    full = strategy.plan(spec, backend)
+    if spec.key_bits is not None:
+        _check_group(arch, spec.get("group_size"))
+        full = replace(full, key_bits=spec.key_bits, value_bits=spec.value_bits, group_size=spec.get("group_size"))
+    window = arch.sliding_window or 0
+    if strategy.every_attention_layer:
+        sliding = replace(full, layer_type="sliding")
     else:
-        if spec.name == "static":
-            knobs = (("max_cache_len", spec.get("max_len")), ("window", window))
-            sliding = LayerCache("StaticSlidingWindowLayer", "sliding", knobs)
-        else:
-            sliding = LayerCache(
-                "DynamicSlidingWindowLayer", "sliding", (("window", window),), offloaded=spec.name == "offloaded"
-            )
-        recurrent = LayerCache("LinearAttentionLayer", "recurrent")
+        own = strategy.plan_sliding(spec, backend, window) if strategy.plan_sliding else None
+        sliding = own or _model_sliding(backend, window)
+    recurrent = LayerCache("ArraysCache" if backend == "mlx" else "LinearAttentionLayer", "recurrent")
     by_type = {"full": full, "sliding": sliding, "recurrent": recurrent}
     return [by_type[k] for k in arch.layer_kinds]
 
 
-def _full_layer_cache(arch: Arch, spec: Spec, backend: str) -> LayerCache:
-    name = spec.name
-    quant = {}
-    if spec.key_bits is not None:
-        _check_group(arch, spec.get("group_size"))
-        quant = dict(key_bits=spec.key_bits, value_bits=spec.value_bits, group_size=spec.get("group_size"))
-    if name == "standard":
-        return LayerCache("KVCache", "full", (("step", spec.get("step")),))
-    if name == "concat":
-        return LayerCache("ConcatenateKVCache" if backend == "mlx" else "DynamicLayer", "full")
-    if name == "rotating":
-        knobs = (("max_size", spec.get("max_size")), ("keep", spec.get("keep")))
-        return LayerCache("RotatingKVCache", "full", knobs, **quant)
-    if name == "quantized":
-        return LayerCache("QuantizedKVCache", "full", (("start", spec.get("start")),), **quant)
-    if name == "kivi":
-        return LayerCache("QuantizedLayer", "full", (("residual", spec.get("residual")),), **quant)
-    if name == "chunked":
-        return LayerCache("ChunkedKVCache", "full", (("chunk_size", spec.get("chunk_size")),))
-    if name == "static":
-        return LayerCache("StaticLayer", "full", (("max_len", spec.get("max_len")),))
-    if name == "sliding":
-        if backend == "mlx":
-            return LayerCache("RotatingKVCache", "full", (("max_size", spec.get("window")), ("keep", 0)))
-        return LayerCache("DynamicSlidingWindowLayer", "full", (("window", spec.get("window")),))
-    if name == "offloaded":
-        return LayerCache("DynamicLayer", "full", offloaded=True)
-    raise ValueError(f"strategy {name!r} has no byte rule")  # spec.py and this table disagree
+def _model_sliding(backend: str, window: int) -> LayerCache:
+    """The cache a model's own sliding-window layer gets: mlx-lm a ring without sinks,
+    transformers a sliding-window layer."""
+    if backend == "mlx":
+        return LayerCache("RotatingKVCache", "sliding", (("max_size", window), ("keep", 0)))
+    return LayerCache("DynamicSlidingWindowLayer", "sliding", (("window", window),))
 
 
 def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int) -> R.Rule:
     fp = token_bytes(arch, dtype, batch=batch)
-    q = (
-        token_bytes(
-            arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits, group_size=cache.group_size
-        )
-        if cache.key_bits is not None
-        else None
-    )
-    kind = cache.kind
-    if kind == "KVCache":
-        return R.StepGrowth(fp, cache.knob("step"))
-    if kind in ("ConcatenateKVCache", "DynamicLayer"):
-        return R.Concatenate(fp, kind=kind)
-    if kind == "RotatingKVCache":
-        return R.Rotating(q if q is not None else fp, cache.knob("max_size"), cache.knob("keep"))
-    if kind == "QuantizedKVCache":
-        start = cache.knob("start")
-        if start == 0:
-            return R.StepGrowth(q, R.STEP, kind="QuantizedKVCache")
-        return R.QuantizeAfter(fp, q, start)
-    if kind == "QuantizedLayer":
-        return R.Kivi(fp, q, cache.knob("residual"))
-    if kind == "ChunkedKVCache":
-        return R.Chunked(fp, cache.knob("chunk_size"))
-    if kind == "StaticLayer":
-        return R.Static(fp, cache.knob("max_len"))
-    if kind == "DynamicSlidingWindowLayer":
-        return R.DynamicSliding(fp, cache.knob("window"))
-    if kind == "StaticSlidingWindowLayer":
-        return R.StaticSliding(fp, cache.knob("max_cache_len"), cache.knob("window"))
-    if kind in ("ArraysCache", "LinearAttentionLayer"):
-        return R.RecurrentState(recurrent_state_bytes(arch, backend, dtype, batch=batch), kind=kind)
-    raise ValueError(f"no byte rule for cache class {kind!r}")
+    q = None
+    if cache.key_bits is not None:
+        q = token_bytes(arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits,
+                        group_size=cache.group_size)  # fmt: skip
+    state = recurrent_state_bytes(arch, backend, dtype, batch=batch) if cache.layer_type == "recurrent" else 0
+    return rule_for(cache, fp, q, state)
 
 
 # ---------------------------------------------------------------------------------------------

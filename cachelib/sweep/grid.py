@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from ..models import BACKENDS, model_names
 from ..profile import Probes, parse_memory_limit
-from ..spec import STRATEGIES, Spec, make_spec, parse_spec
+from ..spec import STRATEGIES, Spec, SpecError, make_spec, parse_spec, split_spec, strategy
 from .lines import Locator
 
 GRID_KEYS = {
@@ -381,24 +381,24 @@ class _Reader:
             raise self.fail("strategies", "'strategies' is an empty list; give at least one spec to compare")
         lines = self.where.entry_lines("strategies", entries)
 
-        def entry_fail(i: int, reason: str) -> GridError:
-            m = re.search(r"knob '(\w+)'|'(\w+)' is a grid key", reason)
+        def entry_fail(i: int, error: ValueError | str) -> GridError:
+            knob = getattr(error, "knob", None)  # SpecError names the knob at fault
             end = next((x for x in lines[i + 1 :] if x), None)
-            line = self.where.line_within(m.group(1) or m.group(2), lines[i], end) if m else lines[i]
-            return self.fail(None, f"strategies[{i}]: {reason}", line=line)
+            line = self.where.line_within(knob, lines[i], end) if knob else lines[i]
+            return self.fail(None, f"strategies[{i}]: {error}", line=line)
 
         ranged = []  # per entry: (name, knobs with lists kept as lists)
         for i, entry in enumerate(entries):
             try:
                 ranged.append(_entry_knobs(entry))
             except ValueError as e:
-                raise entry_fail(i, str(e)) from None
+                raise entry_fail(i, e) from None
         lengths = {}
         for i, (name, knobs) in enumerate(ranged):
             for knob, v in knobs.items():
                 if isinstance(v, list):
                     if not v:
-                        raise entry_fail(i, f"{name}: knob {knob!r} has an empty range")
+                        raise entry_fail(i, SpecError(f"{name}: knob {knob!r} has an empty range", knob))
                     lengths[(i, knob)] = len(v)
         # The first range sets the number of settings; a range of another length is the fault.
         (first, n) = next(iter(lengths.items()), ((None, None), 1))
@@ -406,8 +406,11 @@ class _Reader:
             if length != n:
                 raise entry_fail(
                     i,
-                    f"knob {knob!r} lists {length} values but strategies[{first[0]}] {first[1]} lists {n}; "
-                    "knob ranges pair up setting by setting, so every range needs the same length",
+                    SpecError(
+                        f"knob {knob!r} lists {length} values but strategies[{first[0]}] {first[1]} lists {n}; "
+                        "knob ranges pair up setting by setting, so every range needs the same length",
+                        knob,
+                    ),
                 )
         settings = []
         for k in range(n):
@@ -419,7 +422,7 @@ class _Reader:
                     for b in backends:
                         spec.check_backend(b)
                 except ValueError as e:
-                    raise entry_fail(i, str(e)) from None
+                    raise entry_fail(i, e) from None
                 if spec == baseline:
                     raise self.fail(None, f"strategies[{i}]: {spec} is the baseline already", line=lines[i])
                 if spec in specs:
@@ -484,83 +487,40 @@ class _Reader:
 def _entry_knobs(entry: Any) -> tuple[str, dict[str, Any]]:
     """A strategies entry -> (strategy name, knob -> value or list of values)."""
     if isinstance(entry, str):
-        return _spec_text_knobs(entry)
+        name, knobs = split_spec(entry, ranges=True)  # spec.py's grammar, with knob ranges
+        _check_knob_names(name, knobs)
+        return name, knobs
     if isinstance(entry, dict):
         if "name" not in entry:
-            raise ValueError(f"a strategy table needs name = one of {', '.join(STRATEGIES)}")
+            raise SpecError(f"a strategy table needs name = one of {', '.join(STRATEGIES)}")
         name = entry["name"]
         if not isinstance(name, str):
-            raise ValueError(f"'name' must be a strategy name, got {name!r}")
+            raise SpecError(f"'name' must be a strategy name, got {name!r}")
         knobs = {k: v for k, v in entry.items() if k != "name"}
         _check_knob_names(name, {})
         stray = [k for k in knobs if k in GRID_KEYS and k not in {kn.name for kn in STRATEGIES[name].knobs}]
         if stray:
-            raise ValueError(
+            raise SpecError(
                 f"{name}: {stray[0]!r} is a grid key, not a knob; a key written after a [[strategies]] "
-                "header belongs to that table, so move it above the first header"
+                "header belongs to that table, so move it above the first header",
+                stray[0],
             )
         _check_knob_names(name, knobs)
         for key, v in knobs.items():
             if isinstance(v, list):
                 bad = [x for x in v if not isinstance(x, int) or isinstance(x, bool)]
                 if bad:
-                    raise ValueError(f"{name}: knob {key!r} range holds {bad[0]!r}; knob values are integers")
+                    raise SpecError(f"{name}: knob {key!r} range holds {bad[0]!r}; knob values are integers", key)
             elif not isinstance(v, int) or isinstance(v, bool):
-                raise ValueError(f"{name}: knob {key!r} must be an integer or a list of integers, got {v!r}")
+                raise SpecError(f"{name}: knob {key!r} must be an integer or a list of integers, got {v!r}", key)
         return name, knobs
-    raise ValueError(f"expected a spec string or a table {{name = ..., knob = ...}}, got {entry!r}")
-
-
-def _spec_text_knobs(text: str) -> tuple[str, dict[str, Any]]:
-    """``rotating:max_size=[64,128],keep=4`` -> ("rotating", {"max_size": ["64", "128"], "keep": "4"})."""
-    name, colon, rest = text.strip().partition(":")
-    name = name.strip()
-    if not colon:
-        _check_knob_names(name, {})
-        return name, {}
-    knobs: dict[str, Any] = {}
-    for part in _split_top(rest):
-        key, eq, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not eq or not key or not value:
-            raise ValueError(f"{name}: malformed knob {part.strip()!r}; write key=value or key=[v1, v2]")
-        if key in knobs:
-            raise ValueError(f"{name}: knob {key!r} given twice")
-        if value.startswith("[") or value.endswith("]"):
-            if not (value.startswith("[") and value.endswith("]")):
-                raise ValueError(f"{name}: knob {key!r}: unbalanced brackets in {value!r}")
-            items = [x.strip() for x in value[1:-1].split(",")]
-            knobs[key] = [] if items == [""] else items
-            if any(not x for x in knobs[key]):
-                raise ValueError(f"{name}: knob {key!r}: empty value in range {value!r}")
-        else:
-            knobs[key] = value
-    _check_knob_names(name, knobs)
-    return name, knobs
+    raise SpecError(f"expected a spec string or a table {{name = ..., knob = ...}}, got {entry!r}")
 
 
 def _check_knob_names(name: str, knobs: Mapping[str, Any]) -> None:
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
+    entry = strategy(name)  # raises, naming the strategies
     for key in knobs:
-        STRATEGIES[name].knob(key)  # raises, naming the allowed knobs
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return parts
+        entry.knob(key)  # raises, naming the allowed knobs
 
 
 def _kind_name(kind: type) -> str:

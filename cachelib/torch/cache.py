@@ -481,3 +481,31 @@ class QuantizedCache(Cache):
             )
         super().__init__(layers=build_layers(config, make))
         self.backend = backend
+
+
+# --- builders named by the strategy table (cachelib.spec.STRATEGIES): (spec, config) -> Cache
+
+
+def build_concat(spec, config) -> DynamicCache:
+    return DynamicCache(config=config)
+
+
+def build_offloaded(spec, config) -> DynamicCache:
+    return DynamicCache(config=config, offloading=True)
+
+
+def build_static(spec, config) -> StaticCache:
+    return StaticCache(config, max_cache_len=spec.get("max_len"))
+
+
+def build_kivi(spec, config) -> QuantizedCache:
+    return QuantizedCache(
+        config, nbits=spec.get("bits"), q_group_size=spec.get("group_size"), residual_length=spec.get("residual")
+    )
+
+
+def build_sliding(spec, config) -> DynamicCache:
+    """The spec's window on every attention layer, the model's own sliding layers included."""
+    window = spec.get("window")
+    layers = build_layers(config, lambda: DynamicSlidingWindowLayer(window), lambda _own: DynamicSlidingWindowLayer(window))
+    return DynamicCache(layers=layers)

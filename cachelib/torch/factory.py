@@ -10,12 +10,8 @@ checked here, before anything is allocated.
 from __future__ import annotations
 
 from ..spec import Spec, parse_spec
-from .cache import Cache, DynamicCache, QuantizedCache, StaticCache, build_layers
-from .linear import LinearAttentionHybridLayer
-from .mlx_style import ChunkedKVCache, KVCache, QuantizedKVCache
+from .cache import Cache
 from .quantizer import check_head_dim
-from .rotating import RotatingKVCache
-from .sliding import DynamicSlidingWindowLayer
 
 
 def _config(model):
@@ -42,46 +38,8 @@ def make_cache(model, spec: Spec | str) -> Cache:
     spec = parse_spec(spec)
     spec.check_backend("torch")
     config = _config(model)
-    v = spec.values
     if spec.key_bits is not None or spec.value_bits is not None:
         head_dim = _head_dim(config)
         if head_dim is not None:
-            check_head_dim(head_dim, v["group_size"], f"{spec.name} (model head_dim)")
-    name = spec.name
-    if name == "standard":
-        return KVCache(config=config, step=v["step"])
-    if name == "concat":
-        return DynamicCache(config=config)
-    if name == "rotating":
-        quant = {}
-        if spec.key_bits is not None:
-            quant = dict(key_bits=spec.key_bits, value_bits=spec.value_bits, group_size=v["group_size"])
-        return RotatingKVCache(v["max_size"], v["keep"], config=config, **quant)
-    if name == "quantized":
-        return QuantizedKVCache(
-            v["group_size"],
-            v["bits"],
-            start=v["start"],
-            key_bits=spec.key_bits,
-            value_bits=spec.value_bits,
-            config=config,
-        )
-    if name == "kivi":
-        return QuantizedCache(config, nbits=v["bits"], q_group_size=v["group_size"], residual_length=v["residual"])
-    if name == "chunked":
-        return ChunkedKVCache(v["chunk_size"], config=config)
-    if name == "static":
-        return StaticCache(config, max_cache_len=v["max_len"])
-    if name == "sliding":
-        window = v["window"]
-        layers = build_layers(
-            config,
-            lambda: DynamicSlidingWindowLayer(window),
-            lambda _model_window: DynamicSlidingWindowLayer(window),
-            lambda states: LinearAttentionHybridLayer(DynamicSlidingWindowLayer(window), states),
-            lambda _model_window, states: LinearAttentionHybridLayer(DynamicSlidingWindowLayer(window), states),
-        )
-        return DynamicCache(layers=layers)
-    if name == "offloaded":
-        return DynamicCache(config=config, offloading=True)
-    raise ValueError(f"make_cache: strategy {name!r} has no torch builder")  # unreachable: specs are validated
+            check_head_dim(head_dim, spec.get("group_size"), f"{spec.name} (model head_dim)")
+    return spec.strategy.builder("torch")(spec, config)

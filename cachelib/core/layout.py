@@ -1,0 +1,70 @@
+"""What the planner puts on one layer: a cache class with the knobs its byte rule needs, and
+that class's byte rule (:mod:`cachelib.core.rules`).
+
+A :class:`LayerCache` names a class, not a strategy: a strategy's table entry
+(:data:`cachelib.spec.STRATEGIES`) says which classes it puts on which layers, and
+:func:`rule_for` knows how each class allocates. Classes that allocate alike share a rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import rules as R
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """The cache class one layer gets, with the knobs its byte rule needs."""
+
+    kind: str  # the class whose allocation rules apply
+    layer_type: str  # full / sliding / recurrent
+    knobs: tuple[tuple[str, int], ...] = ()
+    key_bits: int | None = None
+    value_bits: int | None = None
+    group_size: int | None = None
+    offloaded: bool = False
+
+    def knob(self, name: str) -> int:
+        return dict(self.knobs)[name]
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.knobs]
+        if self.key_bits is not None:
+            bits = self.key_bits if self.key_bits == self.value_bits else f"{self.key_bits}/{self.value_bits}"
+            parts.append(f"bits={bits},group_size={self.group_size}")
+        text = f"{self.kind}({', '.join(parts)})"
+        return text + " offloaded" if self.offloaded else text
+
+
+def rule_for(cache: LayerCache, token_bytes: int, quantized_bytes: int | None, state_bytes: int) -> R.Rule:
+    """The byte rule of ``cache``'s class. ``token_bytes`` is one full-precision token slot of the
+    layer, ``quantized_bytes`` one quantized slot (None when the layer stores no quantized
+    tokens), ``state_bytes`` a recurrent layer's whole state."""
+    kind = cache.kind
+    # a quantized ring holds quantized slots; every other class says which slots it quantizes
+    slot = quantized_bytes if quantized_bytes is not None else token_bytes
+    if kind == "KVCache":
+        return R.StepGrowth(token_bytes, cache.knob("step"))
+    if kind in ("ConcatenateKVCache", "DynamicLayer"):
+        return R.Concatenate(token_bytes, kind=kind)
+    if kind == "RotatingKVCache":
+        return R.Rotating(slot, cache.knob("max_size"), cache.knob("keep"))
+    if kind == "QuantizedKVCache":
+        start = cache.knob("start")
+        if start == 0:
+            return R.StepGrowth(quantized_bytes, R.STEP, kind="QuantizedKVCache")
+        return R.QuantizeAfter(token_bytes, quantized_bytes, start)
+    if kind == "QuantizedLayer":
+        return R.Kivi(token_bytes, quantized_bytes, cache.knob("residual"))
+    if kind == "ChunkedKVCache":
+        return R.Chunked(token_bytes, cache.knob("chunk_size"))
+    if kind == "StaticLayer":
+        return R.Static(token_bytes, cache.knob("max_len"))
+    if kind == "DynamicSlidingWindowLayer":
+        return R.DynamicSliding(token_bytes, cache.knob("window"))
+    if kind == "StaticSlidingWindowLayer":
+        return R.StaticSliding(token_bytes, cache.knob("max_cache_len"), cache.knob("window"))
+    if kind in ("ArraysCache", "LinearAttentionLayer"):
+        return R.RecurrentState(state_bytes, kind=kind)
+    raise ValueError(f"no byte rule for cache class {kind!r}")
