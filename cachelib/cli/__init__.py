@@ -12,6 +12,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..models import BACKENDS, available_devices, model_names
+from . import plan as plan_cli
+from ..profile import Probes, default_profile_name, run_profile, summarize
+from ..spec import STRATEGIES, parse_spec, spec_from_mlx_flags
+from ..sweep import cli as sweep_cli
+from ..sweep.cli import positive_int
+
 
 class CliError(Exception):
     """A one-line user error: printed without a traceback, exit code 2."""
@@ -49,13 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_arguments(p)
     p.set_defaults(func=_profile)
 
-    from .plan import cli as plan_cli
-
     p = sub.add_parser("plan", help="exact KV bytes, what fits in a budget, and the quality price")
     plan_cli.add_arguments(p)
     p.set_defaults(func=plan_cli.run)
-
-    from .sweep import cli as sweep_cli
 
     p = sub.add_parser("sweep", help="run a grid of profiles (TOML) locally or on a Dask cluster")
     sweep_cli.add_arguments(p)
@@ -67,16 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the models and devices available here")
     p.set_defaults(func=_models)
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
 
 
 def _positive_float(text: str) -> float:
@@ -103,24 +96,21 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="a chat prompt; the baseline decodes greedily from it")
     src.add_argument("--text-file", type=Path, help="an evaluation text; every strategy is fed its tokens")
-    p.add_argument("--max-tokens", type=_positive_int, default=64, help="steps to run (the prefill is step 0)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="steps to run (the prefill is step 0)")
     p.add_argument("--free-running", action="store_true", help="each strategy feeds its own greedy tokens")
-    p.add_argument("--sample-every", type=_positive_int, default=None, help="sample masks and quantization error every K steps")
+    p.add_argument("--sample-every", type=positive_int, default=None, help="sample masks and quantization error every K steps")
     p.add_argument("--probes", default="", help="probe periods, e.g. memory=1,masks=0 ('none' for all off)")
     p.add_argument("--memory-limit-gb", type=_positive_float, default=None, help="stop before the caches pass this size")
     p.add_argument("--out", type=Path, default=None, help="profile CSV to write (default: profiles/<time>-<model>.csv)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
     mlx = p.add_argument_group("mlx-lm shorthands (add one strategy after the baseline)")
-    mlx.add_argument("--max-kv-size", type=_positive_int, default=None, help="= rotating:max_size=N,keep=4")
+    mlx.add_argument("--max-kv-size", type=positive_int, default=None, help="= rotating:max_size=N,keep=4")
     mlx.add_argument("--kv-bits", type=int, default=None, help="= quantized:bits=B (with --max-kv-size: a quantized ring)")
     mlx.add_argument("--kv-group-size", type=int, default=64, help="group size for --kv-bits")
     mlx.add_argument("--quantized-kv-start", type=int, default=0, help="quantize after this many tokens")
 
 
 def _profile(args) -> int:
-    from .profile import Probes, default_profile_name, run_profile, summarize
-    from .spec import parse_spec, spec_from_mlx_flags
-
     strategies = [parse_spec(s) for s in args.strategy]
     if args.max_kv_size is not None or args.kv_bits is not None:
         shorthand = spec_from_mlx_flags(args.max_kv_size, args.kv_bits, args.kv_group_size, args.quantized_kv_start)
@@ -193,8 +183,6 @@ def format_summary(summary) -> str:
 
 
 def _strategies(args) -> int:
-    from .spec import STRATEGIES
-
     for s in STRATEGIES.values():
         print(f"{s.name:<10} {s.summary}  [backends: {', '.join(s.backends)}]")
         for k in s.knobs:
@@ -204,8 +192,6 @@ def _strategies(args) -> int:
 
 
 def _models(args) -> int:
-    from .models import BACKENDS, available_devices, model_names
-
     print("models: " + ", ".join(model_names()) + ", or a path to a model folder")
     for b in BACKENDS:
         print(f"{b} devices: {', '.join(available_devices(b))}")

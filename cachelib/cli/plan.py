@@ -13,14 +13,12 @@ import csv
 import sys
 from pathlib import Path
 
-from ..spec import parse_spec
-from ..core.units import DTYPE_BYTES
-from .accounting import account
-from .presets import preset_names, resolve_model
-from .quality import measured_quality
-from .request import PlanResult, plan_request
-from ..core.units import human_bytes
-from .solver import Fit
+from ..core.units import DTYPE_BYTES, human_bytes
+from ..profile.evidence import measured_quality
+from ..plan.accounting import account
+from ..plan.presets import preset_names, resolve_model
+from ..plan.request import PlanRequest, PlanResult, gb_to_bytes, plan_request
+from ..plan.solver import Fit
 
 CSV_COLUMNS = (
     "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",
@@ -74,18 +72,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def request_from_args(args: argparse.Namespace) -> PlanRequest:
+    """The planning request the flags make: GB read into bytes here, at the edge."""
+    return PlanRequest(
+        args.strategy or ["standard"], context=args.context, batch=args.batch, backend=args.backend,
+        dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk,
+        weights_bytes=gb_to_bytes("weights-gb", args.weights_gb), budget_bytes=gb_to_bytes("budget-gb", args.budget_gb),
+        reserve_bytes=gb_to_bytes("reserve-gb", args.reserve_gb) or 0, weight_bits=args.weight_bits,
+        max_kl=args.max_kl, min_agreement=args.min_agreement,
+    )  # fmt: skip
+
+
 def _run(args: argparse.Namespace) -> None:
     arch = resolve_model(args.model)
     quality = measured_quality(args.quality_from) if args.quality_from.exists() else {}
-    result = plan_request(
-        arch, args.strategy or ["standard"], context=args.context, batch=args.batch, backend=args.backend,
-        dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk, budget_gb=args.budget_gb,
-        weights_gb=args.weights_gb, weight_bits=args.weight_bits, reserve_gb=args.reserve_gb or 0.0,
-        quality=quality, max_kl=args.max_kl, min_agreement=args.min_agreement,
-    )  # fmt: skip
+    request = request_from_args(args)
+    result = plan_request(arch, request, quality)
     fits = result.fits
-    print(_header(arch, args, result))
-    print(format_table(fits, budgeted=result.budget_bytes is not None))
+    print(_header(result))
+    print(format_table(fits, budgeted=request.budget_bytes is not None))
     measured_on = result.measured_on
     if measured_on:
         print(f"quality measured on {', '.join(measured_on)} (profiles in {args.quality_from}), not on {arch.name}"
@@ -96,9 +101,9 @@ def _run(args: argparse.Namespace) -> None:
         for spec, why in result.skipped.items():
             print(f"measured but not plannable here: {spec} ({why})")
     if args.layers:
-        for spec in (args.strategy or ["standard"]):
+        for spec in request.strategies:
             print()
-            print(_layer_table(arch, parse_spec(spec), args))
+            print(_layer_table(arch, spec, request))
     if args.csv:
         write_csv(args.csv, fits, arch.name)
         print(f"\nwrote {args.csv}")
@@ -108,20 +113,21 @@ def _run(args: argparse.Namespace) -> None:
 # text
 
 
-def _header(arch, args, result: PlanResult) -> str:
-    weights, budget = result.weights_bytes, result.budget_bytes
-    prompt = args.context if args.prefill is None else args.prefill
-    feed = f"in chunks of {args.prefill_chunk}" if args.prefill_chunk else "in one update"
+def _header(result: PlanResult) -> str:
+    arch, r = result.arch, result.request
+    weights, budget = result.weights_bytes, r.budget_bytes
+    prompt = r.context if r.prefill is None else r.prefill
+    feed = f"in chunks of {r.prefill_chunk}" if r.prefill_chunk else "in one update"
     lines = [
         arch.describe(),
-        f"{args.backend} {args.dtype}, batch {args.batch}, context {args.context} "
-        f"(prompt {prompt} {feed}, then {args.context - prompt} decode steps)",
+        f"{r.backend} {r.dtype}, batch {r.batch}, context {r.context} "
+        f"(prompt {prompt} {feed}, then {r.context - prompt} decode steps)",
     ]
     if weights is not None:
-        how = "given" if args.weights_gb is not None else f"{arch.num_params:,} params x {args.weight_bits:g} bits"
+        how = "given" if r.weights_bytes is not None else f"{arch.num_params:,} params x {r.weight_bits:g} bits"
         lines.append(f"weights {human_bytes(weights)} ({how})")
     if budget is not None:
-        lines.append(f"budget {human_bytes(budget)}, reserve {human_bytes(result.reserve_bytes)}")
+        lines.append(f"budget {human_bytes(budget)}, reserve {human_bytes(r.reserve_bytes)}")
     return "\n".join(lines)
 
 
@@ -161,10 +167,10 @@ def format_table(fits: list[Fit], budgeted: bool) -> str:
     return "\n".join(lines)
 
 
-def _layer_table(arch, spec, args) -> str:
+def _layer_table(arch, spec, r: PlanRequest) -> str:
     """Per-layer caches at the end of the run; consecutive identical layers share a row."""
-    acc = account(arch, spec, args.backend, context=args.context, prefill=args.prefill,
-                  prefill_chunk=args.prefill_chunk, batch=args.batch, dtype=args.dtype)  # fmt: skip
+    acc = account(arch, spec, r.backend, context=r.context, prefill=r.prefill, prefill_chunk=r.prefill_chunk,
+                  batch=r.batch, dtype=r.dtype)  # fmt: skip
     runs: list[list] = []
     for la in acc.layers:
         key = (la.layer_type, la.kind, la.tokens_held, la.capacity, la.bytes_allocated, la.on_device)

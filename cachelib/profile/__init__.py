@@ -2,14 +2,16 @@
 
 ``run_profile(model, strategies, prompt=... | text=..., max_tokens=...)`` -> :class:`Profile`;
 ``load_profile(path)`` / ``save_profile(profile, path)`` for CSV (and Parquet);
+``list_profiles(folder)`` and ``read_meta(path)`` for listings;
 ``summarize(profile)`` for the per-strategy table. Column meanings: ``profiles/README.md``.
 """
 
+from .evidence import collect_evidence, measured_quality  # the planner's evidence, read from profiles
 from .guard import parse_memory_limit
 from .probes import PROBE_HELP, Probes
 from .run import StepEvent, default_profile_name, run_profile, strategy_labels
 from .schema import SCHEMA_VERSION, TABLES
-from .store import Profile, load_profile, save_profile
+from .store import Profile, ProfileFile, list_profiles, load_profile, read_meta, save_profile
 from .summary import summarize, verdict
 
 __all__ = [
@@ -20,6 +22,9 @@ __all__ = [
     "Profile",
     "load_profile",
     "save_profile",
+    "ProfileFile",
+    "list_profiles",
+    "read_meta",
     "summarize",
     "verdict",
     "SCHEMA_VERSION",

@@ -1,18 +1,18 @@
 """The memory guard: stop a run before the next step's caches would pass a byte limit.
 
 The limit covers the KV caches of all strategies of the run together (they live side by side in
-one process). Before each step the guard predicts what every cache will hold after it, with the
-capacity planner's exact allocation rules (:mod:`cachelib.plan.accounting`), and stops the run
-when the total would pass the limit.
+one process). Before each step the guard asks one predictor per strategy what its caches will
+hold after the step, and stops the run when the total would pass the limit. The caller passes
+the predictors in (the profiler passes the capacity planner's exact replays,
+:func:`cachelib.plan.accounting.replay`), so the guard knows no planner.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from ..introspect import CacheView
-from ..spec import Spec
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -35,14 +35,22 @@ def parse_memory_limit(value: int | float | str | None) -> int | None:
     return int(limit)
 
 
-class MemoryGuard:
-    def __init__(self, limit: int, loaded, specs: Sequence[Spec]):
-        from ..plan import arch_from_model_info
-        from ..plan.accounting import replay
+class StepPrediction(Protocol):
+    bytes_allocated: int
 
-        arch = arch_from_model_info(loaded.info)
+
+class CachePredictor(Protocol):
+    """One strategy's caches replayed on integers, step by step (the planner's ``Replay``)."""
+
+    def copy(self) -> "CachePredictor": ...
+
+    def update(self, n: int, phase: str, keep_layers: bool) -> StepPrediction: ...
+
+
+class MemoryGuard:
+    def __init__(self, limit: int, predictors: Sequence[CachePredictor]):
         self.limit = limit
-        self._runs = [replay(arch, spec, loaded.info.backend, dtype=loaded.info.dtype) for spec in specs]
+        self._runs = list(predictors)
 
     def check(self, tokens_in: int, views: list[list[CacheView]]) -> str:
         """A reason to stop before a step that feeds ``tokens_in`` tokens to every cache, or ""

@@ -30,8 +30,10 @@ from .. import __version__
 from ..decode import Runner, encode_prompt
 from ..introspect import CacheView
 from ..models import LoadedModel, load
+from ..plan import arch_from_model_info
+from ..plan.accounting import Replay, replay
 from ..spec import Spec, parse_spec
-from .backends import BackendProbe
+from .backends import probe_for
 from .guard import MemoryGuard, parse_memory_limit
 from .probes import Probes
 from .quality import compare
@@ -116,7 +118,7 @@ def run_profile(
 
     loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
     runner = Runner(loaded)
-    probe = BackendProbe(loaded)
+    probe = probe_for(loaded)
     tok = loaded.tokenizer
 
     if text is not None:
@@ -131,7 +133,7 @@ def run_profile(
 
     labels = strategy_labels(specs)
     states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
-    guard = MemoryGuard(limit, loaded, specs) if limit is not None else None
+    guard = MemoryGuard(limit, _predictors(loaded, specs)) if limit is not None else None
 
     meta = _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name)
     profile = Profile(meta)
@@ -192,6 +194,12 @@ def run_profile(
         raise
     _close(profile, writer, status, reason, completed)
     return profile
+
+
+def _predictors(loaded: LoadedModel, specs: Sequence[Spec]) -> list[Replay]:
+    """The memory guard's predictors: the planner's exact replay of each strategy's caches."""
+    arch = arch_from_model_info(loaded.info)
+    return [replay(arch, spec, loaded.info.backend, dtype=loaded.info.dtype) for spec in specs]
 
 
 def _logprob(logits: np.ndarray, target: int) -> float:
@@ -380,7 +388,7 @@ def _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_to
     }
 
 
-def default_profile_name(model: str, strategies: Sequence[str]) -> str:
+def default_profile_name(model: str, strategies: Sequence[str | Spec]) -> str:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{model}-{len(strategies)}strat").strip("-")
     return f"{stamp}-{slug}"

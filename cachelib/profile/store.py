@@ -5,7 +5,8 @@ While a run goes, :class:`ProfileWriter` appends every row to ``.NAME.partial`` 
 target and flushes each step; when the run ends, for whatever reason, the metadata (with the
 status and reason) is appended and the file is renamed into place in one step, so a profile
 file is either absent or readable. :func:`load_profile` reads CSV or Parquet back and refuses a
-file with a missing column or another schema version, naming it.
+file with a missing column or another schema version, naming it; :func:`read_meta` reads
+just the metadata the same way, and :func:`list_profiles` lists a folder's profiles.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import io
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
@@ -201,41 +203,15 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
 
 def load_profile(source: str | os.PathLike | bytes | io.IOBase, name: str | None = None) -> Profile:
     """Read a profile written by cachelib (CSV or Parquet; a path, bytes or a file object)."""
-    label = name or (str(source) if isinstance(source, (str, os.PathLike)) else "uploaded file")
-    try:
-        if isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".parquet"):
-            long = pd.read_parquet(source)
-        else:
-            data = io.BytesIO(source) if isinstance(source, bytes) else source
-            long = pd.read_csv(data, dtype=str, keep_default_na=False, na_values=[""])
-    except FileNotFoundError:
-        raise ValueError(f"{label}: no such profile file") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as e:
-        raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
-    missing = [c for c in COLUMNS if c not in long.columns]
-    if "table" not in long.columns:
-        raise ValueError(f"{label}: not a cachelib profile (no 'table' column)")
-    if missing:
-        raise ValueError(f"{label}: profile is missing column(s) {', '.join(missing)} of schema v{SCHEMA_VERSION}")
-    meta_rows = long[long["table"] == "meta"]
-    meta = {str(k): ("" if pd.isna(v) else str(v)) for k, v in zip(meta_rows["key"], meta_rows["value"])}
-    version = meta.get("schema_version")
-    if version is None:
-        raise ValueError(f"{label}: profile has no schema_version")
-    if str(version) != str(SCHEMA_VERSION):
-        raise ValueError(f"{label}: profile schema version {version} is not supported; this cachelib reads version {SCHEMA_VERSION}")
-    lacking = [k for k in META_REQUIRED if k not in meta]
-    if lacking:
-        raise ValueError(f"{label}: profile metadata lacks {', '.join(lacking)}")
+    label = _label(source, name)
+    long = _read_long(source, label)
+    meta = _checked_meta(long, label)
     unknown = set(long["table"].dropna()) - set(TABLES)
     if unknown:
         raise ValueError(f"{label}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(TABLES)}")
     profile = Profile(meta)
     if isinstance(source, (str, os.PathLike)):
         profile.path = Path(source)
-    if profile.status == "running":
-        profile.meta["status"] = "incomplete"
-        profile.meta.setdefault("reason", "the run ended before it could close the profile")
     for table in TABLE_NAMES:
         part = long[long["table"] == table]
         try:
@@ -245,3 +221,87 @@ def load_profile(source: str | os.PathLike | bytes | io.IOBase, name: str | None
         profile._frames[table] = frame
         profile._rows[table] = []
     return profile
+
+
+def read_meta(source: str | os.PathLike | bytes | io.IOBase, name: str | None = None) -> dict[str, str]:
+    """A profile's metadata, checked as :func:`load_profile` checks it, without typing its
+    tables (for listings). A run that never closed its file reads as ``incomplete``."""
+    label = _label(source, name)
+    return _checked_meta(_read_long(source, label, META_COLUMNS), label)
+
+
+def _label(source, name: str | None) -> str:
+    return name or (str(source) if isinstance(source, (str, os.PathLike)) else "uploaded file")
+
+
+META_COLUMNS = ("table", "key", "value")  # the columns metadata rows fill
+
+
+def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.DataFrame:
+    """The file's one long table as text, with every column of the schema, or ``only`` those
+    (faster: a listing reads the three the metadata rows fill)."""
+    columns = COLUMNS if only is None else list(only)
+    try:
+        if isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".parquet"):
+            long = pd.read_parquet(source, columns=None if only is None else columns)
+        else:
+            data = io.BytesIO(source) if isinstance(source, bytes) else source
+            wanted = None if only is None else (lambda c: c in columns)
+            long = pd.read_csv(data, dtype=str, keep_default_na=False, na_values=[""], usecols=wanted)
+    except FileNotFoundError:
+        raise ValueError(f"{label}: no such profile file") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as e:
+        raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
+    missing = [c for c in columns if c not in long.columns]
+    if "table" not in long.columns:
+        raise ValueError(f"{label}: not a cachelib profile (no 'table' column)")
+    if missing:
+        raise ValueError(f"{label}: profile is missing column(s) {', '.join(missing)} of schema v{SCHEMA_VERSION}")
+    return long
+
+
+def _checked_meta(long: pd.DataFrame, label: str) -> dict[str, str]:
+    meta_rows = long[long["table"] == "meta"]
+    # The closing rows come after the opening ones, so the final status and reason win.
+    meta = {str(k): ("" if pd.isna(v) else str(v)) for k, v in zip(meta_rows["key"], meta_rows["value"])}
+    version = meta.get("schema_version")
+    if version is None:
+        raise ValueError(f"{label}: profile has no schema_version")
+    if str(version) != str(SCHEMA_VERSION):
+        raise ValueError(f"{label}: profile schema version {version} is not supported; this cachelib reads version {SCHEMA_VERSION}")
+    lacking = [k for k in META_REQUIRED if k not in meta]
+    if lacking:
+        raise ValueError(f"{label}: profile metadata lacks {', '.join(lacking)}")
+    if meta["status"] == "running":
+        meta["status"] = "incomplete"
+        meta["reason"] = meta.get("reason") or "the run ended before it could close the profile"
+    return meta
+
+
+# --- a folder of profiles --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileFile:
+    name: str  # "run.csv" or "sweep/run.csv"
+    path: Path
+    folder: str  # "" or the sweep folder
+
+    @property
+    def label(self) -> str:
+        """How charts name this profile: "run" or "sweep/run"."""
+        return self.name.removesuffix(".csv")
+
+
+def list_profiles(folder: str | os.PathLike) -> list[ProfileFile]:
+    """``FOLDER/*.csv`` and the runs of sweep folders ``FOLDER/*/*.csv`` (not their index), by
+    name; hidden files (a run's ``.NAME.partial``) are left out."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    out = [ProfileFile(p.name, p, "") for p in sorted(folder.glob("*.csv")) if not p.name.startswith(".")]
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for p in sorted(sub.glob("*.csv")):
+            if p.name != "index.csv" and not p.name.startswith("."):
+                out.append(ProfileFile(f"{sub.name}/{p.name}", p, sub.name))
+    return out

@@ -10,7 +10,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli import _positive_int  # the same check as every other subcommand's counts
+from .progress import Progress
+from .run import plan_sweep, run_sweep
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts; ``cachelib.cli`` uses it too (it sits above this module)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="local CPU worker processes (default: sized to this machine)",
@@ -39,9 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .progress import Progress
-    from .run import plan_sweep, run_sweep
-
     if args.scheduler is not None and args.workers is not None:
         raise ValueError("--workers sizes the local cluster; with --scheduler the cluster's own workers run the sweep")
     if args.dry_run:

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from cachelib.decode import Runner
-from cachelib.profile import Probes, load_profile, run_profile, save_profile, summarize
+from cachelib.profile import Probes, list_profiles, load_profile, read_meta, run_profile, save_profile, summarize
+from cachelib.profile.guard import MemoryGuard
+from cachelib.profile.store import ProfileWriter
 
 FOUR = ["standard", "rotating:max_size=64,keep=4", "quantized:bits=8", "quantized:bits=4"]
 PROMPT = "Explain what a KV cache is, and why it matters for serving language models."
@@ -144,6 +146,44 @@ def test_missing_column_or_wrong_version_is_refused_by_name(tiny, tmp_path):
     (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a cachelib profile"):
         load_profile(tmp_path / "junk.csv")
+
+
+def test_read_meta_reads_what_load_profile_reads_and_refuses_what_it_refuses(tiny, tmp_path):
+    path = tmp_path / "run.csv"
+    run_profile(tiny, ["standard"], prompt="hi", max_tokens=3, out=path)
+    assert read_meta(path) == {k: str(v) for k, v in load_profile(path).meta.items()}
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    frame.loc[(frame["table"] == "meta") & (frame["key"] == "schema_version"), "value"] = "99"
+    frame.to_csv(tmp_path / "v99.csv", index=False)
+    with pytest.raises(ValueError, match="v99.csv: profile schema version 99 is not supported"):
+        read_meta(tmp_path / "v99.csv")
+    # A file a crashed run left behind still says "running": both readers call it incomplete.
+    writer = ProfileWriter(tmp_path / "crashed.csv")
+    writer.write_meta(load_profile(path).meta | {"status": "running", "reason": ""})
+    writer.flush()
+    writer.partial.rename(tmp_path / "crashed.csv")
+    for meta in (read_meta(tmp_path / "crashed.csv"), load_profile(tmp_path / "crashed.csv").meta):
+        assert (meta["status"], meta["reason"]) == ("incomplete", "the run ended before it could close the profile")
+    assert [f.name for f in list_profiles(tmp_path)] == ["crashed.csv", "run.csv", "v99.csv"]
+
+
+def test_memory_guard_asks_the_predictors_it_is_given_and_counts_only_the_steps_taken():
+    class Grows:  # a cache of 100 bytes per token
+        def __init__(self, tokens=0):
+            self.tokens = tokens
+
+        def copy(self):
+            return Grows(self.tokens)
+
+        def update(self, n, phase, keep_layers):
+            self.tokens += n
+            return type("Step", (), {"bytes_allocated": 100 * self.tokens})
+
+    guard = MemoryGuard(1000, [Grows(), Grows()])
+    assert guard.check(3, []) == "" and guard.check(2, []) == ""  # 600, then 1000 bytes
+    refusal = "the next step would bring the caches to 1,200 bytes (now 0), over the limit of 1,000 bytes"
+    assert refusal in guard.check(1, [])
+    assert refusal in guard.check(1, [])  # the refused step was not counted
 
 
 def test_exception_at_step_k_leaves_rows_before_k_and_incomplete_status(tiny, tmp_path, monkeypatch):

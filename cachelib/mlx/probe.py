@@ -1,0 +1,79 @@
+"""What the profiler reads from MLX caches, in one place: whole-model caches from specs, the
+per-layer views, the quantization-error switch, the attention mask each layer cache produces
+for a step, and MLX's memory counters.
+
+It speaks the profiler's probe protocol (:class:`cachelib.profile.backends.BackendProbe`) by
+duck typing: this layer sits below the profiler and does not import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..core.masks import visible
+from ..introspect import CacheView
+from ..spec import Spec
+from .factory import introspect, make_cache
+
+
+class MLXProbe:
+    backend = "mlx"
+
+    def __init__(self, model):
+        self.model = model
+
+    def make_cache(self, spec: Spec) -> list:
+        return make_cache(self.model, spec)
+
+    def views(self, cache: list) -> list[CacheView]:
+        return introspect(cache)
+
+    def set_track_error(self, cache: list, on: bool) -> None:
+        for layer in cache:
+            for c in getattr(layer, "caches", (layer,)):  # a CacheList holds several
+                if hasattr(type(c), "track_error"):
+                    c.track_error = on
+
+    def masks_before(self, cache: list, views: list[CacheView], n_queries: int) -> list[Any]:
+        """Per layer, what the cache says about this step's mask; call before the step with the
+        views taken before it. Layers without a token axis (recurrent state) give None."""
+        out: list[Any] = []
+        for layer, view in zip(cache, views):
+            if view.layout not in ("linear", "ring"):
+                out.append(None)
+            elif hasattr(layer, "make_mask"):
+                out.append(("array", layer.make_mask(n_queries, return_array=True)))
+            else:  # mlx-lm models then pass None (one query) or "causal" (aligned to the end)
+                out.append(("causal",))
+        return out
+
+    def masks_after(self, before: list[Any], views: list[CacheView], n_queries: int) -> list[np.ndarray | None]:
+        """Resolve ``masks_before`` into dense boolean (query x key) arrays, keys in the order the
+        cache returned them (slot order). None for layers without an attention mask."""
+        out: list[np.ndarray | None] = []
+        for raw, view in zip(before, views):
+            if raw is None:
+                out.append(None)
+            elif raw[0] == "causal":  # the queries are the last n of the k keys held
+                k = view.tokens_held
+                out.append(visible((k - n_queries + np.arange(n_queries))[:, None], np.arange(k)[None, :]))
+            elif raw[1] is None:  # no mask means every returned key is visible
+                out.append(np.ones((n_queries, view.tokens_held), dtype=bool))
+            else:
+                m = np.array(raw[1])
+                while m.ndim > 2:
+                    m = m[0]
+                if m.dtype != np.bool_:
+                    m = m > -1e30  # additive masks: finite = visible
+                out.append(np.broadcast_to(m, (n_queries, m.shape[-1])).copy())
+        return out
+
+    def reset_peak(self) -> None:
+        mx.reset_peak_memory()
+
+    def device_memory(self) -> tuple[int | None, int | None]:
+        """(active bytes, peak bytes since reset_peak) of MLX's allocator."""
+        return int(mx.get_active_memory()), int(mx.get_peak_memory())

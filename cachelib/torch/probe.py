@@ -1,0 +1,77 @@
+"""What the profiler reads from PyTorch caches, in one place: whole-model caches from specs, the
+per-layer views, the quantization-error switch, the attention mask each layer cache implies for
+a step, and the device's memory counters (CUDA, MPS; none on the CPU).
+
+It speaks the profiler's probe protocol (:class:`cachelib.profile.backends.BackendProbe`) by
+duck typing: this layer sits below the profiler and does not import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.masks import visible
+from ..introspect import CacheView
+from ..spec import Spec
+from .cache import Cache
+from .factory import make_cache
+
+
+class TorchProbe:
+    backend = "torch"
+
+    def __init__(self, model, device: str):
+        self.model = model
+        self.device = device
+
+    def make_cache(self, spec: Spec) -> Cache:
+        return make_cache(self.model, spec)
+
+    def views(self, cache: Cache) -> list[CacheView]:
+        return cache.introspect()
+
+    def set_track_error(self, cache: Cache, on: bool) -> None:
+        cache.track_error = on  # the whole-model cache passes it to every quantizing layer
+
+    def masks_before(self, cache: Cache, views: list[CacheView], n_queries: int) -> list[Any]:
+        """Per layer, the mask sizes the cache gives transformers for this step: (key count,
+        position of key 0, sliding window or None); call before the step with the views taken
+        before it. Layers without a token axis (recurrent state) give None."""
+        out: list[Any] = []
+        for idx, (layer, view) in enumerate(zip(cache.layers, views)):
+            if view.layout not in ("linear", "ring"):
+                out.append(None)
+                continue
+            kv_length, kv_offset = cache.get_mask_sizes(n_queries, idx)
+            window = getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+            out.append((int(kv_length), int(kv_offset), window))
+        return out
+
+    def masks_after(self, before: list[Any], views: list[CacheView], n_queries: int) -> list[np.ndarray | None]:
+        """Resolve ``masks_before`` into dense boolean (query x key) arrays: key k holds position
+        ``kv_offset + k``, and transformers' causal (+ window) rule decides. None for layers
+        without an attention mask."""
+        out: list[np.ndarray | None] = []
+        for raw, view in zip(before, views):
+            if raw is None:
+                out.append(None)
+                continue
+            kv_length, kv_offset, window = raw
+            q = view.offset - n_queries + np.arange(n_queries)[:, None]
+            out.append(visible(q, kv_offset + np.arange(kv_length)[None, :], window))
+        return out
+
+    def reset_peak(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+
+    def device_memory(self) -> tuple[int | None, int | None]:
+        """(active bytes, peak bytes since reset_peak) of the device allocator, where it counts."""
+        if self.device.startswith("cuda"):
+            return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())
+        if self.device.startswith("mps"):
+            return int(torch.mps.current_allocated_memory()), None
+        return None, None
