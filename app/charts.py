@@ -5,8 +5,9 @@ a ``go.Figure``; none touches Streamlit or the disk, so each is tested on small 
 Each figure is built in two steps, as optuna does: ``_*_info(data) -> NamedTuple`` selects and
 reshapes the numbers (what the tests pin), ``_*_plot(info) -> go.Figure`` only draws.
 
-One colour per strategy everywhere: :func:`strategy_colors` maps a run's strategy order to the
-palette, and every figure that draws strategies asks it.
+One colour per strategy everywhere: :func:`app.figures.strategy_colors` maps a run's strategy
+order to the palette, and every figure that draws strategies asks it. The Planner page's figures
+live in :mod:`app.plan_charts`.
 """
 
 from __future__ import annotations
@@ -17,21 +18,12 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .figures import PALETTE, empty_figure, strategy_colors
+
 MIB = 2**20
 KIB = 2**10
-
-# Okabe-Ito (colour-blind safe, yellow left out: unreadable on white), then Tol's muted set.
-PALETTE = (
-    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000",
-    "#882255", "#117733", "#999933", "#44AA99", "#AA4499", "#332288", "#DDCC77",
-)  # fmt: skip
 REFERENCE_COLOR = "#7f7f7f"
 EMPTY_SLOT_COLOR = "#e5e5e5"
-
-
-def strategy_colors(strategies: Sequence[str]) -> dict[str, str]:
-    """The colour of each strategy, by its place in the run's order (the baseline is first)."""
-    return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(strategies)}
 
 
 def _floats(s: pd.Series) -> np.ndarray:
@@ -59,18 +51,6 @@ def _two_rows(top: str, bottom: str) -> go.Figure:
         xaxis2={"anchor": "y2", "title": {"text": "step"}},
         yaxis2={"domain": [0.0, 0.44], "anchor": "x2"},
         annotations=[{**title, "text": top, "y": 1.0}, {**title, "text": bottom, "y": 0.44}],
-    )
-    return fig
-
-
-def _empty(title: str, message: str) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(
-        title=title,
-        xaxis={"visible": False},
-        yaxis={"visible": False},
-        annotations=[{"text": message, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}],
-        height=260,
     )
     return fig
 
@@ -147,7 +127,7 @@ def cache_memory_figure(
     """Total cache bytes used and allocated per strategy vs step; ``reference`` (columns ``step``,
     ``bytes`` and optionally ``label``, one line per label) draws the full-precision full cache."""
     if not len(steps):
-        return _empty("Cache memory", "no steps recorded yet")
+        return empty_figure("Cache memory", "no steps recorded yet")
     return _memory_plot(_memory_info(steps, strategies, reference))
 
 
@@ -208,7 +188,7 @@ def layer_heatmap_figure(layers: pd.DataFrame, strategy: str, value: str = "byte
     if value not in LAYER_VALUES:
         raise ValueError(f"value must be one of {', '.join(LAYER_VALUES)}, got {value!r}")
     if not (layers["strategy"] == strategy).any():
-        return _empty(f"{strategy}: per-layer memory", "no per-layer rows (the memory probe was off)")
+        return empty_figure(f"{strategy}: per-layer memory", "no per-layer rows (the memory probe was off)")
     return _heatmap_plot(_layer_info(layers, strategy, value))
 
 
@@ -270,7 +250,7 @@ def quality_figure(steps: pd.DataFrame, strategies: Sequence[str], baselines: Se
     info = _quality_info(steps, strategies, base) if len(steps) else QualityInfo([])
     if not info.series:
         why = "only the baseline ran, or the quality probe was off: nothing to compare"
-        return _empty("Quality vs the baseline", why)
+        return empty_figure("Quality vs the baseline", why)
     return _quality_plot(info)
 
 
@@ -338,7 +318,7 @@ def speed_figure(steps: pd.DataFrame, strategies: Sequence[str]) -> go.Figure:
     """Decode tokens/s per strategy vs step, and the process's device/RSS memory vs step."""
     info = _speed_info(steps, strategies) if len(steps) else SpeedInfo([], {})
     if not info.series and not info.process:
-        return _empty("Speed and memory of the process", "no timings recorded (the system probe was off)")
+        return empty_figure("Speed and memory of the process", "no timings recorded (the system probe was off)")
     return _speed_plot(info)
 
 
@@ -449,7 +429,7 @@ def ring_figure(slots: pd.DataFrame, layers: pd.DataFrame, strategy: str, step: 
     ring caches from the ``slots`` table, append-only caches from their ``layers`` row."""
     info = _ring_info(slots, layers, strategy, step, layer)
     if info is None:
-        return _empty("Slots", f"nothing recorded for {strategy} at step {step}, layer {layer}")
+        return empty_figure("Slots", f"nothing recorded for {strategy} at step {step}, layer {layer}")
     return _ring_plot(info)
 
 
@@ -524,7 +504,7 @@ def mask_figure(
     in slot order or sorted by the position they hold (temporal order)."""
     info = _mask_info(masks, strategies, strategy, step, layer, order)
     if info is None:
-        return _empty("Attention mask", f"no mask recorded for {strategy} at step {step}, layer {layer}")
+        return empty_figure("Attention mask", f"no mask recorded for {strategy} at step {step}, layer {layer}")
     return _mask_plot(info)
 
 
@@ -545,7 +525,7 @@ def quant_error_heatmap(layers: pd.DataFrame, strategy: str, column: str = "key_
         raise ValueError(f"column must be one of {', '.join(ERROR_COLUMNS)}, got {column!r}")
     part = layers[(layers["strategy"] == strategy) & layers[column].notna()]
     if not len(part):
-        return _empty(f"{strategy}: {ERROR_COLUMNS[column]}", NO_QUANT_ERROR)
+        return empty_figure(f"{strategy}: {ERROR_COLUMNS[column]}", NO_QUANT_ERROR)
     z, steps, layer_ids = _grid(part, column)
     info = HeatmapInfo(f"{strategy}: {ERROR_COLUMNS[column]} per layer and step", z, steps, layer_ids, None, "")
     return _heatmap_plot(info, colorscale="Magma")
@@ -577,7 +557,7 @@ def quant_error_bars(layers: pd.DataFrame, strategies: Sequence[str], strategy: 
     """Per-layer key and value relative RMS error at ``step`` (or the nearest recorded step before it)."""
     info = _error_bars_info(layers, strategies, strategy, step)
     if info.step is None:
-        return _empty(f"{strategy}: quantization error", NO_QUANT_ERROR)
+        return empty_figure(f"{strategy}: quantization error", NO_QUANT_ERROR)
     fig = go.Figure(
         [
             go.Bar(x=info.layer, y=info.key, name="keys", marker={"color": info.color}),
@@ -595,20 +575,3 @@ def quant_error_bars(layers: pd.DataFrame, strategies: Sequence[str], strategy: 
     )
     return fig
 
-
-# The Planner page's figures live in their own module; re-exported so `charts.<name>` reaches them too.
-from .plan_charts import (  # noqa: E402, F401
-    chart_range,
-    cli_command,
-    context_grid,
-    evidence_table,
-    frontier_curves,
-    memory_curves,
-    parse_strategies,
-    plan_frontier_figure,
-    plan_memory_figure,
-    plan_table,
-    plan_table_text,
-    savings_text,
-    styled_plan_table,
-)

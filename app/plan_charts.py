@@ -1,10 +1,8 @@
 """Figures and tables of the Planner page: the planner's results in, plotly figures and DataFrames out.
 
-What it knows: :class:`cachelib.plan.Fit` (one strategy against one workload and budget) and how
-to sample the planner over a range of contexts. :func:`memory_curves` and :func:`frontier_curves`
-call :func:`cachelib.plan.account`, :func:`~cachelib.plan.max_batch` and
-:func:`~cachelib.plan.max_sessions` once per context, so each point is what
-``python -m cachelib plan`` prints for that context. What it does not know: Streamlit, files, or
+What it knows: :class:`cachelib.plan.Fit` (one strategy against one workload and budget) and the
+curves :mod:`cachelib.plan.curves` samples over a range of contexts (each point what
+``python -m cachelib plan`` prints for that context). What it does not know: Streamlit, files, or
 any byte rule (those live in :mod:`cachelib.plan`). Figures are built as in :mod:`app.charts`:
 ``_*_info(data) -> NamedTuple`` picks the numbers (what the tests pin), ``_*_plot(info)`` draws.
 
@@ -13,21 +11,21 @@ Bytes are shown in SI units ("GB" = 10^9 bytes), the unit of the budget and of t
 
 from __future__ import annotations
 
-import shlex
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from cachelib.plan import GB, Arch, Fit, account, max_batch, max_sessions
+from cachelib.core.units import GB, human_bytes
+from cachelib.plan import Fit
 from cachelib.plan.quality import Evidence
-from cachelib.core.units import human_bytes
 from cachelib.spec import parse_spec
+
+from .figures import empty_figure, strategy_colors
 
 BUDGET_COLOR = "#7f7f7f"
 WORKLOAD_COLOR = "#000000"  # the outline of a white star: no strategy colour is white
-GRID_POINTS = 64  # contexts sampled per curve; the asked context is always one of them
 FRONTIER_MEASURES = {
     "max_batch": "max batch (one run of B sequences)",
     "sessions": "concurrent sessions (batch 1 each)",
@@ -39,105 +37,6 @@ LIMITS = {  # Fit.context_limit -> what the table says
     "unbounded": "nothing",  # the cache stops growing and fits
     "": "",
 }
-
-
-def _colors(strategies: Sequence[str]) -> dict[str, str]:
-    # app.charts re-exports this module at its end: importing it here, at call time, keeps
-    # either import order working.
-    from .charts import strategy_colors
-
-    return strategy_colors(strategies)
-
-
-# --- sampling the planner over contexts ----------------------------------------------------------
-
-
-def chart_range(context: int, max_position: int | None = None) -> int:
-    """The default end of the context axis: twice the asked context, cut to the model's
-    context length when that still covers the asked context."""
-    end = 2 * context
-    if max_position and max_position >= context:
-        end = min(end, max_position)
-    return end
-
-
-def context_grid(context: int, end: int, *, points: int = GRID_POINTS, log: bool = False) -> list[int]:
-    """About ``points`` contexts from 1 (log) or ``end / points`` (linear) to ``end``, evenly
-    (or geometrically) spaced, with ``context`` itself always included."""
-    if context < 1 or end < 1:
-        raise ValueError(f"context and the chart range must be >= 1 token, got context={context}, end={end}")
-    if log:
-        grid = np.geomspace(1, end, points)
-    else:
-        grid = np.linspace(end / points, end, points)
-    values = {int(round(x)) for x in grid if x >= 1} | {context, end}
-    return sorted(v for v in values if v >= 1)
-
-
-def memory_curves(
-    arch: Arch,
-    specs: Sequence[str],
-    contexts: Sequence[int],
-    *,
-    batch: int = 1,
-    backend: str = "mlx",
-    dtype: str = "float16",
-    prefill: int | None = None,
-    prefill_chunk: int | None = None,
-) -> pd.DataFrame:
-    """Per strategy and context: bytes allocated at the end of the run and the run's peak.
-    A run the strategy refuses (a static cache shorter than the context) is NaN; a strategy
-    that refuses every run raises its error."""
-    rows = []
-    for spec in specs:
-        errors = []
-        for n in contexts:
-            prompt = None if prefill is None else min(prefill, n)  # a shorter run is all prompt, as the solver has it
-            try:
-                acc = account(arch, spec, backend, context=n, prefill=prompt, prefill_chunk=prefill_chunk, batch=batch,
-                              dtype=dtype)  # fmt: skip
-            except ValueError as e:
-                errors.append(e)
-                rows.append({"strategy": spec, "context": n, "bytes_allocated": np.nan, "peak_bytes": np.nan})
-                continue
-            rows.append(
-                {"strategy": spec, "context": n, "bytes_allocated": acc.bytes_allocated, "peak_bytes": acc.peak_bytes}
-            )
-        if contexts and len(errors) == len(contexts):
-            raise errors[0]
-    return pd.DataFrame(rows, columns=["strategy", "context", "bytes_allocated", "peak_bytes"]).astype(
-        {"context": "int64", "bytes_allocated": "float64", "peak_bytes": "float64"}
-    )
-
-
-def frontier_curves(
-    arch: Arch,
-    specs: Sequence[str],
-    contexts: Sequence[int],
-    available_bytes: int,
-    *,
-    backend: str = "mlx",
-    dtype: str = "float16",
-    prefill: int | None = None,
-    prefill_chunk: int | None = None,
-) -> pd.DataFrame:
-    """Per strategy and context: the largest batch and the most concurrent sessions whose cache
-    fits in ``available_bytes`` (the budget less weights and reserve). NaN where the strategy
-    refuses the run."""
-    rows = []
-    for spec in specs:
-        for n in contexts:
-            # the solver cuts the prompt to the context itself
-            opts = dict(context=n, backend=backend, dtype=dtype, prefill=prefill, prefill_chunk=prefill_chunk)
-            try:
-                most = max_batch(arch, spec, available_bytes, **opts)
-                sessions = max_sessions(arch, spec, available_bytes, **opts)
-            except ValueError:
-                most = sessions = np.nan
-            rows.append({"strategy": spec, "context": n, "max_batch": most, "sessions": sessions})
-    return pd.DataFrame(rows, columns=["strategy", "context", "max_batch", "sessions"]).astype(
-        {"context": "int64", "max_batch": "float64", "sessions": "float64"}
-    )
 
 
 # --- memory vs context -----------------------------------------------------------------------------
@@ -158,7 +57,7 @@ class PlanMemoryInfo(NamedTuple):
 
 
 def _curves(frame: pd.DataFrame, strategies: Sequence[str], columns: dict[str, str]) -> list[_Curve]:
-    colors = _colors(strategies)
+    colors = strategy_colors(strategies)
     groups = dict(tuple(frame.groupby("strategy", sort=False)))
     out = []
     for s in strategies:
@@ -243,11 +142,11 @@ def plan_memory_figure(
     log: bool = False,
 ) -> go.Figure:
     """Bytes allocated and peak bytes per strategy vs context (``curves`` from
-    :func:`memory_curves`), the cache budget as a horizontal line, the asked context as a
+    :func:`cachelib.plan.memory_curves`), the cache budget as a horizontal line, the asked context as a
     vertical one, and an x where each strategy's ``fits`` say memory stops it. ``log``: both
     axes logarithmic."""
     if not len(curves):
-        return _empty_figure("Cache memory vs context", "no strategy to plan")
+        return empty_figure("Cache memory vs context", "no strategy to plan", height=300)
     return _plan_memory_plot(_plan_memory_info(curves, strategies, cache_budget, context, fits), log)
 
 
@@ -316,19 +215,13 @@ def plan_frontier_figure(
     log: bool = False,
 ) -> go.Figure:
     """Per strategy, the largest batch (or the most concurrent sessions) whose cache fits the
-    budget vs context (``frontier`` from :func:`frontier_curves`), drawn as steps that drop at
+    budget vs context (``frontier`` from :func:`cachelib.plan.frontier_curves`), drawn as steps that drop at
     the first sampled context where the count falls, so the line never promises more than
     what was computed; ``workload`` (context, count) is marked with a star. The count axis is
     logarithmic (counts span orders of magnitude); ``log`` makes the context axis so too."""
     if not len(frontier):
-        return _empty_figure("Fit frontier", "give a memory budget to see what fits")
+        return empty_figure("Fit frontier", "give a memory budget to see what fits", height=300)
     return _frontier_plot(_frontier_info(frontier, strategies, measure, workload), log)
-
-
-def _empty_figure(title: str, message: str) -> go.Figure:
-    from .charts import _empty  # at call time: app.charts imports this module at its end
-
-    return _empty(title, message).update_layout(height=300)
 
 
 # --- tables and words ------------------------------------------------------------------------------
@@ -392,7 +285,7 @@ def plan_table_text(table: pd.DataFrame) -> pd.DataFrame:
 
 def styled_plan_table(table: pd.DataFrame, strategies: Sequence[str]):
     """:func:`plan_table_text` of ``table`` with each strategy in its colour."""
-    colors = _colors(strategies)
+    colors = strategy_colors(strategies)
     return plan_table_text(table).style.map(
         lambda s: f"color: {colors.get(s, '#000')}; font-weight: 600", subset=["strategy"]
     )
@@ -443,53 +336,3 @@ def savings_text(pick: Fit, fits: Sequence[Fit]) -> str:
         text += f"; its longest context in the budget is {pick.max_context:,} tokens instead of {ref.max_context:,}"
     return text + "."
 
-
-def cli_command(
-    model: str,
-    specs: Sequence[str],
-    *,
-    context: int,
-    batch: int = 1,
-    backend: str = "mlx",
-    dtype: str = "float16",
-    prefill: int | None = None,
-    prefill_chunk: int | None = None,
-    budget_gb: float | None = None,
-    weights_gb: float | None = None,
-    weight_bits: float = 16,
-    reserve_gb: float = 0.0,
-    quality_from: str | None = None,
-    max_kl: float | None = None,
-    min_agreement: float | None = None,
-) -> str:
-    """The ``python -m cachelib plan`` command that prints the same plan."""
-    args = ["python", "-m", "cachelib", "plan", "--model", model, "--context", str(context)]
-    if batch != 1:
-        args += ["--batch", str(batch)]
-    for spec in specs:
-        args += ["--strategy", spec]
-    args += ["--backend", backend, "--dtype", dtype]
-    for flag, value in (("--prefill", prefill), ("--prefill-chunk", prefill_chunk)):
-        if value is not None:
-            args += [flag, str(value)]
-    if budget_gb is not None:
-        args += ["--budget-gb", _number(budget_gb)]
-    if weights_gb is not None:
-        args += ["--weights-gb", _number(weights_gb)]
-    elif weight_bits != 16:
-        args += ["--weight-bits", _number(weight_bits)]
-    if reserve_gb:
-        args += ["--reserve-gb", _number(reserve_gb)]
-    if quality_from is not None:
-        args += ["--quality-from", quality_from]
-    if max_kl is not None:
-        args += ["--max-kl", _number(max_kl)]
-    if min_agreement is not None:
-        args += ["--min-agreement", _number(min_agreement)]
-    return shlex.join(args)
-
-
-def _number(value: float) -> str:
-    """The shortest text that reads back as exactly ``value``."""
-    short = f"{value:g}"
-    return short if float(short) == value else repr(float(value))

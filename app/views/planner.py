@@ -3,6 +3,8 @@ strategy the measured quality recommends; the numbers of ``python -m cachelib pl
 
 from __future__ import annotations
 
+import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -10,12 +12,15 @@ import pandas as pd
 import streamlit as st
 
 from app import plan_charts, state
+from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
-from cachelib.plan import Arch, Fit, PlanResult, plan_request, preset_names, resolve_model
-from cachelib.core.units import DTYPE_BYTES
-from cachelib.plan.quality import Evidence, collect_evidence, quality_table
-from cachelib.core.units import human_bytes
-from cachelib.plan.solver import Quality
+from cachelib.core.units import DTYPE_BYTES, human_bytes
+from cachelib.plan import (
+    Arch, Fit, PlanRequest, PlanResult, Quality, chart_range, context_grid, frontier_curves, gb_to_bytes,
+    memory_curves, plan_request, preset_names, resolve_model,
+)  # fmt: skip
+from cachelib.plan.quality import Evidence, quality_table
+from cachelib.profile.evidence import collect_evidence
 from cachelib.spec import STRATEGIES
 
 CONFIG = "a config.json…"
@@ -27,27 +32,24 @@ DEFAULTS: dict[str, Any] = {  # widget key -> first value
     "plan_max_kl": 0.1, "plan_min_agreement": 0.9, "plan_range": None, "plan_log": False, "plan_measure": "max_batch",
 }  # fmt: skip
 OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", "plan_min_agreement"}  # empty: none
-LAST = "planner_last"  # the last valid plan, shown again under an error
-SAVED = "_planner_inputs"  # widget values, restored after a visit to another page (which drops them)
 
 
 # --- pure and cached -----------------------------------------------------------------------------
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _plan_request(arch: Arch, specs: tuple[str, ...], quality: dict, request: dict) -> PlanResult:
-    return plan_request(arch, specs, quality=quality, **request)
+def _plan_request(arch: Arch, request: PlanRequest, quality: dict) -> PlanResult:
+    return plan_request(arch, request, quality)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _memory_curves(arch: Arch, specs: tuple[str, ...], grid: tuple[int, ...], run: dict) -> pd.DataFrame:
-    return plan_charts.memory_curves(arch, specs, grid, **run)
+def _memory_curves(arch: Arch, request: PlanRequest, grid: tuple[int, ...]) -> pd.DataFrame:
+    return memory_curves(arch, request, grid)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _frontier_curves(arch: Arch, specs: tuple[str, ...], grid: tuple[int, ...], available: int, run: dict):
-    run = {k: v for k, v in run.items() if k != "batch"}  # counted at batch 1: bytes scale with the batch
-    return plan_charts.frontier_curves(arch, specs, grid, available, **run)
+def _frontier_curves(arch: Arch, request: PlanRequest, grid: tuple[int, ...]) -> pd.DataFrame:
+    return frontier_curves(arch, request, grid)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -88,27 +90,28 @@ def compute(v: dict[str, Any]) -> Planned:
     if not model:
         raise ValueError("give the path of a config.json (or of the folder holding it)")
     arch = resolve_model(model)
-    specs = plan_charts.parse_strategies(v["plan_strategies"])
-    context = int(v["plan_context"])
-    run = dict(batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"],
-               prefill=v["plan_prefill"], prefill_chunk=v["plan_prefill_chunk"])  # fmt: skip
-    limits = dict(budget_gb=v["plan_budget"], weights_gb=v["plan_weights"], weight_bits=v["plan_weight_bits"],
-                  reserve_gb=v["plan_reserve"] or 0.0)  # fmt: skip
+    request = PlanRequest(  # GB read into bytes here, at the edge, as the CLI reads its flags
+        plan_charts.parse_strategies(v["plan_strategies"]), context=int(v["plan_context"]),
+        batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"], prefill=v["plan_prefill"],
+        prefill_chunk=v["plan_prefill_chunk"], weights_bytes=gb_to_bytes("weights-gb", v["plan_weights"]),
+        budget_bytes=gb_to_bytes("budget-gb", v["plan_budget"]),
+        reserve_bytes=gb_to_bytes("reserve-gb", v["plan_reserve"]) or 0, weight_bits=v["plan_weight_bits"],
+        max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"],
+    )  # fmt: skip
     folder = state.profiles_dir()
     evidence, quality = _evidence(str(folder), _version(folder))
-    thresholds = dict(max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"])
-    request = dict(context=context, **run, **limits, **thresholds)
-    result = _plan_request(arch, tuple(specs), quality, request)
+    result = _plan_request(arch, request, quality)
 
-    names = tuple(f.spec for f in result.fits)
-    grid = tuple(plan_charts.context_grid(
-        context, v["plan_range"] or plan_charts.chart_range(context, arch.max_position_embeddings), log=v["plan_log"]
+    # the curves draw the measured candidates too; they never depend on the thresholds
+    charted = replace(request, strategies=tuple(f.spec for f in result.fits), max_kl=None, min_agreement=None)
+    context = request.context
+    grid = tuple(context_grid(
+        context, v["plan_range"] or chart_range(context, arch.max_position_embeddings), log=v["plan_log"]
     ))  # fmt: skip
-    available = result.cache_budget
-    frontier = pd.DataFrame() if available is None else _frontier_curves(arch, names, grid, available, run)
+    frontier = pd.DataFrame() if result.cache_budget is None else _frontier_curves(arch, charted, grid)
     shown_folder = folder.relative_to(state.ROOT) if folder.is_relative_to(state.ROOT) else folder
-    command = plan_charts.cli_command(model, specs, **request, quality_from=str(shown_folder))
-    return Planned(result, dict(v), _memory_curves(arch, names, grid, run), frontier, evidence, command)
+    command = shlex.join(request.to_argv(model, str(shown_folder)))
+    return Planned(result, dict(v), _memory_curves(arch, charted, grid), frontier, evidence, command)
 
 
 # --- inputs ----------------------------------------------------------------------------------------
@@ -122,7 +125,7 @@ def _number(label: str, key: str, help: str, where: Any = st, **options: Any) ->
 
 
 def inputs() -> dict[str, Any]:
-    saved = st.session_state.setdefault(SAVED, dict(DEFAULTS))
+    saved = st.session_state.setdefault(Keys.PLANNER_INPUTS, dict(DEFAULTS))
     for key, value in saved.items():
         st.session_state.setdefault(key, value)
     with st.sidebar:
@@ -172,7 +175,7 @@ def inputs() -> dict[str, Any]:
 
 
 def remember() -> None:
-    st.session_state[SAVED] = {k: st.session_state.get(k, DEFAULTS[k]) for k in DEFAULTS}
+    st.session_state[Keys.PLANNER_INPUTS] = {k: st.session_state.get(k, DEFAULTS[k]) for k in DEFAULTS}
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -195,7 +198,7 @@ def header(p: Planned) -> None:
         lines.append(f"weights {human_bytes(r.weights_bytes)} ({how})")
     if r.cache_budget is not None:
         lines.append(
-            f"budget {human_bytes(r.budget_bytes)} − reserve {human_bytes(r.reserve_bytes)}"
+            f"budget {human_bytes(r.request.budget_bytes)} − reserve {human_bytes(r.request.reserve_bytes)}"
             f" − weights = **{human_bytes(r.cache_budget)} for the cache**"
         )
     st.markdown(" · ".join(lines))
@@ -263,11 +266,11 @@ try:
     planned = compute(values)
 except (ValueError, OSError) as e:
     st.error(str(e))
-    planned = st.session_state.get(LAST)
+    planned = st.session_state.get(Keys.PLANNER_LAST)
     if planned is not None:
         st.caption("Showing the last valid plan.")
 else:
-    st.session_state[LAST] = planned
+    st.session_state[Keys.PLANNER_LAST] = planned
 remember()
 if planned is None:
     st.stop()

@@ -7,9 +7,12 @@ memory budget.
 - :mod:`~cachelib.core.rules`: each cache class's allocation rules, replayed on integers.
 - :mod:`~cachelib.plan.accounting`: which cache each layer gets, step traces, final accounts.
 - :mod:`~cachelib.plan.solver`: max context / batch / sessions in a budget, and the reverse.
-- :mod:`~cachelib.plan.quality`: the measured quality price and the recommendation.
-- :mod:`~cachelib.plan.request`: one planning request as the CLI and the app make it.
-- :mod:`~cachelib.plan.cli`: ``python -m cachelib plan``.
+- :mod:`~cachelib.plan.quality`: the quality price of evidence handed to it, and the recommendation
+  (:mod:`cachelib.profile.evidence` reads that evidence from profiles).
+- :mod:`~cachelib.plan.request`: :class:`PlanRequest`, one planning request as the CLI and the app
+  make it, and what answers it (:func:`plan`, :func:`plan_request`).
+- :mod:`~cachelib.plan.curves`: memory and fit frontier over a grid of contexts, for charts.
+- ``python -m cachelib plan`` lives in :mod:`cachelib.cli.plan`, above the profile reader it uses.
 """
 
 from .accounting import (
@@ -30,7 +33,8 @@ from .accounting import (
 )
 from .arch import Arch, Latent, Recurrent, arch_from_config, arch_from_model_info, count_params, load_config
 from .presets import preset, preset_names, resolve_model
-from .request import PlanResult, gb_to_bytes, plan_request
+from .curves import chart_range, context_grid, frontier_curves, memory_curves
+from .request import PlanRequest, PlanResult, gb_to_bytes, plan, plan_request
 from .solver import (
     GB,
     NO_LIMIT,
@@ -42,14 +46,15 @@ from .solver import (
     max_batch,
     max_context,
     max_sessions,
-    plan,
     weight_bytes,
 )
 
 __all__ = [
-    "Account", "Arch", "Fit", "GB", "LayerAccount", "LayerCache", "Latent", "NO_LIMIT", "Quality", "Recurrent",
-    "StepBytes", "Trace", "Update", "account", "arch_from_config", "arch_from_model_info", "attach_quality",
-    "budget_needed", "cache_budget", "cache_layout", "count_params", "kv_bytes_per_token", "load_config",
-    "max_batch", "max_context", "max_sessions", "plan", "PlanResult", "gb_to_bytes", "plan_request", "preset", "preset_names", "quantized_storage_ratio",
-    "recurrent_state_bytes", "resolve_model", "schedule", "token_bytes", "trace", "weight_bytes",
+    "Account", "Arch", "Fit", "GB", "LayerAccount", "LayerCache", "Latent", "NO_LIMIT", "PlanRequest", "PlanResult",
+    "Quality", "Recurrent", "StepBytes", "Trace", "Update", "account", "arch_from_config", "arch_from_model_info",
+    "attach_quality", "budget_needed", "cache_budget", "cache_layout", "chart_range", "context_grid",
+    "count_params", "frontier_curves", "gb_to_bytes", "kv_bytes_per_token", "load_config", "max_batch",
+    "max_context", "max_sessions", "memory_curves", "plan", "plan_request", "preset", "preset_names",
+    "quantized_storage_ratio", "recurrent_state_bytes", "resolve_model", "schedule", "token_bytes", "trace",
+    "weight_bytes",
 ]  # fmt: skip

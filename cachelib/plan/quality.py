@@ -1,10 +1,10 @@
 """The quality price of each strategy, measured on real runs, and a recommendation.
 
-:func:`measured_quality` reads the complete profiles under a folder (``profiles/`` and sweep
-folders inside it) and, per strategy spec, averages what they measured against their baseline:
-mean KL over decode steps and top-1 agreement. Every figure says the model and backend it was
-measured on and which files it comes from; it may well differ from the model being planned,
-and the text says so.
+:class:`Evidence` is what profiles measured for one strategy on one model: mean KL over decode
+steps and top-1 agreement against the baseline, the longest context reached, and the files it
+comes from. :mod:`cachelib.profile.evidence` reads it from profiles on disk; this module reads
+nothing and works on the evidence handed to it. Every figure says the model and backend it was
+measured on; it may well differ from the model being planned, and the text says so.
 
 :func:`recommend` picks, among the planned strategies that have such evidence and meet the
 user's thresholds, the cheapest one (smallest cache peak at the planned context; among equals,
@@ -13,17 +13,13 @@ the most concurrent sessions), and explains the choice in one paragraph.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Iterable
-
-import pandas as pd
 
 from ..spec import Spec, parse_spec
 from .arch import Arch
 from ..core.units import human_bytes
-from .solver import Fit, Quality, attach_quality
+from .solver import Fit, Quality
 
 
 @dataclass(frozen=True)
@@ -45,75 +41,10 @@ class Evidence:
         return Quality(self.mean_kl, self.top1_agreement, self.model, where, self.context)
 
 
-# the knob that bounds what a strategy keeps: quality measured before the bound was reached
-# says nothing about eviction
-BOUND_KNOBS = {"rotating": "max_size", "sliding": "window", "chunked": "chunk_size"}
-
-
 def bound_of(spec: str | Spec) -> int | None:
-    """The token bound of an evicting strategy (ring size, window, chunk), else None."""
-    spec = parse_spec(spec)
-    knob = BOUND_KNOBS.get(spec.name)
-    return None if knob is None else spec.get(knob)
-
-
-def _profile_paths(source: str | os.PathLike) -> list[Path]:
-    root = Path(source)
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise ValueError(f"no profiles at {str(root)!r} (give a folder of profile CSVs or one profile file)")
-    return sorted(p for p in root.rglob("*.csv") if p.name != "index.csv" and not p.name.startswith("."))
-
-
-def collect_evidence(source: str | os.PathLike = "profiles", model: str | None = None) -> list[Evidence]:
-    """Per (model, backend, spec): quality measured by the complete profiles under ``source``
-    (strategies other than each profile's baseline). Files that are not profiles are skipped."""
-    from ..profile import load_profile
-
-    groups: dict[tuple[str, str, tuple], list[tuple[str, pd.DataFrame, int]]] = {}
-    texts: dict[tuple, str] = {}  # spec key -> the first canonical text seen for it
-    for path in _profile_paths(source):
-        try:
-            profile = load_profile(path)
-        except ValueError:
-            continue
-        if not profile.complete or (model is not None and profile.meta.get("model") != model):
-            continue
-        steps = profile.frame("steps")
-        decode = steps[steps["phase"] == "decode"]
-        for label in profile.strategies[1:]:
-            rows = decode[decode["strategy"] == label]
-            if rows["kl"].notna().sum() == 0:
-                continue
-            spec = parse_spec(label.split("#")[0])
-            texts.setdefault(spec.key, str(spec))
-            reached = int(steps.loc[steps["strategy"] == label, "position"].max()) + 1
-            key = (str(profile.meta.get("model")), str(profile.meta.get("backend")), spec.key)
-            groups.setdefault(key, []).append((path.name, rows, reached))
-    out = []
-    for (model_name, backend, spec_key), parts in sorted(groups.items(), key=lambda kv: (kv[0][:2], texts[kv[0][2]])):
-        frames = pd.concat([rows for _, rows, _ in parts], ignore_index=True)
-        out.append(
-            Evidence(
-                spec=texts[spec_key],
-                model=model_name,
-                backend=backend,
-                runs=len(parts),
-                steps=len(frames),
-                mean_kl=float(frames["kl"].mean()),
-                top1_agreement=float(frames["top1_agree"].astype("Float64").mean()),
-                files=tuple(sorted({name for name, _, _ in parts})),
-                context=max(reached for _, _, reached in parts),
-            )
-        )
-    return out
-
-
-def measured_quality(source: str | os.PathLike = "profiles", model: str | None = None) -> dict[str, Quality]:
-    """Spec -> :class:`Quality` from the profiles under ``source``. Where several models (or
-    backends) measured the same spec, the one with the most steps is kept."""
-    return quality_table(collect_evidence(source, model))
+    """The token bound of an evicting strategy (ring size, window, chunk), else None: quality
+    measured before the bound was reached says nothing about eviction."""
+    return parse_spec(spec).window
 
 
 def quality_table(evidence: Iterable[Evidence]) -> dict[str, Quality]:
@@ -137,13 +68,12 @@ class Recommendation:
 
 
 # strategies that keep every token at full precision: their predictions are the full cache's
-LOSSLESS = frozenset({"standard", "concat", "static", "offloaded"})
 EXACT = Quality(0.0, 1.0, "any model", "exact: keeps every token at full precision")  # by construction
 
 
 def _exact(fit: Fit) -> Fit:
     """A lossless strategy's fit, with its quality known by construction when none was measured."""
-    if fit.quality is not None or parse_spec(fit.spec).name not in LOSSLESS:
+    if fit.quality is not None or not parse_spec(fit.spec).lossless:
         return fit
     return replace(fit, quality=EXACT)
 
@@ -229,8 +159,3 @@ def recommend(
     if pick.sessions is not None:
         text += f" {pick.sessions} concurrent session(s) fit the budget."
     return Recommendation(pick, text + caveats, tuple(f.spec for f in ok), unmeasured, unfilled)
-
-
-def with_quality(fits: Iterable[Fit], source: str | os.PathLike = "profiles", model: str | None = None) -> list[Fit]:
-    """``fits`` with the measured quality of their specs attached (see :func:`measured_quality`)."""
-    return attach_quality(fits, measured_quality(source, model))

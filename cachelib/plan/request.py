@@ -1,23 +1,27 @@
-"""One planning request, as the CLI and the app's Planner page make it: a model, strategies, a
-workload and a budget in GB, and optionally measured quality and thresholds; the fits, and a
-recommendation.
+"""One planning request and its answers: :class:`PlanRequest` (strategies, a workload, a memory
+budget and quality thresholds), :func:`plan` (each strategy's :class:`~cachelib.plan.solver.Fit`)
+and :func:`plan_request` (the fits, every measured strategy as a candidate too, and the
+recommendation), as the CLI and the app's Planner page make them.
 
-It knows the steps between what a user types and :func:`~cachelib.plan.solver.plan`: GB to bytes,
-the weights counted from the parameters when not given, the checks that name the bad input, and,
-when recommending, every strategy the evidence measured planned as a candidate too (one at a
-time, so that one this model or backend refuses is listed, not fatal). It does not read profiles
-(the caller passes the quality table) and prints nothing.
+Bytes inside, GB only at the edges: :func:`gb_to_bytes` reads a ``--*-gb`` flag or a page field
+into bytes, :meth:`PlanRequest.to_argv` writes the request back as the ``python -m cachelib plan``
+command that prints the same plan. Nothing here reads profiles (the caller passes the quality
+table) or prints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, replace
+from typing import Mapping
 
+from ..core.units import GB
 from ..spec import Spec, parse_spec
+from .accounting import account
 from .arch import Arch
 from .quality import Recommendation, recommend
-from .solver import GB, Fit, Quality, attach_quality, cache_budget, plan, weight_bytes
+from .solver import Fit, Quality, attach_quality, cache_budget, max_batch, max_context, max_sessions, weight_bytes
+
+COMMAND = ("python", "-m", "cachelib", "plan")
 
 
 def gb_to_bytes(name: str, value: float | None) -> int | None:
@@ -30,13 +34,119 @@ def gb_to_bytes(name: str, value: float | None) -> int | None:
 
 
 @dataclass(frozen=True)
+class PlanRequest:
+    """What to plan: strategies against one workload (batch x context, the prompt and how it is
+    fed) and, optionally, a memory budget and the quality thresholds of a recommendation. The
+    model is not part of it: the planner is handed an :class:`~cachelib.plan.Arch`.
+
+    Strategies are parsed here (text or :class:`~cachelib.spec.Spec`); the first is the reference
+    the page counts savings against. ValueError names whatever is wrong."""
+
+    strategies: tuple[Spec, ...]
+    _: KW_ONLY
+    context: int
+    batch: int = 1
+    backend: str = "mlx"
+    dtype: str = "float16"
+    prefill: int | None = None  # prompt tokens (default: the whole context); the rest is decoded
+    prefill_chunk: int | None = None  # feed the prompt in chunks of this many tokens (default: one update)
+    budget_bytes: int | None = None  # weights + reserve + cache
+    weights_bytes: int | None = None  # as measured; None: counted from the parameters at weight_bits
+    weight_bits: float = 16
+    reserve_bytes: int = 0  # kept free for activations and the runtime
+    max_kl: float | None = None  # recommend the cheapest strategy with mean KL at most this (nats)
+    min_agreement: float | None = None  # ... and/or top-1 agreement at least this (0..1)
+
+    def __post_init__(self) -> None:
+        specs = tuple(parse_spec(s) for s in self.strategies)
+        if not specs:
+            raise ValueError("give at least one strategy spec")
+        object.__setattr__(self, "strategies", specs)  # frozen: set once, canonical
+        for flag, value in (("context", self.context), ("batch", self.batch)):
+            if value <= 0:
+                raise ValueError(f"--{flag} must be a positive integer, got {value}")
+
+    @property
+    def recommending(self) -> bool:
+        return self.max_kl is not None or self.min_agreement is not None
+
+    def weights(self, arch: Arch) -> int | None:
+        """Weight bytes: as given, else ``arch``'s parameters x ``weight_bits``; None when neither is known."""
+        if self.weights_bytes is not None:
+            return self.weights_bytes
+        return None if arch.num_params is None else weight_bytes(arch, self.weight_bits)
+
+    def cache_budget(self, arch: Arch) -> int | None:
+        """Bytes the budget leaves for ``arch``'s cache (budget - weights - reserve); None without a budget."""
+        if self.budget_bytes is None:
+            return None
+        weights = self.weights(arch)
+        if weights is None:
+            raise ValueError(f"{arch.name} has no parameter count; give --weights-gb to plan against --budget-gb")
+        return cache_budget(self.budget_bytes, weights, self.reserve_bytes)
+
+    def to_argv(self, model: str, quality_from: str | None = None) -> list[str]:
+        """The ``python -m cachelib plan`` command line that prints the same plan for ``model`` (a
+        preset name or a config.json path), with ``--quality-from`` when given. GB are written so
+        that they read back as exactly these bytes."""
+        args = [*COMMAND, "--model", model, "--context", str(self.context)]
+        if self.batch != 1:
+            args += ["--batch", str(self.batch)]
+        for spec in self.strategies:
+            args += ["--strategy", str(spec)]
+        args += ["--backend", self.backend, "--dtype", self.dtype]
+        for flag, value in (("--prefill", self.prefill), ("--prefill-chunk", self.prefill_chunk)):
+            if value is not None:
+                args += [flag, str(value)]
+        if self.budget_bytes is not None:
+            args += ["--budget-gb", _number(self.budget_bytes / GB)]
+        if self.weights_bytes is not None:
+            args += ["--weights-gb", _number(self.weights_bytes / GB)]
+        elif self.weight_bits != 16:
+            args += ["--weight-bits", _number(self.weight_bits)]
+        if self.reserve_bytes:
+            args += ["--reserve-gb", _number(self.reserve_bytes / GB)]
+        if quality_from is not None:
+            args += ["--quality-from", quality_from]
+        if self.max_kl is not None:
+            args += ["--max-kl", _number(self.max_kl)]
+        if self.min_agreement is not None:
+            args += ["--min-agreement", _number(self.min_agreement)]
+        return args
+
+
+def _number(value: float) -> str:
+    """The shortest text that reads back as exactly ``value``."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
+def plan(arch: Arch, request: PlanRequest) -> list[Fit]:
+    """Each of the request's strategies: its cache for ``batch`` x ``context`` and, with a
+    budget, what fits (see :mod:`cachelib.plan.solver`)."""
+    weights = request.weights(arch)
+    available = request.cache_budget(arch)
+    r = request
+    common = dict(backend=r.backend, dtype=r.dtype, prefill=r.prefill, prefill_chunk=r.prefill_chunk)
+    out = []
+    for spec in r.strategies:
+        acc = account(arch, spec, r.backend, context=r.context, prefill=r.prefill, prefill_chunk=r.prefill_chunk,
+                      batch=r.batch, dtype=r.dtype)  # fmt: skip
+        limit, why, most, sessions = None, "", None, None
+        if available is not None:
+            limit, why = max_context(arch, spec, available, batch=r.batch, **common)
+            most = max_batch(arch, spec, available, context=r.context, **common)
+            sessions = max_sessions(arch, spec, available, context=r.context, **common)
+        out.append(Fit(str(spec), acc, weights, r.reserve_bytes, r.budget_bytes, limit, why, most, sessions))
+    return out
+
+
+@dataclass(frozen=True)
 class PlanResult:
     arch: Arch
+    request: PlanRequest
     fits: list[Fit]  # the strategies asked for, then the measured ones added as candidates
     weights_bytes: int | None
-    budget_bytes: int | None
-    reserve_bytes: int
-    workload: dict  # context, batch, backend, dtype, prefill, prefill_chunk
     added: tuple[str, ...] = ()  # planned because the evidence measured them
     skipped: dict[str, str] = field(default_factory=dict)  # measured, not plannable here -> why
     recommendation: Recommendation | None = None  # with a threshold only
@@ -44,9 +154,7 @@ class PlanResult:
     @property
     def cache_budget(self) -> int | None:
         """Bytes the budget leaves for the cache (budget - weights - reserve); None without a budget."""
-        if self.budget_bytes is None or self.weights_bytes is None:
-            return None
-        return cache_budget(self.budget_bytes, self.weights_bytes, self.reserve_bytes)
+        return self.request.cache_budget(self.arch)
 
     @property
     def measured_on(self) -> list[str]:
@@ -54,57 +162,31 @@ class PlanResult:
         return sorted({f.quality.model for f in self.fits if f.quality is not None})
 
 
-def plan_request(
-    arch: Arch,
-    strategies: Sequence[str | Spec],
-    *,
-    context: int,
-    batch: int = 1,
-    backend: str = "mlx",
-    dtype: str = "float16",
-    prefill: int | None = None,
-    prefill_chunk: int | None = None,
-    budget_gb: float | None = None,
-    weights_gb: float | None = None,
-    weight_bits: float = 16,
-    reserve_gb: float = 0.0,
-    quality: Mapping[str, Quality] | None = None,
-    max_kl: float | None = None,
-    min_agreement: float | None = None,
-) -> PlanResult:
-    """Plan ``strategies`` for ``arch``; ValueError names whatever input is wrong."""
-    specs = [parse_spec(s) for s in strategies] or [parse_spec("standard")]
-    for flag, value in (("context", context), ("batch", batch)):
-        if value <= 0:
-            raise ValueError(f"--{flag} must be a positive integer, got {value}")
-    weights = gb_to_bytes("weights-gb", weights_gb)
-    if weights is None and arch.num_params is not None:
-        weights = weight_bytes(arch, weight_bits)
-    budget = gb_to_bytes("budget-gb", budget_gb)
-    if budget is not None and weights is None:
-        raise ValueError(f"{arch.name} has no parameter count; give --weights-gb to plan against --budget-gb")
-    reserve = gb_to_bytes("reserve-gb", reserve_gb) or 0
-    workload = dict(context=context, batch=batch, backend=backend, dtype=dtype, prefill=prefill,
-                    prefill_chunk=prefill_chunk)  # fmt: skip
-    limits = dict(budget_bytes=budget, weights_bytes=weights, reserve_bytes=reserve)
-    fits = plan(arch, specs, **workload, **limits)
-
+def plan_request(arch: Arch, request: PlanRequest, quality: Mapping[str, Quality] | None = None) -> PlanResult:
+    """Plan ``request`` for ``arch`` with the measured ``quality`` (spec -> :class:`Quality`)
+    attached; when the request has a threshold, every strategy ``quality`` holds is planned as a
+    candidate too (one at a time, so that one this model or backend refuses is listed in
+    ``skipped``, not fatal) and the cheapest that meets it is recommended."""
+    fits = plan(arch, request)
     quality = dict(quality or {})
-    recommending = max_kl is not None or min_agreement is not None
-    added, skipped = [], {}
-    if recommending:  # every strategy with evidence is a candidate too
-        asked = {s.key for s in specs}
+    added: list[str] = []
+    skipped: dict[str, str] = {}
+    if request.recommending:  # every strategy with evidence is a candidate too
+        asked = {s.key for s in request.strategies}
         for text in quality:
             spec = parse_spec(text)
             if spec.key in asked:
                 continue
             asked.add(spec.key)
             try:
-                fits += plan(arch, [spec], **workload, **limits)
+                fits += plan(arch, replace(request, strategies=(spec,)))
             except ValueError as e:  # e.g. measured on torch only, or a group size these heads refuse
                 skipped[str(spec)] = str(e)
             else:
                 added.append(str(spec))
     fits = attach_quality(fits, quality)
-    rec = recommend(fits, max_kl=max_kl, min_agreement=min_agreement, planned_model=arch) if recommending else None
-    return PlanResult(arch, fits, weights, budget, reserve, workload, tuple(added), skipped, rec)
+    rec = None
+    if request.recommending:
+        rec = recommend(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch)
+    return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec)
+

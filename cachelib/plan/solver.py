@@ -1,5 +1,6 @@
 """What fits in a memory budget: maximum context, maximum batch and concurrent sessions per
-strategy, the headroom left, and the reverse (the budget a workload needs).
+strategy, the headroom left, and the reverse (the budget a workload needs);
+:func:`cachelib.plan.request.plan` asks these for each strategy of a request.
 
 Memory model: ``budget = weights + reserve + cache``. ``reserve`` is what the caller keeps for
 activations and the runtime. A run fits when the cache's device peak (the worst moment of the
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 from ..core import rules
-from ..core.units import GB, human_bytes
+from ..core.units import GB
 from ..spec import Spec, parse_spec
 from .accounting import Account, Replay, account, replay
 from .arch import Arch
@@ -140,10 +141,10 @@ def max_context(
     cap = limit if limit is not None else (arch.max_position_embeddings or NO_LIMIT)
     if cap < 1:
         raise ValueError(f"limit must be >= 1 token, got {cap}")
-    if spec.name == "static":
-        most = spec.get("max_len")
+    if spec.max_context is not None:  # a longer run is refused: only the longest allowed one counts
+        most = spec.max_context
         fits = _peak(arch, spec, most, batch, backend, dtype, prefill, prefill_chunk) <= available_bytes
-        return (most, "max_len") if fits else (0, "memory")
+        return (most, spec.strategy.max_context) if fits else (0, "memory")
     run = replay(arch, spec, backend, batch=batch, dtype=dtype)
     prompt = cap if prefill is None else min(prefill, cap)
     chunk = prefill_chunk or (prompt if prefill is not None else None)
@@ -245,8 +246,12 @@ def max_batch(
 ) -> int:
     """The largest batch whose cache peak fits (every cache array has a batch axis, so bytes
     scale exactly with the batch)."""
-    one = _peak(arch, spec, context, 1, backend, dtype, prefill, prefill_chunk)
-    return available_bytes // one if one else 0
+    return batch_count(_peak(arch, spec, context, 1, backend, dtype, prefill, prefill_chunk), available_bytes)
+
+
+def batch_count(peak_bytes: int, available_bytes: int) -> int:
+    """:func:`max_batch` from the run's peak at batch 1."""
+    return available_bytes // peak_bytes if peak_bytes else 0
 
 
 def max_sessions(
@@ -264,11 +269,16 @@ def max_sessions(
     their largest footprint between updates."""
     p = None if prefill is None else min(prefill, context)
     acc = account(arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, dtype=dtype)
-    if acc.peak_bytes > available_bytes:
+    return session_count(acc.peak_bytes, acc.max_resident_bytes, available_bytes)
+
+
+def session_count(peak_bytes: int, max_resident_bytes: int, available_bytes: int) -> int:
+    """:func:`max_sessions` from one session's peak and largest resident footprint."""
+    if peak_bytes > available_bytes:
         return 0
-    if acc.max_resident_bytes == 0:
+    if max_resident_bytes == 0:
         return 0  # nothing cached: sessions are not limited by the cache; report none rather than infinity
-    return 1 + (available_bytes - acc.peak_bytes) // acc.max_resident_bytes
+    return 1 + (available_bytes - peak_bytes) // max_resident_bytes
 
 
 def budget_needed(
@@ -294,48 +304,6 @@ def budget_needed(
         arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, batch=batch, dtype=dtype
     )
     return weights_bytes + reserve_bytes + acc.peak_bytes + (sessions - 1) * acc.max_resident_bytes
-
-
-def plan(
-    arch: Arch,
-    specs: Iterable[str | Spec],
-    *,
-    context: int,
-    batch: int = 1,
-    backend: str = "mlx",
-    dtype: str = "float16",
-    prefill: int | None = None,
-    prefill_chunk: int | None = None,
-    budget_bytes: int | None = None,
-    weights_bytes: int | None = None,
-    reserve_bytes: int = 0,
-) -> list[Fit]:
-    """Each strategy's cache for ``batch`` x ``context`` and, with a budget, what fits.
-
-    ``weights_bytes`` defaults to the parameter count at 16 bits when the arch has one.
-    """
-    specs = [parse_spec(s) for s in specs]
-    if not specs:
-        raise ValueError("give at least one strategy spec")
-    if weights_bytes is None and arch.num_params is not None:
-        weights_bytes = weight_bytes(arch)
-    available = None
-    if budget_bytes is not None:
-        if weights_bytes is None:
-            weight_bytes(arch)  # raises: the weights must be known to plan against a budget
-        available = cache_budget(budget_bytes, weights_bytes, reserve_bytes)
-    common = dict(backend=backend, dtype=dtype, prefill=prefill, prefill_chunk=prefill_chunk)
-    out = []
-    for spec in specs:
-        acc = account(arch, spec, backend, context=context, prefill=prefill, prefill_chunk=prefill_chunk,
-                      batch=batch, dtype=dtype)  # fmt: skip
-        limit, why, most, sessions = None, "", None, None
-        if available is not None:
-            limit, why = max_context(arch, spec, available, batch=batch, **common)
-            most = max_batch(arch, spec, available, context=context, **common)
-            sessions = max_sessions(arch, spec, available, context=context, **common)
-        out.append(Fit(str(spec), acc, weights_bytes, reserve_bytes, budget_bytes, limit, why, most, sessions))
-    return out
 
 
 def attach_quality(fits: Iterable[Fit], table: Mapping[str | Spec, Quality]) -> list[Fit]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app import charts
+from app import charts, figures
 from app_helpers import figure_json
 from cachelib.introspect import ring_slot_positions
 from cachelib.profile import Profile
@@ -39,12 +39,19 @@ def steps_table():
 
 
 def test_strategy_colors_follow_run_order_and_are_distinct():
-    colors = charts.strategy_colors([A, B, C])
+    colors = figures.strategy_colors([A, B, C])
     assert list(colors) == [A, B, C]
     assert len(set(colors.values())) == 3
-    assert colors[A] == charts.PALETTE[0]  # the baseline always gets the first colour
-    many = charts.strategy_colors([f"s{i}" for i in range(len(charts.PALETTE) + 1)])
-    assert many[f"s{len(charts.PALETTE)}"] == charts.PALETTE[0]  # cycles past the palette
+    assert colors[A] == figures.PALETTE[0]  # the baseline always gets the first colour
+    many = figures.strategy_colors([f"s{i}" for i in range(len(figures.PALETTE) + 1)])
+    assert many[f"s{len(figures.PALETTE)}"] == figures.PALETTE[0]  # cycles past the palette
+
+
+
+def test_empty_figure_says_why_there_is_nothing_to_draw():
+    fig = figure_json(figures.empty_figure("Slots", "nothing recorded", height=300))
+    assert fig["layout"]["annotations"][0]["text"] == "nothing recorded" and fig["layout"]["height"] == 300
+    assert fig["layout"]["xaxis"]["visible"] is False and not fig["data"]
 
 
 def test_memory_figure_draws_used_and_allocated_per_strategy_in_mib():
@@ -54,7 +61,7 @@ def test_memory_figure_draws_used_and_allocated_per_strategy_in_mib():
     np.testing.assert_allclose(by_name[f"{A} · used"]["y"], [1, 2, 3])
     np.testing.assert_allclose(by_name[f"{A} · allocated"]["y"], [4, 4, 4])
     np.testing.assert_allclose(by_name[f"{B} · used"]["customdata"], [MIB] * 3)  # exact bytes on hover
-    colors = charts.strategy_colors([A, B])
+    colors = figures.strategy_colors([A, B])
     assert by_name[f"{B} · used"]["line"]["color"] == by_name[f"{B} · allocated"]["line"]["color"] == colors[B]
     assert by_name[f"{B} · allocated"]["line"]["dash"] == "dash"
 
@@ -196,7 +203,7 @@ def test_mask_figure_in_slot_order_keeps_the_cache_order():
     heat = fig["data"][0]
     assert list(heat["x"]) == [0, 1, 2, 3]
     assert np.asarray(heat["z"]).tolist() == [[1, 1, 0, 1]]
-    assert heat["colorscale"][1][1] == charts.strategy_colors([A, B])[B]
+    assert heat["colorscale"][1][1] == figures.strategy_colors([A, B])[B]
 
 
 def test_mask_figure_in_temporal_order_sorts_keys_by_position_and_drops_empty_slots():
@@ -247,4 +254,4 @@ def test_quant_error_bars_show_the_nearest_recorded_step_at_or_before():
     assert "step 0 (nearest recorded step to 3)" in fig["layout"]["title"]["text"]
     at4 = figure_json(charts.quant_error_bars(error_layers(), [A, C], C, 4))
     np.testing.assert_allclose(at4["data"][0]["y"], [0.14, 0.24])
-    assert keys["marker"]["color"] == charts.strategy_colors([A, C])[C]
+    assert keys["marker"]["color"] == figures.strategy_colors([A, C])[C]

@@ -15,8 +15,9 @@ from app_helpers import MAIN, plotly_figures
 from streamlit.testing.v1 import AppTest
 
 from cachelib.cli import main as cli_main
-from cachelib.plan import GB, attach_quality, cache_budget, max_batch, plan, preset
-from cachelib.plan.quality import measured_quality, recommend
+from cachelib.plan import GB, PlanRequest, attach_quality, cache_budget, max_batch, plan, preset
+from cachelib.plan.quality import recommend
+from cachelib.profile.evidence import measured_quality
 from cachelib.core.units import human_bytes
 
 TIMEOUT = 60
@@ -80,7 +81,8 @@ def test_default_page_plans_llama_against_24_gb_with_the_librarys_numbers_as_the
     at = planner()
     assert not errors(at) and not at.warning
     table = at.dataframe[0].value
-    expected = plan(LLAMA, DEFAULT_SPECS, context=32768, prefill_chunk=2048, budget_bytes=24 * GB, reserve_bytes=GB)
+    request = PlanRequest(DEFAULT_SPECS, context=32768, prefill_chunk=2048, budget_bytes=24 * GB, reserve_bytes=GB)
+    expected = plan(LLAMA, request)
     assert table["strategy"].tolist() == DEFAULT_SPECS
     assert table["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in expected]
     assert table["max batch"].tolist() == [f"{f.max_batch:,}" for f in expected]
@@ -185,8 +187,8 @@ def test_recommendation_comes_from_the_profiles_in_the_apps_folder_as_the_cli_gi
     arch = preset("tiny-llama")
     quality = measured_quality(profiles_dir)
     assert set(quality) == {"rotating:max_size=16,keep=2", "quantized:bits=4,group_size=32"}
-    fits = plan(arch, ["standard", "quantized:bits=8", *quality], context=2048, budget_bytes=GB,
-                weights_bytes=10**7)  # fmt: skip
+    fits = plan(arch, PlanRequest(["standard", "quantized:bits=8", *quality], context=2048, budget_bytes=GB,
+                                  weights_bytes=10**7))  # fmt: skip
     rec = recommend(attach_quality(fits, quality), max_kl=100.0, planned_model="tiny-llama")
     assert rec.fit is not None and rec.fit.spec in quality
     [success] = [s.value for s in at.success]

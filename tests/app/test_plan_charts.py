@@ -4,91 +4,35 @@ that every number is the planner library's (and the CLI's) for the same inputs."
 from __future__ import annotations
 
 import re
-import shlex
 
 import numpy as np
 import pytest
 from app_helpers import figure_json
 
-from app import charts, plan_charts
-from cachelib.cli import build_parser
-from cachelib.plan import GB, Quality, account, attach_quality, max_batch, max_sessions, plan, preset
-from cachelib.plan.cli import format_table
-from cachelib.plan.quality import Evidence
+from app import plan_charts
+from app.figures import strategy_colors
 from cachelib.core.units import human_bytes
+from cachelib.plan import GB, PlanRequest, Quality, account, attach_quality, frontier_curves, memory_curves, plan, preset
+from cachelib.cli.plan import format_table
+from cachelib.plan.quality import Evidence
 
 SMOL = preset("smollm2")  # 30 layers, 3 KV heads x 64, max_position_embeddings 8192
 SPECS = ["standard", "rotating:max_size=256,keep=4", "quantized:bits=4"]
 CONTEXTS = [1, 100, 256, 257, 1000]
 
 
-def test_charts_module_re_exports_the_planner_figures():
-    assert charts.plan_memory_figure is plan_charts.plan_memory_figure
-    assert charts.plan_frontier_figure is plan_charts.plan_frontier_figure
-    assert charts.plan_table is plan_charts.plan_table
-
-
-def test_context_grid_spans_the_range_and_always_holds_the_asked_context():
-    grid = plan_charts.context_grid(1000, 2000, points=8)
-    assert grid == [250, 500, 750, 1000, 1250, 1500, 1750, 2000]
-    grid = plan_charts.context_grid(777, 2000, points=8)
-    assert 777 in grid and grid == sorted(set(grid)) and grid[-1] == 2000
-    log = plan_charts.context_grid(1000, 10_000, points=5, log=True)
-    assert log == [1, 10, 100, 1000, 10_000]
-    with pytest.raises(ValueError, match="must be >= 1 token"):
-        plan_charts.context_grid(0, 100)
-
-
-def test_chart_range_is_twice_the_context_cut_to_the_model_length_when_that_covers_it():
-    assert plan_charts.chart_range(1000, 8192) == 2000
-    assert plan_charts.chart_range(6000, 8192) == 8192
-    assert plan_charts.chart_range(10_000, 8192) == 20_000  # past the model's length: the model does not cut it
-    assert plan_charts.chart_range(1000, None) == 2000
-
-
-def test_memory_curves_are_the_accounts_of_each_context():
-    curves = plan_charts.memory_curves(SMOL, SPECS, CONTEXTS, batch=2, dtype="bfloat16", prefill=200)
-    assert len(curves) == len(SPECS) * len(CONTEXTS)
-    for row in curves.itertuples():
-        # a run shorter than the prompt is all prompt, as the solver counts it
-        acc = account(SMOL, row.strategy, "mlx", context=row.context, batch=2, dtype="bfloat16",
-                      prefill=min(200, row.context))  # fmt: skip
-        assert (row.bytes_allocated, row.peak_bytes) == (acc.bytes_allocated, acc.peak_bytes)
-    std = curves[curves["strategy"] == "standard"].set_index("context")
-    assert std.loc[256, "bytes_allocated"] < std.loc[257, "bytes_allocated"]  # the next 256-token block
-
-
-def test_memory_curves_leave_gaps_where_a_strategy_refuses_the_run_and_raise_when_it_refuses_all():
-    curves = plan_charts.memory_curves(SMOL, ["static:max_len=256"], CONTEXTS)
-    refused = curves.set_index("context")["bytes_allocated"]
-    assert refused[[1, 100, 256]].notna().all() and refused[[257, 1000]].isna().all()
-    with pytest.raises(ValueError, match="group_size=128 does not divide"):
-        plan_charts.memory_curves(SMOL, ["quantized:bits=4,group_size=128"], CONTEXTS)
-
-
-def test_frontier_curves_are_max_batch_and_sessions_of_each_context():
-    available = 50 * 10**6
-    frontier = plan_charts.frontier_curves(SMOL, SPECS, CONTEXTS, available, backend="torch")
-    for row in frontier.itertuples():
-        kw = dict(context=row.context, backend="torch")
-        assert row.max_batch == max_batch(SMOL, row.strategy, available, **kw)
-        assert row.sessions == max_sessions(SMOL, row.strategy, available, **kw)
-    std = frontier[frontier["strategy"] == "standard"]["max_batch"].to_numpy()
-    assert (np.diff(std) <= 0).all() and std[0] > std[-1]
-
-
 def small_plan(budget: int | None = int(0.4 * GB)):
-    return plan(SMOL, SPECS, context=1000, budget_bytes=budget, weights_bytes=int(0.3 * GB))
+    return plan(SMOL, PlanRequest(SPECS, context=1000, budget_bytes=budget, weights_bytes=int(0.3 * GB)))
 
 
 def test_memory_figure_draws_allocated_and_peak_in_gb_with_the_budget_and_where_memory_stops_each():
     fits = small_plan()
     available = int(0.1 * GB)
-    curves = plan_charts.memory_curves(SMOL, SPECS, [100, 1000, 8000])
+    curves = memory_curves(SMOL, PlanRequest(SPECS, context=1000), [100, 1000, 8000])
     fig = figure_json(plan_charts.plan_memory_figure(curves, SPECS, cache_budget=available, context=1000, fits=fits))
     lines = [t for t in fig["data"] if t.get("mode") == "lines"]
     assert [(t["name"], t["meta"]) for t in lines] == [(s, k) for s in SPECS for k in ("allocated", "peak")]
-    colors = charts.strategy_colors(SPECS)
+    colors = strategy_colors(SPECS)
     std = lines[0]
     assert std["line"]["color"] == colors["standard"] and std["showlegend"] and not lines[1]["showlegend"]
     expected = [account(SMOL, "standard", context=n).bytes_allocated for n in (100, 1000, 8000)]
@@ -104,7 +48,7 @@ def test_memory_figure_draws_allocated_and_peak_in_gb_with_the_budget_and_where_
 
 
 def test_memory_figure_without_budget_has_no_budget_line_and_log_axes_on_request():
-    curves = plan_charts.memory_curves(SMOL, SPECS[:1], [10, 100])
+    curves = memory_curves(SMOL, PlanRequest(SPECS[:1], context=100), [10, 100])
     fig = figure_json(plan_charts.plan_memory_figure(curves, SPECS[:1], log=True))
     assert not [s for s in fig["layout"].get("shapes", []) if s["y0"] == s["y1"]]
     assert fig["layout"]["xaxis"]["type"] == fig["layout"]["yaxis"]["type"] == "log"
@@ -113,13 +57,14 @@ def test_memory_figure_without_budget_has_no_budget_line_and_log_axes_on_request
 
 
 def test_frontier_figure_draws_conservative_steps_per_strategy_and_marks_the_workload():
-    frontier = plan_charts.frontier_curves(SMOL, SPECS, CONTEXTS, 50 * 10**6)
+    budget = PlanRequest(SPECS, context=1000, budget_bytes=350 * 10**6, weights_bytes=300 * 10**6)  # 50 MB cache
+    frontier = frontier_curves(SMOL, budget, CONTEXTS)
     fig = figure_json(plan_charts.plan_frontier_figure(frontier, SPECS, workload=(1000, 3)))
     by_name = {t["name"]: t for t in fig["data"]}
     std = by_name["standard"]
     assert std["x"] == CONTEXTS and std["line"]["shape"] == "vh"  # drops at the sample where the count falls
     assert std["y"] == frontier[frontier["strategy"] == "standard"]["max_batch"].tolist()
-    assert std["line"]["color"] == charts.strategy_colors(SPECS)["standard"]
+    assert std["line"]["color"] == strategy_colors(SPECS)["standard"]
     star = by_name["your workload (3 x 1,000 tokens)"]
     assert (star["x"], star["y"]) == ([1000], [3])
     assert fig["layout"]["yaxis"]["type"] == "log" and 1 in fig["layout"]["yaxis"]["tickvals"]
@@ -169,13 +114,13 @@ def test_plan_table_holds_the_fits_numbers_and_shows_them_as_the_cli_prints_them
     assert shown[2]["top-1"] == "87.5%" and shown[0]["mean KL"] == "–"
     styled = plan_charts.styled_plan_table(table, SPECS)
     assert styled.data.equals(plan_charts.plan_table_text(table))
-    assert f"color: {charts.strategy_colors(SPECS)['quantized:bits=4']}" in styled.to_html()
+    assert f"color: {strategy_colors(SPECS)['quantized:bits=4']}" in styled.to_html()
 
 
 def test_plan_table_without_budget_or_evidence_has_only_the_cache_columns():
     table = plan_charts.plan_table(small_plan(budget=None))
     assert list(table.columns) == ["strategy", "allocated", "used", "peak", "per token"]
-    torch = plan(SMOL, ["offloaded"], context=100, backend="torch")
+    torch = plan(SMOL, PlanRequest(["offloaded"], context=100, backend="torch"))
     assert "host" in plan_charts.plan_table(torch).columns  # offloaded layers sit on the host
 
 
@@ -197,30 +142,6 @@ def test_parse_strategies_reads_one_canonical_spec_per_line_and_names_a_bad_line
         plan_charts.parse_strategies("standard\nring")
     with pytest.raises(ValueError, match="give at least one strategy spec"):
         plan_charts.parse_strategies(" \n# nothing\n")
-
-
-def test_cli_command_parses_back_to_the_same_cli_arguments():
-    cmd = plan_charts.cli_command(
-        "llama-3.1-8b", ["standard", "rotating:max_size=4096,keep=4"], context=32768, batch=2, backend="torch",
-        dtype="bfloat16", prefill=1000, prefill_chunk=512, budget_gb=24.0, weights_gb=None, weight_bits=4.5,
-        reserve_gb=1.25, quality_from="my profiles", max_kl=0.1, min_agreement=0.123456789,
-    )  # fmt: skip
-    args = build_parser().parse_args(shlex.split(cmd)[3:])
-    assert (args.model, args.context, args.batch, args.backend, args.dtype) == (
-        "llama-3.1-8b", 32768, 2, "torch", "bfloat16",
-    )  # fmt: skip
-    assert args.strategy == ["standard", "rotating:max_size=4096,keep=4"]
-    assert (args.prefill, args.prefill_chunk, args.budget_gb, args.weights_gb, args.weight_bits) == (
-        1000, 512, 24.0, None, 4.5,
-    )  # fmt: skip
-    assert (args.reserve_gb, str(args.quality_from), args.max_kl, args.min_agreement) == (
-        1.25, "my profiles", 0.1, 0.123456789,
-    )  # fmt: skip
-    plain = plan_charts.cli_command("smollm2", ["standard"], context=10)
-    assert (
-        plain
-        == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --backend mlx --dtype float16"
-    )
 
 
 def test_evidence_table_lists_what_each_profile_measured():

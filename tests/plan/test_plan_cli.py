@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from cachelib.plan import account, cli, plan, preset
+from cachelib.cli import plan as cli
+from cachelib.plan import PlanRequest, account, plan, preset
 from cachelib.plan.solver import GB
 
 
@@ -38,8 +39,9 @@ def test_csv_holds_the_api_numbers(tmp_path, capsys):
     assert rc == 0
     rows = list(csv.DictReader(out.open()))
     assert [r["strategy"] for r in rows] == ["standard", "rotating:max_size=512,keep=4"]
-    fits = plan(preset("tiny-gemma3"), ["standard", "rotating:max_size=512,keep=4"], context=3000, prefill=1000,
-                prefill_chunk=256, backend="torch", budget_bytes=1 * GB)  # fmt: skip
+    request = PlanRequest(["standard", "rotating:max_size=512,keep=4"], context=3000, prefill=1000,
+                          prefill_chunk=256, backend="torch", budget_bytes=1 * GB)  # fmt: skip
+    fits = plan(preset("tiny-gemma3"), request)
     for row, fit in zip(rows, fits):
         assert int(row["bytes_allocated"]) == fit.cache.bytes_allocated
         assert int(row["peak_bytes"]) == fit.cache.peak_bytes

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from cachelib.cli import main
-from cachelib.plan import Quality, attach_quality, plan, preset
-from cachelib.plan.quality import collect_evidence, measured_quality, recommend, with_quality
+from cachelib.plan import PlanRequest, Quality, attach_quality, plan, preset
+from cachelib.plan.quality import recommend
 from cachelib.profile import run_profile
+from cachelib.profile.evidence import collect_evidence, measured_quality, with_quality
 
 SPECS = ["standard", "rotating:max_size=16,keep=4", "rotating:max_size=32,keep=4", "quantized:bits=8", "quantized:bits=4"]
 
@@ -33,7 +34,7 @@ def test_evidence_names_model_backend_runs_and_files(profiles_dir):
 
 def test_recommendation_is_the_cheapest_strategy_meeting_the_threshold(profiles_dir):
     quality = measured_quality(profiles_dir)
-    fits = with_quality(plan(preset("llama-3.1-8b"), SPECS, context=4096, prefill=64), profiles_dir)
+    fits = with_quality(plan(preset("llama-3.1-8b"), PlanRequest(SPECS, context=4096, prefill=64)), profiles_dir)
     loose = max(q.mean_kl for q in quality.values()) + 1
     pick = recommend(fits, max_kl=loose, planned_model="llama-3.1-8b")
     # Every measured strategy qualifies: the smallest peak wins (a 16-token ring).
@@ -67,7 +68,7 @@ def test_evidence_records_its_context_and_specs_match_by_meaning(profiles_dir):
     assert prompt_a > 0 and evidence["rotating:max_size=16,keep=4"].context >= evidence["quantized:bits=4"].context
     # The same strategy written with its default knobs spelled out gets the same evidence.
     spelled = ["quantized:bits=4,group_size=64", "rotating:keep=4,max_size=32", "quantized:bits=4,group_size=32"]
-    fits = with_quality(plan(preset("llama-3.1-8b"), spelled, context=4096, prefill=64), profiles_dir)
+    fits = with_quality(plan(preset("llama-3.1-8b"), PlanRequest(spelled, context=4096, prefill=64)), profiles_dir)
     assert fits[0].quality.mean_kl == evidence["quantized:bits=4"].mean_kl
     assert fits[1].quality.mean_kl == evidence["rotating:max_size=32,keep=4"].mean_kl
     assert fits[2].quality is None  # another group size is another strategy
@@ -75,7 +76,7 @@ def test_evidence_records_its_context_and_specs_match_by_meaning(profiles_dir):
 
 def test_a_ring_measured_only_before_it_filled_is_not_recommended():
     specs = ["standard", "rotating:max_size=4096", "rotating:max_size=64", "quantized:bits=8"]
-    fits = plan(preset("smollm2"), specs, context=8192, prefill=64)
+    fits = plan(preset("smollm2"), PlanRequest(specs, context=8192, prefill=64))
     measured = {  # the 4096-ring ran 300 tokens: it never evicted anything
         "rotating:max_size=4096": Quality(0.0, 1.0, "SmolLM2-135M-Instruct", "short.csv", context=300),
         "rotating:max_size=64": Quality(0.02, 0.95, "SmolLM2-135M-Instruct", "long.csv", context=300),
@@ -89,8 +90,8 @@ def test_a_ring_measured_only_before_it_filled_is_not_recommended():
     assert "never evicting: rotating:max_size=4096" in pick.text
     assert "evicts more at 8,192 tokens than in the runs measured (300 tokens)" in pick.text
     assert "not on" not in pick.text  # the bundled smollm2 preset is SmolLM2-135M-Instruct, what profiles record
-    assert "not on llama" in recommend(attach_quality(plan(preset("llama-3.1-8b"), ["quantized:bits=8"], context=64),
-                                                      measured), max_kl=1, planned_model=preset("llama-3.1-8b")).text
+    llama = plan(preset("llama-3.1-8b"), PlanRequest(["quantized:bits=8"], context=64))
+    assert "not on llama" in recommend(attach_quality(llama, measured), max_kl=1, planned_model=preset("llama-3.1-8b")).text
 
 
 def test_plan_cli_leaves_out_measured_strategies_this_backend_refuses(tmp_path, load_model, capsys):

@@ -11,6 +11,7 @@ import pytest
 from cachelib.plan import (
     GB,
     NO_LIMIT,
+    PlanRequest,
     Quality,
     account,
     attach_quality,
@@ -86,15 +87,16 @@ def test_max_batch_and_sessions_follow_peak_and_resident_bytes():
 def test_budget_needed_is_the_smallest_budget_that_fits():
     weights = weight_bytes(LLAMA)
     need = budget_needed(LLAMA, "quantized:bits=4", context=3000, batch=2, weights_bytes=weights, reserve_bytes=10)
-    fit = plan(LLAMA, ["quantized:bits=4"], context=3000, batch=2, budget_bytes=need, reserve_bytes=10)[0]
+    fit = plan(LLAMA, PlanRequest(["quantized:bits=4"], context=3000, batch=2, budget_bytes=need, reserve_bytes=10))[0]
     assert fit.fits and fit.headroom_bytes == 0 and fit.budget_needed == need
-    short = plan(LLAMA, ["quantized:bits=4"], context=3000, batch=2, budget_bytes=need - 1, reserve_bytes=10)[0]
+    short = plan(LLAMA, PlanRequest(["quantized:bits=4"], context=3000, batch=2, budget_bytes=need - 1,
+                                    reserve_bytes=10))[0]  # fmt: skip
     assert short.fits is False and short.headroom_bytes == -1
 
 
 def test_plan_reports_every_strategy_against_the_budget():
-    fits = plan(preset("llama-3.1-8b"), ["standard", "rotating:max_size=4096,keep=4", "quantized:bits=4"],
-                context=32768, budget_bytes=80 * GB, prefill_chunk=2048)  # fmt: skip
+    fits = plan(preset("llama-3.1-8b"), PlanRequest(["standard", "rotating:max_size=4096,keep=4", "quantized:bits=4"],
+                                                    context=32768, budget_bytes=80 * GB, prefill_chunk=2048))  # fmt: skip
     by = {f.spec: f for f in fits}
     assert by["standard"].cache.bytes_allocated == 32768 * 131_072
     assert by["standard"].weights_bytes == 2 * 8_030_261_248
@@ -105,7 +107,7 @@ def test_plan_reports_every_strategy_against_the_budget():
 
 def test_budget_below_the_weights_is_refused():
     with pytest.raises(ValueError, match=r"budget 10\.000 GB is below the weights \(16\.061 GB\)"):
-        plan(preset("llama-3.1-8b"), ["standard"], context=100, budget_bytes=10 * GB)
+        plan(preset("llama-3.1-8b"), PlanRequest(["standard"], context=100, budget_bytes=10 * GB))
     with pytest.raises(ValueError, match="but not the reserve"):
         cache_budget(100, 60, 50)
     with pytest.raises(ValueError, match="tiny-mamba has no parameter count"):
@@ -115,7 +117,7 @@ def test_budget_below_the_weights_is_refused():
 
 
 def test_quality_attaches_by_canonical_spec_and_names_its_model():
-    fits = plan(LLAMA, ["standard", "rotating:max_size=512,keep=4"], context=1000)
+    fits = plan(LLAMA, PlanRequest(["standard", "rotating:max_size=512,keep=4"], context=1000))
     table = {
         "rotating:keep=4,max_size=512": Quality(0.012, 0.97, model="smollm2", source="profiles/run.csv"),
     }
