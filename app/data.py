@@ -13,7 +13,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import pandas as pd
 
-from cachelib.core.units import DTYPE_BYTES
+from cachelib.plan import Arch, kv_bytes_per_token
 from cachelib.profile import Profile, summarize, verdict
 
 TABLES = ("steps", "layers", "slots", "masks")
@@ -86,21 +86,16 @@ def run_view(profile: Profile, name: str | None = None, tables: dict[str, pd.Dat
 
 def full_cache_reference(meta: dict, steps: pd.DataFrame, baseline: str) -> pd.DataFrame | None:
     """Bytes a full-precision cache holding exactly every token so far would take, per step:
-    2 (K and V) x layers x KV heads x head_dim x element size x tokens. None when the profile
-    lacks the geometry (e.g. a recurrent model)."""
-    try:
-        layers, heads, dim = (int(meta.get(k) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
-    except (TypeError, ValueError):
-        return None
-    size = DTYPE_BYTES.get(str(meta.get("dtype", "")))
-    if not (layers and heads and dim and size) or not len(steps):
+    the planner's bytes per token of the recorded geometry x tokens. None when the profile lacks
+    the geometry (e.g. a recurrent model)."""
+    per_token = _full_bytes_per_token(meta)
+    if per_token is None or not len(steps):
         return None
     rows = steps[steps["strategy"] == baseline]
     if not len(rows):
         rows = steps.drop_duplicates("step")
     rows = rows.sort_values("step")
     tokens = pd.to_numeric(rows["position"], errors="coerce") + 1
-    per_token = 2 * layers * heads * dim * size
     return pd.DataFrame(
         {
             "step": rows["step"].astype("int64").to_numpy(),
@@ -108,6 +103,26 @@ def full_cache_reference(meta: dict, steps: pd.DataFrame, baseline: str) -> pd.D
             "label": REFERENCE_LABEL,
         }
     )
+
+
+def _full_bytes_per_token(meta: dict) -> int | None:
+    """:func:`cachelib.plan.kv_bytes_per_token` of the cache geometry a profile records: every
+    layer an attention layer of that many KV heads and head size, in the run's dtype."""
+    try:
+        layers, heads, dim = (int(meta.get(k) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
+    except (TypeError, ValueError):
+        return None
+    if min(layers, heads, dim) < 1:
+        return None
+    # Query heads and hidden size are not recorded and do not enter the cache's bytes.
+    arch = Arch(
+        name=str(meta.get("model", "")), model_type=str(meta.get("architecture", "")), num_layers=layers,
+        hidden_size=heads * dim, num_heads=heads, num_kv_heads=heads, head_dim=dim, layer_kinds=("full",) * layers,
+    )  # fmt: skip
+    try:
+        return kv_bytes_per_token(arch, str(meta.get("dtype", "")))
+    except ValueError:  # a dtype the planner does not know
+        return None
 
 
 SUMMARY_DISPLAY = {

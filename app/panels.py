@@ -8,6 +8,7 @@ import streamlit as st
 
 from . import charts
 from .data import SUMMARY_DISPLAY, RunView
+from .keys import Keys
 
 PLOTLY_CONFIG = {"displaylogo": False}
 
@@ -59,9 +60,9 @@ def charts_grid(view: RunView, key: str) -> None:
     with left:
         present = [s for s in view.strategies if (view.layers["strategy"] == s).any()] or view.strategies
         a, b = st.columns([3, 2])
-        strategy = a.selectbox("Per-layer memory of", present, key=f"{key}_layer_strategy")
+        strategy = a.selectbox("Per-layer memory of", present, key=Keys.layer_strategy(key))
         value = b.selectbox(
-            "showing", list(charts.LAYER_VALUES), key=f"{key}_layer_value",
+            "showing", list(charts.LAYER_VALUES), key=Keys.layer_value(key),
             format_func=lambda v: charts.LAYER_VALUES[v][0],
         )  # fmt: skip
         fig = view.figure(

@@ -16,9 +16,11 @@ import streamlit as st
 
 from cachelib.models import model_names
 from cachelib.profile import PROBE_HELP, Probes
-from cachelib.spec import STRATEGIES, Knob, Spec, make_spec
+from cachelib.spec import STRATEGIES, Knob, Spec, make_spec, parse_spec
 
 from . import state
+from .keys import Keys
+from .live import RunOptions
 
 DEFAULT_PROMPT = "Explain what a KV cache is in two sentences."
 DEFAULT_TOKENS = 64
@@ -27,8 +29,6 @@ DEFAULT_STRATEGIES = ("standard", "rotating:max_size=64,keep=4", "quantized:bits
 BOUNDED_START = 256  # first value offered for a required size knob (max_size, window, ...)
 OFF = "off"
 FOLDER = "a local model folder…"
-
-ROWS = "strategy_rows"  # list of row ids, in order; row 0 is the baseline
 
 
 # --- model, backend, device --------------------------------------------------------------------
@@ -41,42 +41,42 @@ def model_settings() -> dict[str, Any]:
     if not backends:
         st.error("Neither MLX nor PyTorch imports here: " + "; ".join(f"{b}: {w}" for b, w in here.items()))
         st.stop()
-    backend = st.radio("Backend", backends, horizontal=True, key="backend", help="only backends that import here")
+    backend = st.radio("Backend", backends, horizontal=True, key=Keys.BACKEND, help="only backends that import here")
     devices = state.devices_of(backend)
-    device = st.selectbox("Device", devices, key=f"device_{backend}", help="devices this machine offers the backend")
+    device = st.selectbox("Device", devices, key=Keys.device(backend), help="devices this machine offers the backend")
     choice = st.selectbox(
         "Model",
         [*model_names(), FOLDER],
-        key="model",
+        key=Keys.MODEL,
         help="smollm2: the bundled SmolLM2-135M (real weights); tiny-*: real architectures with random weights",
     )
     name = choice
     if choice == FOLDER:
         name = st.text_input(
-            "Model folder", key="model_folder", placeholder="/path/to/model (config.json + safetensors)"
+            "Model folder", key=Keys.MODEL_FOLDER, placeholder="/path/to/model (config.json + safetensors)"
         )
     return {"name": name.strip(), "backend": backend, "device": device}
 
 
-def input_settings() -> dict[str, Any]:
-    """Prompt or evaluation text, tokens, mode; returns run_profile keyword arguments."""
-    kind = st.radio("Input", ["chat prompt", "evaluation text"], horizontal=True, key="input_kind")
+def input_settings() -> RunOptions:
+    """Prompt or evaluation text, tokens, mode (the probes and the memory limit come from
+    :func:`probe_settings`)."""
+    kind = st.radio("Input", ["chat prompt", "evaluation text"], horizontal=True, key=Keys.INPUT_KIND)
     if kind == "chat prompt":
-        text = st.text_area("Prompt", DEFAULT_PROMPT, key="prompt", height=90)
-        out: dict[str, Any] = {"prompt": text}
+        prompt = st.text_area("Prompt", DEFAULT_PROMPT, key=Keys.PROMPT, height=90)
     else:
         text = st.text_area(
-            "Evaluation text", key="eval_text", height=160,
+            "Evaluation text", key=Keys.EVAL_TEXT, height=160,
             help="every strategy is fed this text; its first tokens are the prompt",
         )  # fmt: skip
-        out = {"text": text}
-    out["max_tokens"] = st.slider("Tokens to decode", 1, MAX_TOKENS, DEFAULT_TOKENS, key="max_tokens")
-    if kind == "chat prompt":
-        out["free_running"] = st.checkbox(
-            "Free-running", key="free_running",
-            help="each strategy feeds its own greedy tokens instead of the baseline's",
-        )  # fmt: skip
-    return out
+    max_tokens = st.slider("Tokens to decode", 1, MAX_TOKENS, DEFAULT_TOKENS, key=Keys.MAX_TOKENS)
+    if kind != "chat prompt":
+        return RunOptions(text=text, max_tokens=max_tokens)
+    free_running = st.checkbox(
+        "Free-running", key=Keys.FREE_RUNNING,
+        help="each strategy feeds its own greedy tokens instead of the baseline's",
+    )  # fmt: skip
+    return RunOptions(prompt=prompt, max_tokens=max_tokens, free_running=free_running)
 
 
 def probe_settings() -> tuple[Probes, str | None]:
@@ -87,12 +87,12 @@ def probe_settings() -> tuple[Probes, str | None]:
         values = {
             f.name: st.number_input(
                 f.name, min_value=0, max_value=MAX_TOKENS, value=getattr(base, f.name), step=1,
-                key=f"probe_{f.name}", help=PROBE_HELP.get(f.name, ""),
+                key=Keys.probe(f.name), help=PROBE_HELP.get(f.name, ""),
             )  # fmt: skip
             for f in fields(Probes)
         }
         limit = st.text_input(
-            "Memory limit", key="memory_limit", placeholder="e.g. 2GB (empty: none)",
+            "Memory limit", key=Keys.MEMORY_LIMIT, placeholder="e.g. 2GB (empty: none)",
             help="stop the run before the caches of all strategies together would pass this size",
         )  # fmt: skip
     return Probes(**{k: int(v) for k, v in values.items()}), limit.strip() or None
@@ -101,17 +101,13 @@ def probe_settings() -> tuple[Probes, str | None]:
 # --- strategy rows -----------------------------------------------------------------------------
 
 
-def _key(row: int, what: str) -> str:
-    return f"strategy_{row}_{what}"
-
-
 def _seed_row(row: int, spec: Spec) -> None:
-    st.session_state[_key(row, "name")] = spec.name
+    st.session_state[Keys.strategy(row, "name")] = spec.name
     # Knobs written out in the seed spec stay in its label even at their default value.
-    st.session_state[_key(row, f"{spec.name}.given")] = tuple(k for k, _ in spec.params)
+    st.session_state[Keys.strategy(row, f"{spec.name}.given")] = tuple(k for k, _ in spec.params)
     for knob in spec.strategy.knobs:
         value = dict(spec.params).get(knob.name, knob.default)
-        st.session_state[_key(row, f"{spec.name}.{knob.name}")] = _widget_value(knob, value)
+        st.session_state[Keys.strategy(row, f"{spec.name}.{knob.name}")] = _widget_value(knob, value)
 
 
 def _widget_value(knob: Knob, value: int | None) -> Any:
@@ -125,48 +121,46 @@ def _widget_value(knob: Knob, value: int | None) -> Any:
 
 
 def _next_id() -> int:
-    n = st.session_state.get("_strategy_next", 0)
-    st.session_state["_strategy_next"] = n + 1
+    n = st.session_state.get(Keys.STRATEGY_NEXT, 0)
+    st.session_state[Keys.STRATEGY_NEXT] = n + 1
     return n
 
 
 def init_rows() -> None:
-    if ROWS in st.session_state:
+    if Keys.STRATEGY_ROWS in st.session_state:
         return
-    from cachelib.spec import parse_spec
-
     ids = []
     for text in DEFAULT_STRATEGIES:
         row = _next_id()
         _seed_row(row, parse_spec(text))
         ids.append(row)
-    st.session_state[ROWS] = ids
+    st.session_state[Keys.STRATEGY_ROWS] = ids
 
 
 def _add_row() -> None:
     row = _next_id()
     _seed_row(row, make_spec("standard"))
-    st.session_state[ROWS] = [*st.session_state[ROWS], row]
+    st.session_state[Keys.STRATEGY_ROWS] = [*st.session_state[Keys.STRATEGY_ROWS], row]
 
 
 def _remove_row(row: int) -> None:
-    st.session_state[ROWS] = [r for r in st.session_state[ROWS] if r != row]
+    st.session_state[Keys.STRATEGY_ROWS] = [r for r in st.session_state[Keys.STRATEGY_ROWS] if r != row]
 
 
 def _duplicate_row(row: int) -> None:
     new = _next_id()
-    prefix = _key(row, "")
+    prefix = Keys.strategy(row)
     for k in [k for k in st.session_state if isinstance(k, str) and k.startswith(prefix)]:
         what = k[len(prefix) :]
         if what == "name" or "." in what:  # the strategy and its knobs ("rotating.keep"), not the buttons
-            st.session_state[_key(new, what)] = st.session_state[k]
-    ids = list(st.session_state[ROWS])
+            st.session_state[Keys.strategy(new, what)] = st.session_state[k]
+    ids = list(st.session_state[Keys.STRATEGY_ROWS])
     ids.insert(ids.index(row) + 1, new)
-    st.session_state[ROWS] = ids
+    st.session_state[Keys.STRATEGY_ROWS] = ids
 
 
 def _knob_widget(row: int, strategy: str, knob: Knob) -> Any:
-    key = _key(row, f"{strategy}.{knob.name}")
+    key = Keys.strategy(row, f"{strategy}.{knob.name}")
     if key not in st.session_state:
         st.session_state[key] = _widget_value(knob, knob.default)
     help_text = f"{knob.help}. Allowed: {knob.range_text}"
@@ -186,7 +180,7 @@ def _knob_widget(row: int, strategy: str, knob: Knob) -> Any:
 def strategy_editor(backend: str) -> list[dict[str, Any]]:
     """Draw the rows; return [{"name", "knobs"}] in order (the first is the baseline)."""
     init_rows()
-    rows = st.session_state[ROWS]
+    rows = st.session_state[Keys.STRATEGY_ROWS]
     out = []
     names = list(STRATEGIES)
     for i, row in enumerate(rows):
@@ -195,20 +189,20 @@ def strategy_editor(backend: str) -> list[dict[str, Any]]:
             with head:
                 name = st.selectbox(
                     "baseline (the others are compared to it)" if i == 0 else f"strategy {i + 1}",
-                    names, key=_key(row, "name"),
+                    names, key=Keys.strategy(row, "name"),
                     format_func=lambda n: n if backend in STRATEGIES[n].backends else f"{n} (not on {backend})",
                 )  # fmt: skip
             with buttons:
                 b1, b2 = st.columns(2)
-                b1.button("Duplicate", key=_key(row, "dup"), on_click=_duplicate_row, args=(row,), width="stretch")
+                b1.button("Duplicate", key=Keys.strategy(row, "dup"), on_click=_duplicate_row, args=(row,), width="stretch")
                 b2.button(
-                    "Remove", key=_key(row, "del"), on_click=_remove_row, args=(row,),
+                    "Remove", key=Keys.strategy(row, "del"), on_click=_remove_row, args=(row,),
                     disabled=len(rows) == 1, width="stretch",
                 )  # fmt: skip
             strategy = STRATEGIES[name]
             st.caption(strategy.summary)
             knobs = {}
-            given = st.session_state.get(_key(row, f"{name}.given"), ())
+            given = st.session_state.get(Keys.strategy(row, f"{name}.given"), ())
             if strategy.knobs:
                 cols = st.columns(min(len(strategy.knobs), 6))
                 for j, knob in enumerate(strategy.knobs):
@@ -218,12 +212,12 @@ def strategy_editor(backend: str) -> list[dict[str, Any]]:
                     if value is not None and (knob.required or value != knob.default or knob.name in given):
                         knobs[knob.name] = value
             out.append({"name": name, "knobs": knobs})
-    st.button("Add strategy", key="strategy_add", on_click=_add_row)
+    st.button("Add strategy", key=Keys.STRATEGY_ADD, on_click=_add_row)
     return out
 
 
-def specs_of(rows: list[dict[str, Any]], backend: str) -> list[str]:
-    """Canonical spec text per row; a bad row raises ValueError naming the row and the knob."""
+def specs_of(rows: list[dict[str, Any]], backend: str) -> list[Spec]:
+    """The validated spec of each row; a bad row raises ValueError naming the row and the knob."""
     specs = []
     for i, r in enumerate(rows):
         where = "baseline" if i == 0 else f"strategy {i + 1}"
@@ -232,5 +226,5 @@ def specs_of(rows: list[dict[str, Any]], backend: str) -> list[str]:
             spec.check_backend(backend)
         except ValueError as e:
             raise ValueError(f"{where} ({r['name']}): {e}") from None
-        specs.append(str(spec))
+        specs.append(spec)
     return specs

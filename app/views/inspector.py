@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import charts, state
 from app.data import RunView, nearest_at_or_before
+from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
 
 PLAY_SECONDS = 0.6  # one step per tick while playing
@@ -19,8 +20,8 @@ st.caption(
 sources: dict[str, RunView] = {}
 if (cur := state.current()) is not None:
     sources[f"current run · {cur[1].name}"] = cur[1]
-sources.update(st.session_state.get(state.LOADED, {}))
-live = st.session_state.get(state.LIVE)
+sources.update(st.session_state.get(Keys.LOADED, {}))
+live = state.live_run()
 if live is not None and live.running:
     st.info("A run is in progress on the Live comparison page; it appears here when it ends.")
 if not sources:
@@ -30,41 +31,41 @@ if not sources:
     st.stop()
 
 top = st.columns([3, 3, 2])
-source = top[0].selectbox("Run", list(sources), key="insp_source")
+source = top[0].selectbox("Run", list(sources), key=Keys.INSP_SOURCE)
 view = sources[source]
 strategies = [s for s in view.strategies if (view.layers["strategy"] == s).any()]
 if not strategies:
     st.warning("This run recorded no per-layer rows (the memory probe was off): nothing to inspect.")
     st.stop()
-strategy = top[1].selectbox("Strategy", strategies, key="insp_strategy")
+strategy = top[1].selectbox("Strategy", strategies, key=Keys.INSP_STRATEGY)
 steps = view.steps_recorded(strategy, "layers")
 layers = sorted(int(x) for x in view.layers.loc[view.layers["strategy"] == strategy, "layer"].unique())
-layer = top[2].selectbox("Layer", layers, key="insp_layer")
+layer = top[2].selectbox("Layer", layers, key=Keys.INSP_LAYER)
 
 
 def _toggle_play() -> None:
-    st.session_state["insp_playing"] = not st.session_state.get("insp_playing", False)
+    st.session_state[Keys.INSP_PLAYING] = not st.session_state.get(Keys.INSP_PLAYING, False)
 
 
-playing = bool(st.session_state.get("insp_playing")) and len(steps) > 1
+playing = bool(st.session_state.get(Keys.INSP_PLAYING)) and len(steps) > 1
 st.button(
-    "⏸ Pause" if playing else "▶ Play", key="insp_play", on_click=_toggle_play, disabled=len(steps) < 2,
+    "⏸ Pause" if playing else "▶ Play", key=Keys.INSP_PLAY, on_click=_toggle_play, disabled=len(steps) < 2,
     help=f"advance one step every {PLAY_SECONDS} s",
 )  # fmt: skip
 
 
 def step_panel() -> None:
-    if st.session_state.get("insp_step") not in steps:
-        st.session_state["insp_step"] = steps[0]
+    if st.session_state.get(Keys.INSP_STEP) not in steps:
+        st.session_state[Keys.INSP_STEP] = steps[0]
     if playing:
-        i = steps.index(st.session_state["insp_step"])
+        i = steps.index(st.session_state[Keys.INSP_STEP])
         if i + 1 < len(steps):
-            st.session_state["insp_step"] = steps[i + 1]
+            st.session_state[Keys.INSP_STEP] = steps[i + 1]
         else:
-            st.session_state["insp_playing"] = False
+            st.session_state[Keys.INSP_PLAYING] = False
             st.rerun()  # redraw the Play button and stop the ticking
     if len(steps) > 1:
-        step = st.select_slider("Step", steps, key="insp_step")
+        step = st.select_slider("Step", steps, key=Keys.INSP_STEP)
     else:
         step = steps[0]
         st.caption(f"step {step} (the only step recorded)")
@@ -95,7 +96,7 @@ def step_panel() -> None:
 
     st.subheader("Quantization error")
     column = st.radio(
-        "Error of", list(charts.ERROR_COLUMNS), key="insp_error", horizontal=True,
+        "Error of", list(charts.ERROR_COLUMNS), key=Keys.INSP_ERROR, horizontal=True,
         format_func=lambda c: charts.ERROR_COLUMNS[c],
     )  # fmt: skip
     left, right = st.columns(2)

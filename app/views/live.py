@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import streamlit as st
 
 from app import panels, state, widgets
+from app.keys import Keys
+from app.live import LiveRun, REFRESH_SECONDS
 from cachelib.profile import default_profile_name, parse_memory_limit
 
 st.title("Live comparison")
@@ -15,7 +18,7 @@ st.caption(
     "baseline; the others are fed the same tokens and compared to it."
 )
 
-run: state.LiveRun | None = st.session_state.get(state.LIVE)
+run = state.live_run()
 state.collect(run)
 running = bool(run and run.running)
 
@@ -33,11 +36,11 @@ with st.expander("Strategies", expanded=state.current() is None):
 def start() -> None:
     """Validate everything, load the model (cached), start the run; ValueError on bad input."""
     specs = widgets.specs_of(rows, model["backend"])
-    text = options.get("prompt", options.get("text")) or ""
-    if not text.strip():
+    text = options.prompt if options.prompt is not None else options.text
+    if not (text or "").strip():
         raise ValueError(
             "the prompt is empty; type a prompt to decode from"
-            if "prompt" in options
+            if options.prompt is not None
             else "the evaluation text is empty; paste a text to evaluate on"
         )
     if not model["name"]:
@@ -48,14 +51,14 @@ def start() -> None:
     name = default_profile_name(model["name"].rstrip("/").split("/")[-1], specs)
     while (state.profiles_dir() / f"{name}.csv").exists():
         name += "-b"
-    state.start_run(loaded, specs, name, probes=probes, memory_limit=limit, **options)
+    state.start_run(loaded, specs, name, replace(options, probes=probes, memory_limit=limit))
 
 
 run_col, note_col = st.columns([1, 5], vertical_alignment="center")
-clicked = run_col.button("Run", type="primary", key="run", disabled=running, width="stretch")
+clicked = run_col.button("Run", type="primary", key=Keys.RUN, disabled=running, width="stretch")
 note_col.caption(f"Runs are saved to `{state.profiles_dir()}` when they end (finished or stopped).")
 if clicked:
-    st.session_state.pop(state.LIVE, None)  # a finished run's results are already current
+    st.session_state.pop(Keys.LIVE, None)  # a finished run's results are already current
     try:
         start()
     except ValueError as e:
@@ -67,13 +70,13 @@ if clicked:
     run = None  # the start failed: no run of this click to show
 
 
-def live_panel(run: state.LiveRun) -> None:
+def live_panel(run: LiveRun) -> None:
     if not run.running:
         state.collect(run)
         st.rerun()  # the final redraw, outside the polling fragment
     done = max(run.step + 1, 0)
     st.progress(done / max(run.total, 1), text=run.rate_text())
-    st.button("Stop", key="stop", on_click=run.stop, help="stop after the current step; keeps what was recorded")
+    st.button("Stop", key=Keys.STOP, on_click=run.stop, help="stop after the current step; keeps what was recorded")
     if run.waiting:
         st.info("Waiting for another session's run to finish…")
     start = time.perf_counter()
@@ -88,7 +91,7 @@ def live_panel(run: state.LiveRun) -> None:
 
 
 if running:
-    st.fragment(run_every=state.REFRESH_SECONDS)(live_panel)(run)
+    st.fragment(run_every=REFRESH_SECONDS)(live_panel)(run)
 else:
     if run is not None and run.error:
         st.error(run.error)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app import panels, state
+from app.keys import Keys
+from cachelib.profile import list_profiles
+from cachelib.sweep import load_index
 
 st.title("Profiles")
 st.caption(f"Profiles in `{state.profiles_dir()}` (and its sweep folders), or uploaded CSV files.")
@@ -22,12 +25,12 @@ if (cur := state.current()) is not None:
         if path:
             st.download_button(
                 "Download CSV", data=path.read_bytes, file_name=f"{view.name}.csv",
-                mime="text/csv", key="download_current",
+                mime="text/csv", key=Keys.DOWNLOAD_CURRENT,
             )  # fmt: skip
     with right:
         with st.form("save_as", border=False):
             a, b = st.columns([3, 1], vertical_alignment="bottom")
-            new_name = a.text_input("Save as", key="save_name", placeholder="a name, e.g. smollm2-ring-vs-4bit")
+            new_name = a.text_input("Save as", key=Keys.SAVE_NAME, placeholder="a name, e.g. smollm2-ring-vs-4bit")
             if b.form_submit_button("Save"):
                 try:
                     saved = state.save_as(profile, new_name)
@@ -39,15 +42,13 @@ if (cur := state.current()) is not None:
 # --- saved and uploaded profiles ---------------------------------------------------------------
 
 st.subheader("Saved profiles")
-files = state.list_profiles()
+files = list_profiles(state.profiles_dir())
 by_name = {f.name: f for f in files}
 if files:
     st.dataframe(state.listing(files), hide_index=True, width="stretch")
     for folder in sorted({f.folder for f in files if f.folder}):
         if (state.profiles_dir() / folder / "index.csv").exists():
             with st.expander(f"Sweep `{folder}`: every grid point, with or without a profile"):
-                from cachelib.sweep import load_index
-
                 try:
                     index = load_index(state.profiles_dir() / folder)
                 except ValueError as e:
@@ -57,8 +58,8 @@ if files:
 else:
     st.caption("No profiles saved yet.")
 
-uploads = st.file_uploader("Upload profile CSVs", type=["csv"], accept_multiple_files=True, key="upload")
-uploaded: dict = st.session_state.setdefault("_uploaded", {})  # "upload: NAME" -> (file id, RunView)
+uploads = st.file_uploader("Upload profile CSVs", type=["csv"], accept_multiple_files=True, key=Keys.UPLOAD)
+uploaded: dict = st.session_state.setdefault(Keys.UPLOADED, {})  # "upload: NAME" -> (file id, RunView)
 fresh = []
 for upload in uploads or []:
     label = f"upload: {upload.name}"
@@ -75,11 +76,11 @@ for upload in uploads or []:
 
 # Widget state is dropped on other pages: restore the selection from a plain key.
 options = [*by_name, *uploaded]
-if "compare" not in st.session_state:
-    st.session_state["compare"] = [n for n in st.session_state.get("_compare", []) if n in options]
-st.session_state["compare"] = [n for n in st.session_state["compare"] if n in options] + fresh
-chosen = st.multiselect("Compare", options, key="compare", placeholder="choose profiles to load")
-st.session_state["_compare"] = chosen
+if Keys.COMPARE not in st.session_state:
+    st.session_state[Keys.COMPARE] = [n for n in st.session_state.get(Keys.COMPARE_KEPT, []) if n in options]
+st.session_state[Keys.COMPARE] = [n for n in st.session_state[Keys.COMPARE] if n in options] + fresh
+chosen = st.multiselect("Compare", options, key=Keys.COMPARE, placeholder="choose profiles to load")
+st.session_state[Keys.COMPARE_KEPT] = chosen
 
 views = {}
 for name in chosen:
@@ -92,7 +93,7 @@ for name in chosen:
         st.error(str(e))
     except OSError as e:
         st.error(f"{name}: cannot read the file ({e.strerror})")
-st.session_state[state.LOADED] = views
+st.session_state[Keys.LOADED] = views
 
 if views:
     st.subheader("Comparison" if len(views) > 1 else next(iter(views)))

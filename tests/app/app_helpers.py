@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from app.keys import Keys
+
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
 TINY_STRATEGIES = ["standard", "rotating:max_size=16,keep=2", "quantized:bits=4,group_size=32"]
 
@@ -41,6 +43,6 @@ def plotly_figures(at) -> list[dict]:
 def finish_run(at, timeout: float = 240) -> None:
     """Wait for the app's background run to end, then rerun the page once (what the polling
     fragment does in a browser)."""
-    run = at.session_state["live_run"]
+    run = at.session_state[Keys.LIVE]
     assert run.done.wait(timeout), "the run did not end in time"
     at.run()

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from app import data, state
-from cachelib.profile import Profile, load_profile
+from cachelib.profile import Profile, list_profiles, load_profile
 
 
 def profile_with_steps(rows, **meta) -> Profile:
@@ -88,7 +88,7 @@ def test_profile_listing_covers_sweep_folders_and_marks_bad_and_incomplete_files
     (folder / "sweep-a" / "index.csv").write_text("point,status\npoint-1,stopped\n")
     (folder / "notes.csv").write_text("a,b\n1,2\n")
     (folder / ".running.csv.partial").write_text("")
-    files = state.list_profiles(folder)
+    files = list_profiles(folder)
     assert [f.name for f in files] == ["done.csv", "notes.csv", "sweep-a/point-1.csv"]
     assert files[2].label == "sweep-a/point-1"
     table = state.listing(files).set_index("profile")

@@ -12,8 +12,8 @@ import pytest
 from app_helpers import MAIN, finish_run, plotly_figures
 from streamlit.testing.v1 import AppTest
 
-from app import state
 from app.data import run_view
+from app.keys import Keys
 from cachelib.profile import load_profile
 
 TIMEOUT = 180  # seconds per script run: the first loads the bundled model on a busy 2-core machine
@@ -49,7 +49,7 @@ def test_default_run_on_the_bundled_model_updates_live_then_keeps_its_charts_thr
     at.button(key="run").click().run()
     assert not at.exception and not errors(at)
 
-    assert at.session_state[state.LIVE].strategies == ["standard", "rotating:max_size=64,keep=4"]
+    assert [str(s) for s in at.session_state[Keys.LIVE].strategies] == ["standard", "rotating:max_size=64,keep=4"]
     finish_run(at)
     assert not at.exception and not errors(at)
     assert not at.get("progress")
@@ -96,13 +96,14 @@ def test_strategy_rows_are_added_duplicated_removed_and_offer_each_strategys_kno
     at.slider(key="max_tokens").set_value(2)
     at.button(key="run").click().run()
     assert not at.exception and not errors(at)
-    run = at.session_state[state.LIVE]
-    assert run.strategies == [
+    run = at.session_state[Keys.LIVE]
+    labels = [str(s) for s in run.strategies]  # the run holds the specs; their text labels the charts
+    assert labels == [
         "rotating:max_size=64,keep=4", "rotating:max_size=32,keep=4", "quantized:bits=4,group_size=64",
         "chunked:chunk_size=256",
     ]  # fmt: skip
     finish_run(at)
-    assert at.dataframe[0].value["strategy"].tolist() == run.strategies
+    assert at.dataframe[0].value["strategy"].tolist() == labels
 
 
 def test_bad_input_shows_what_to_fix_without_a_traceback(profiles_dir):
@@ -124,7 +125,7 @@ def test_bad_input_shows_what_to_fix_without_a_traceback(profiles_dir):
     assert len(errors(at)) == 1 and "no-such-model" in errors(at)[0]
 
     assert not at.exception
-    assert state.LIVE not in at.session_state
+    assert Keys.LIVE not in at.session_state
     assert not list(profiles_dir.iterdir())
 
 
@@ -134,7 +135,7 @@ def test_charts_fill_in_while_the_run_goes_and_stop_keeps_what_was_recorded(prof
     at.slider(key="max_tokens").set_value(2048)
     at.button(key="run").click().run()
     assert not errors(at)
-    run = at.session_state[state.LIVE]
+    run = at.session_state[Keys.LIVE]
     deadline = time.monotonic() + TIMEOUT
     while run.step < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -157,7 +158,7 @@ def test_charts_fill_in_while_the_run_goes_and_stop_keeps_what_was_recorded(prof
 def test_a_run_that_raises_shows_the_error_and_keeps_the_previous_results(profiles_dir, tiny_profiles):
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
     previous = load_profile(tiny_profiles / "tiny-complete.csv")
-    at.session_state[state.CURRENT] = (previous, run_view(previous, "previous"))
+    at.session_state[Keys.CURRENT] = (previous, run_view(previous, "previous"))
     at.run()
     at.selectbox(key="model").set_value("tiny-llama").run()
     at.selectbox(key="strategy_1_name").set_value("static").run()
@@ -208,7 +209,7 @@ def test_profiles_page_lists_loads_and_compares_profiles(profiles_dir, tiny_prof
 def test_profiles_page_saves_the_current_run_under_a_name(profiles_dir, tiny_profiles):
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
     profile = load_profile(tiny_profiles / "tiny-complete.csv")
-    at.session_state[state.CURRENT] = (profile, run_view(profile, "tiny-complete"))
+    at.session_state[Keys.CURRENT] = (profile, run_view(profile, "tiny-complete"))
     at.run()
     at.switch_page("views/profiles.py").run()
     assert at.get("download_button")
@@ -234,7 +235,7 @@ def test_inspector_steps_through_slots_masks_and_quantization_error(profiles_dir
     quantized = view.layers["strategy"] == "quantized:bits=4,group_size=32"
     view.layers.loc[quantized, "key_rel_rms"] = 0.01 * (view.layers.loc[quantized, "layer"] + 1)
     view.layers.loc[quantized, "value_rel_rms"] = 0.02
-    at.session_state[state.CURRENT] = (profile, view)
+    at.session_state[Keys.CURRENT] = (profile, view)
     at.run()
     at.switch_page("views/inspector.py").run()
     assert not at.exception

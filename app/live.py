@@ -1,0 +1,211 @@
+"""A profiling run in a background thread, readable while it goes.
+
+The page stays responsive: a fragment polls the run a few times a second and redraws from a
+consistent snapshot, and Stop sets an event the profiler checks before every step
+(``should_stop``), which keeps what was recorded. The thread never calls Streamlit; the page
+reads its fields. Runs of all sessions share one lock, so two sessions never decode on the
+same model object at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from streamlit import runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+from cachelib.models import LoadedModel
+from cachelib.profile import Probes, Profile, StepEvent, run_profile
+from cachelib.spec import Spec
+
+from .data import TABLES, RunView, run_view
+
+REFRESH_SECONDS = 0.5  # a live run's charts redraw at most this often (and once at its end)
+UI_SHARE = 1 / 3  # ...and slower when drawing would take more than this share of the time
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a live run passes to :func:`cachelib.profile.run_profile` besides the model, the
+    strategies and where to write: the input (a chat prompt or an evaluation text), how long,
+    and what to record."""
+
+    prompt: str | None = None
+    text: str | None = None
+    max_tokens: int = 64
+    free_running: bool = False
+    probes: Probes = field(default_factory=Probes)
+    memory_limit: int | None = None  # bytes
+
+
+class LiveRun:
+    """One profiling run in a background thread, readable while it goes."""
+
+    def __init__(self, loaded: LoadedModel, strategies: list[Spec], out: Path, name: str, options: RunOptions):
+        self.loaded = loaded
+        self.strategies = strategies
+        self.out = out
+        self.name = name
+        self.options = options
+        self.total = options.max_tokens
+        self.stop_event = threading.Event()
+        self.started = time.perf_counter()
+        self.first_step_at: float | None = None  # seconds after start when step 0 was recorded
+        self.profile: Profile | None = None  # the profile being filled (set at step 0)
+        self.result: Profile | None = None
+        self.error = ""
+        self.waiting = False  # another session's run holds the lock
+        self.orphaned = False  # stopped because its browser session went away
+        self.session_id: str | None = None
+        self.done = threading.Event()
+        self.refreshes: list[float] = []  # when the page drew new data (UI thread)
+        self.min_gap = REFRESH_SECONDS  # seconds between two snapshots (grows when drawing is slow)
+        self.drawn_view: RunView | None = None  # the snapshot the page drew last
+        self.collected = False  # its result was made the current run
+        self._view_at = 0.0
+        self._marks: tuple[int, dict[str, int]] = (-1, {})  # (last step, rows per table) at a step end
+        self._built: dict[str, int] = {}
+        self._frames: dict[str, pd.DataFrame] = {}
+        self._view: tuple[int, RunView] | None = None
+        self._thread = threading.Thread(target=self._work, name=f"cachelib-run-{name}", daemon=True)
+
+    def start(self, lock: threading.Lock) -> "LiveRun":
+        ctx = get_script_run_ctx()
+        self.session_id = ctx.session_id if ctx is not None else None
+        self._lock = lock
+        self._thread.start()
+        return self
+
+    # worker thread ------------------------------------------------------------------------------
+
+    def _should_stop(self) -> bool:
+        """Stop asked, or the browser session that started the run is gone (a closed tab or a
+        reload would otherwise keep decoding, and hold the lock, to the last token)."""
+        if self.stop_event.is_set():
+            return True
+        if self.session_id is not None and not _session_alive(self.session_id):
+            self.orphaned = True
+            return True
+        return False
+
+    def _work(self) -> None:
+        while not self._lock.acquire(timeout=0.25):
+            self.waiting = True
+            if self._should_stop():
+                self.waiting = False
+                self.done.set()
+                return
+        self.waiting = False
+        try:
+            o = self.options
+            self.result = run_profile(
+                self.loaded,
+                self.strategies,
+                prompt=o.prompt,
+                text=o.text,
+                max_tokens=o.max_tokens,
+                free_running=o.free_running,
+                probes=o.probes,
+                memory_limit=o.memory_limit,
+                out=self.out,
+                name=self.name,
+                on_step=self._on_step,
+                should_stop=self._should_stop,
+            )
+        except ValueError as e:
+            self.error = str(e)
+        except Exception as e:  # shown to the user as one line; the partial profile is kept
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self._lock.release()
+            self.done.set()
+
+    def _on_step(self, event: StepEvent) -> None:
+        if self.profile is None:
+            self.profile = event.profile
+            self.first_step_at = time.perf_counter() - self.started
+        # Row counts at a step boundary: the UI reads rows only up to here, so it never sees
+        # half a step while the next one is being appended.
+        self._marks = (event.step, {t: len(event.profile.rows(t)) for t in TABLES})
+
+    # UI thread ----------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return not self.done.is_set()
+
+    @property
+    def step(self) -> int:
+        """The last step recorded (-1: none yet)."""
+        return self._marks[0]
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    @property
+    def final(self) -> Profile | None:
+        """The finished profile: the result, or what a failed or stopped run recorded."""
+        if self.running:
+            return None
+        return self.result or (self.profile if self.step >= 0 else None)
+
+    def view(self) -> RunView | None:
+        """What has been recorded so far (None before step 0)."""
+        final = self.final
+        step, marks = self._marks
+        if step < 0:
+            return None
+        key = step if final is None else -2
+        if self._view is not None:
+            # The decode thread shares the interpreter: drawing too often would slow it down.
+            fresh_enough = final is None and time.perf_counter() - self._view_at < self.min_gap
+            if self._view[0] == key or fresh_enough:
+                return self._view[1]
+        if final is not None and final is self.result:
+            view = run_view(final, self.name)
+        else:
+            view = run_view(self.profile, self.name, tables=self._snapshot(marks))
+        self._view = (key, view)
+        self._view_at = time.perf_counter()
+        return view
+
+    def _snapshot(self, marks: dict[str, int]) -> dict[str, pd.DataFrame]:
+        out = {}
+        for t in TABLES:
+            n, built = marks.get(t, 0), self._built.get(t, 0)
+            if n > built or t not in self._frames:
+                chunk = Profile()
+                chunk.add(t, self.profile.rows(t)[built:n])
+                new = chunk.frame(t)
+                old = self._frames.get(t)
+                self._frames[t] = new if old is None or not len(old) else pd.concat([old, new], ignore_index=True)
+                self._built[t] = n
+            out[t] = self._frames[t]
+        return out
+
+    def note_refresh(self, seconds: float) -> None:
+        """The page drew a new snapshot in ``seconds``: space the next ones accordingly."""
+        self.refreshes.append(time.perf_counter() - self.started)
+        self.min_gap = max(REFRESH_SECONDS, seconds / UI_SHARE)
+
+    def rate_text(self) -> str:
+        elapsed = time.perf_counter() - self.started
+        steps = self.step + 1
+        parts = [f"step {max(steps, 0)}/{self.total}", f"{elapsed:.1f} s"]
+        if self.first_step_at is not None and steps > 1:
+            rate = (steps - 1) / max(1e-9, elapsed - self.first_step_at)
+            parts.append(f"{rate:.1f} steps/s ({len(self.strategies)} strategies each)")
+        if len(self.refreshes) > 1:
+            gaps = pd.Series(self.refreshes).diff().dropna()
+            parts.append(f"charts refreshed {len(self.refreshes)} times, every {gaps.mean():.2f} s")
+        return " · ".join(parts)
+
+
+def _session_alive(session_id: str) -> bool:
+    if not runtime.exists():  # AppTest and bare mode: no sessions to lose
+        return True
+    return runtime.get_instance().is_active_session(session_id)
