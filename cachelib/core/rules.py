@@ -17,7 +17,11 @@ counted as free. The transient is a model of the reference code, not a measureme
 
 Decode runs fast: ``regular_steps()`` says how many coming 1-token updates change bytes only
 affinely and never downward (steady writes, or growth by exactly one token), so the caller may
-``skip`` all but the last of them and still see the run's maximum.
+``skip`` all but the last of them and still see the run's maximum. Long runs of equal updates
+(prompt chunks, decode across growth steps) run fast too: ``cycle_key(n)`` is everything that
+decides how the coming ``n``-token updates change a rule apart from the position fields they
+shift, so once it repeats the updates go round a cycle, and the caller may shift the fields by
+whole cycles (``fields`` / ``shift``) within ``cycle_horizon(n)``.
 
 This module knows allocation arithmetic only: nothing of models, strategies or backends.
 """
@@ -95,6 +99,38 @@ class Rule:
         """Whether every coming 1-token update leaves the bytes (and the peak) as they are."""
         return False
 
+    # -- cycles of equal updates
+    def cycle_key(self, n: int):
+        """What decides how the coming ``n``-token updates (and, for ``n == 1``, the regular
+        stretches between them) change this rule, the integer fields they shift excepted; equal
+        keys mean equal changes. None: not known yet (a threshold ahead), never cycle."""
+        return None
+
+    def cycle_horizon(self, n: int) -> int:
+        """How many coming ``n``-token updates the key decides (a limit ahead, such as a static
+        buffer's end, is not in the key)."""
+        return UNBOUNDED
+
+    def fields(self) -> dict[str, int]:
+        """The integer fields (nested rules' as ``name.field``), for shifting by whole cycles."""
+        out: dict[str, int] = {}
+        for name, value in vars(self).items():
+            if isinstance(value, Rule):
+                out.update({f"{name}.{k}": v for k, v in value.fields().items()})
+            elif isinstance(value, int) and not isinstance(value, bool):
+                out[name] = value
+        return out
+
+    def shift(self, delta: dict[str, int], times: int) -> None:
+        """Add ``times * delta[field]`` to each field: the state ``times`` cycles later."""
+        for name, d in delta.items():
+            if d:
+                *path, attr = name.split(".")
+                obj = self
+                for part in path:
+                    obj = getattr(obj, part)
+                setattr(obj, attr, getattr(obj, attr) + times * d)
+
     def copy(self) -> Rule:
         return copy.copy(self)  # every field is an int, a str or a bool
 
@@ -141,6 +177,9 @@ class StepGrowth(Rule):
     def skip(self, k: int) -> None:
         self.offset += k
 
+    def cycle_key(self, n: int):
+        return self.cap == 0, self.cap - self.offset, self.offset % self.step
+
 
 class Concatenate(Rule):
     """mlx-lm ``ConcatenateKVCache`` / transformers ``DynamicLayer``: the arrays are replaced by
@@ -171,6 +210,9 @@ class Concatenate(Rule):
 
     def skip(self, k: int) -> None:
         self.offset += k
+
+    def cycle_key(self, n: int):
+        return ()
 
 
 class Rotating(Rule):
@@ -242,6 +284,13 @@ class Rotating(Rule):
     def settled(self) -> bool:
         return self.cap == self.max_size
 
+    def cycle_key(self, n: int):
+        # Past every slot and max_size, the offset enters the ring's arithmetic only through
+        # comparisons that stay true.
+        if self.offset > max(self.cap, self.idx, self.max_size):
+            return self.cap, self.idx
+        return None
+
 
 class Chunked(Rule):
     """mlx-lm ``ChunkedKVCache(chunk_size)`` driven as llama4 drives it: ``maybe_trim_front``
@@ -303,6 +352,9 @@ class Chunked(Rule):
     def settled(self) -> bool:
         return self.regular_steps() == UNBOUNDED
 
+    def cycle_key(self, n: int):
+        return self.cap, self.offset - self.start
+
 
 class Static(Rule):
     """transformers ``StaticLayer`` (and our MLX ``StaticKVCache``): ``max_len`` slots allocated
@@ -342,6 +394,12 @@ class Static(Rule):
 
     def settled(self) -> bool:
         return self.started
+
+    def cycle_key(self, n: int):
+        return (self.started,)
+
+    def cycle_horizon(self, n: int) -> int:
+        return max(0, (self.max_len - self.offset) // n)  # the updates that still fit
 
 
 class DynamicSliding(Rule):
@@ -384,6 +442,9 @@ class DynamicSliding(Rule):
 
     def settled(self) -> bool:
         return self.bounded and self.stored == self.window - 1
+
+    def cycle_key(self, n: int):
+        return (self.stored,)
 
 
 class StaticSliding(Rule):
@@ -428,6 +489,9 @@ class StaticSliding(Rule):
 
     def settled(self) -> bool:
         return self.started and self.offset >= self.cap_when_started
+
+    def cycle_key(self, n: int):
+        return self.started, ("full" if self.offset >= self.cap_when_started else self.offset)
 
 
 class Kivi(Rule):
@@ -486,6 +550,9 @@ class Kivi(Rule):
         self.residual += k
         self.offset += k
 
+    def cycle_key(self, n: int):
+        return self.started, self.residual
+
 
 class QuantizeAfter(Rule):
     """``QuantizedKVCache(start=N)`` of cachelib (both backends): full precision until an update
@@ -542,6 +609,15 @@ class QuantizeAfter(Rule):
         self.inner.skip(k)
         self.offset = self.inner.offset
 
+    def cycle_key(self, n: int):
+        inner = self.inner.cycle_key(n)
+        return None if inner is None else (self.converted, inner)
+
+    def cycle_horizon(self, n: int) -> int:
+        if self.converted:
+            return UNBOUNDED
+        return max(0, -(-(self.start - self.offset) // n))  # the updates that begin before start
+
     def copy(self) -> Rule:
         twin = copy.copy(self)
         twin.inner = self.inner.copy()
@@ -593,3 +669,6 @@ class RecurrentState(Rule):
 
     def settled(self) -> bool:
         return self.started
+
+    def cycle_key(self, n: int):
+        return (self.started,)

@@ -12,6 +12,10 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # at a time (``step``); our step-grown torch caches follow it.
 STEP = 256
 
+# The largest token count or index a cache knob may take: MLX indexes arrays with int32, so a
+# larger size would overflow there (PyTorch's int64 is wider); every size knob stops here.
+INDEX_MAX = 2**31 - 1
+
 GB = 10**9  # SI gigabyte: what --budget-gb counts
 GiB = 2**30
 MiB = 2**20

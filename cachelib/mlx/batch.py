@@ -15,6 +15,8 @@ minus ``view.left_padding[r]`` (negative: padding). For the linear layout
 
 from __future__ import annotations
 
+import warnings
+
 import mlx.core as mx
 import numpy as np
 
@@ -46,19 +48,39 @@ def roll_rows(x: mx.array, shifts: mx.array) -> mx.array:
     return mx.take_along_axis(x, src, axis=2)
 
 
-def _batch_state_checks(keys, values, offset, left_padding, where: str) -> None:
+def _batch_state_checks(keys, values, offset, left_padding, where: str) -> tuple[mx.array, mx.array]:
+    """Check a batch state; returns (offset, left_padding) with one entry per batch row.
+
+    mlx-lm sets a state without checking it, and a single offset / left_padding entry then
+    broadcasts over every row of the keys (its masks and RoPE take it so). Such a state is
+    loaded, with a warning, by repeating the entry for every row; entries that cannot
+    broadcast (2 for 3 rows) are refused: mlx-lm's first forward fails on them too."""
     check_array("keys", keys, where)
     check_array("values", values, where)
     check_kv_pair(keys, values, where)
     check_array("offset", offset, where, optional=False)
     check_array("left_padding", left_padding, where, optional=False)
-    if offset.shape != left_padding.shape or offset.ndim != 1:
+    if offset.ndim != 1 or left_padding.ndim != 1:
         raise ValueError(
             f"{where} state: offset {tuple(offset.shape)} and left_padding {tuple(left_padding.shape)} "
             "must be 1-D with one entry per batch row"
         )
-    if keys is not None and keys.shape[0] != offset.shape[0]:
-        raise ValueError(f"{where} state: keys hold {keys.shape[0]} batch rows but offset has {offset.shape[0]}")
+    rows = keys.shape[0] if keys is not None else max(offset.shape[0], left_padding.shape[0])
+    for name, x in (("left_padding", left_padding), ("offset", offset)):
+        if x.shape[0] not in (rows, 1):
+            held = f"keys hold {rows} batch rows" if keys is not None else f"the other entry has {rows} rows"
+            raise ValueError(
+                f"{where} state: {held} but {name} has {x.shape[0]} entries; it needs one per row "
+                "(or a single one for every row)"
+            )
+    if offset.shape[0] == left_padding.shape[0] == rows:
+        return offset, left_padding
+    warnings.warn(
+        f"{where} state: {offset.shape[0]} offset and {left_padding.shape[0]} left_padding entries for "
+        f"{rows} batch rows; a single entry is taken for every row (as mlx-lm's masks broadcast it)",
+        stacklevel=3,
+    )
+    return mx.broadcast_to(offset, (rows,)) + 0, mx.broadcast_to(left_padding, (rows,)) + 0
 
 
 def _aligned(caches, *, wanted_idx: int, width: int, H: int, D: int, M: int, dtype):
@@ -183,7 +205,7 @@ class BatchKVCache(LayerCache):
     def state(self, v):
         keys, values, offset, left_padding, idx = self._unpack_state(v, 5)
         where = "BatchKVCache"
-        _batch_state_checks(keys, values, offset, left_padding, where)
+        offset, left_padding = _batch_state_checks(keys, values, offset, left_padding, where)
         if not isinstance(idx, int) or isinstance(idx, bool):
             raise ValueError(f"{where} state: _idx must be an integer, got {idx!r}")
         if keys is not None and idx > keys.shape[2]:
@@ -418,7 +440,7 @@ class BatchRotatingKVCache(LayerCache):
     def state(self, v):
         keys, values, offset, left_padding, max_size, tokens, idx, rotated = self._unpack_state(v, 8)
         where = "BatchRotatingKVCache"
-        _batch_state_checks(keys, values, offset, left_padding, where)
+        offset, left_padding = _batch_state_checks(keys, values, offset, left_padding, where)
         check_int("max_size", max_size, 1, where + " state")
         check_int("_offset", tokens, 0, where + " state")
         if not isinstance(idx, int) or isinstance(idx, bool):

@@ -7,11 +7,14 @@ user's metadata, ``"1.<layer>"`` each layer's class name, ``"2.0"`` an empty str
 ``"2.<i>.0"`` / ``"2.<i>.1"`` the tensor name and kind (``scalar``, ``string``, ``none``) of the
 i-th non-array leaf. Loading maps class names through :data:`~cachelib.mlx.registry.CACHE_CLASSES`;
 an unknown class, a missing tensor or metadata that does not add up is a ValueError naming it.
+A state mlx-lm itself loads and can run (e.g. one left_padding entry for every batch row) loads
+with a warning naming the file and layer; what mlx-lm could not use is refused.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import mlx.core as mx
@@ -69,9 +72,13 @@ def load_prompt_cache(file_name: str | os.PathLike, return_metadata: bool = Fals
     cache = []
     for i, (name, state) in enumerate(zip(classes, states)):
         try:
-            cache.append(cache_class(name).from_state(state))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                cache.append(cache_class(name).from_state(state))
         except (ValueError, TypeError) as err:
             raise ValueError(f"{where}: layer {i} ({name}): {err}") from None
+        for w in caught:  # said again with the file and the layer
+            warnings.warn(f"{where}: layer {i} ({name}): {w.message}", w.category, stacklevel=2)
     return (cache, metadata) if return_metadata else cache
 
 

@@ -48,6 +48,8 @@ from ..core.units import BACKENDS, DTYPE_BYTES, check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
 
+CYCLE_KEYS = 4096  # distinct cycle keys a feed remembers before it starts looking afresh
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,6 +356,70 @@ class Replay:
         self.offset += k
         self.steps += k
 
+    def feed(self, n: int, count: int, phase: str) -> tuple[int, int]:
+        """Apply ``count`` updates of ``n`` tokens; return the highest peak and the most device
+        bytes among them. Exact, in time bounded by the updates' cycle, not by ``count``.
+
+        1-token updates skip their regular stretches (the maximum is at a stretch's last step).
+        Once every rule's ``cycle_key`` has come round three times at equal spacing, and every
+        field moved by the same amounts between them, the updates go round a cycle: whole cycles
+        are jumped over by shifting the fields, within every rule's ``cycle_horizon``, and the
+        cycle after them is replayed. Bytes move affinely from cycle to cycle, so each moment's
+        peak is a maximum of affine functions of the cycle's number, highest at the first or the
+        last cycle, both replayed."""
+        peak = resident = 0
+        seen: dict = {}  # cycle key -> [(updates left, fields)] at its sightings
+        left = count
+        while left:
+            key = self._cycle_key(n)
+            if key is not None:
+                marks = seen.setdefault(key, [])
+                marks.append((left, [r.fields() for r in self.rules]))
+                jumped = self._jump(n, marks, left) if len(marks) >= 3 else 0
+                if jumped:
+                    left -= jumped
+                    seen.clear()
+                    continue
+                if len(seen) > CYCLE_KEYS:  # no cycle in sight: start looking afresh
+                    seen.clear()
+            k = 1  # updates this event makes: a regular stretch's skipped ones and the last
+            if n == 1:
+                k = max(1, min(self.regular_steps(), left))
+                if k > 1:
+                    self.skip(k - 1)
+            step = self.update(n, phase, False)
+            peak = max(peak, step.peak_bytes)
+            resident = max(resident, step.device_bytes)
+            left -= k
+        return peak, resident
+
+    def _cycle_key(self, n: int):
+        keys = tuple(r.cycle_key(n) for r in self.rules)
+        return None if any(k is None for k in keys) else keys
+
+    def _jump(self, n: int, marks: list, left: int) -> int:
+        """Shift the state by whole cycles seen in the last three ``marks``; the updates jumped."""
+        (l0, f0), (l1, f1), (l2, f2) = marks[-3:]
+        per_cycle = l1 - l2
+        if per_cycle <= 0 or l0 - l1 != per_cycle:
+            return 0
+        deltas = []
+        for a, b, c in zip(f0, f1, f2):
+            if a.keys() != c.keys() or any(b[f] - a[f] != c[f] - b[f] for f in a):
+                return 0
+            deltas.append({f: c[f] - b[f] for f in c})
+        # keep one whole cycle to replay, inside every horizon
+        reach = min([left, *(r.cycle_horizon(n) for r in self.rules)])
+        cycles = reach // per_cycle - 1
+        if cycles < 1:
+            return 0
+        for r, d in zip(self.rules, deltas):
+            r.shift(d, cycles)
+        jumped = cycles * per_cycle
+        self.offset += jumped * n
+        self.steps += jumped
+        return jumped
+
 
 def replay(arch: Arch, spec: str | Spec, backend: str = "mlx", *, batch: int = 1, dtype: str = "float16") -> Replay:
     """An empty :class:`Replay` of the cache ``spec`` builds for ``arch`` on ``backend``."""
@@ -469,23 +535,14 @@ def account(
 ) -> Account:
     """The cache after a run of ``context`` tokens (see :func:`schedule`), per layer and in
     total, with the run's peak and resident maxima. Equal to the last step of :func:`trace`,
-    computed in time proportional to growth events, not tokens."""
+    computed in time bounded by the updates' cycles (:meth:`Replay.feed`), not by tokens."""
     spec = parse_spec(spec)
     run = replay(arch, spec, backend, batch=batch, dtype=dtype)
     plan = schedule(context, prefill, prefill_chunk)
     peak = resident = 0
     for u in plan:
-        left = u.repeat
-        while left:
-            if u.tokens == 1:
-                k = min(run.regular_steps(), left)
-                if k > 1:
-                    run.skip(k - 1)  # the run's maximum is at its last step
-                    left -= k - 1
-            step = run.update(u.tokens, u.phase, False)
-            peak = max(peak, step.peak_bytes)
-            resident = max(resident, step.device_bytes)
-            left -= 1
+        p, r = run.feed(u.tokens, u.repeat, u.phase)
+        peak, resident = max(peak, p), max(resident, r)
     alloc, used = run.totals()
     device = run.device_bytes()
     layers = []

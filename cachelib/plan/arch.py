@@ -130,6 +130,18 @@ class Arch:
         window = f", window {self.sliding_window}" if "sliding" in self.layer_kinds else ""
         return f"{self.name}: {self.num_layers} layers ({kinds}), {kv}{window}"
 
+    def context_warning(self, context: int) -> str | None:
+        """What to say of a ``context`` past the model's length (``max_position_embeddings``);
+        None within it, or when the config gives no length. The bytes are still exact: they are
+        what a cache would hold, not what the model can attend over."""
+        limit = self.max_position_embeddings
+        if not limit or context <= limit:
+            return None
+        return (
+            f"context {context:,} is past {self.name}'s limit of {limit:,} tokens (max_position_embeddings): "
+            "the bytes are what the cache would hold, but the model was not built to attend that far"
+        )
+
 
 # ---------------------------------------------------------------------------------------------
 # config.json -> Arch

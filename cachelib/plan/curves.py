@@ -6,9 +6,9 @@ grid (:func:`context_grid`).
 Every point is what :func:`~cachelib.plan.account`, :func:`~cachelib.plan.max_batch` and
 :func:`~cachelib.plan.max_sessions` give for a run of that many tokens, so what
 ``python -m cachelib plan`` prints for that context. Runs of growing length share their updates,
-so one replay per strategy walks the whole grid: the time is about that of one account of the
-longest run (it grows with growth events and prompt chunks, not with tokens), plus one update
-per point.
+so one replay per strategy walks the whole grid, jumping over the cycles of equal updates as
+``account`` does: the time is bounded by the grid's points and the updates' cycles, whatever the
+context (10^12 tokens cost what 10^5 do).
 """
 
 from __future__ import annotations
@@ -116,19 +116,19 @@ class _Run:
         twin.peak, twin.resident = self.peak, self.resident
         return twin
 
+    def feed(self, n: int, count: int, phase: str) -> None:
+        """``count`` updates of ``n`` tokens, as :func:`~cachelib.plan.account` feeds them
+        (:meth:`~cachelib.plan.accounting.Replay.feed`: cycles jumped over, exactly)."""
+        if count > 0:
+            peak, resident = self.run.feed(n, count, phase)
+            self.peak, self.resident = max(self.peak, peak), max(self.resident, resident)
+
     def update(self, n: int, phase: str) -> None:
-        step = self.run.update(n, phase, False)
-        self.peak = max(self.peak, step.peak_bytes)
-        self.resident = max(self.resident, step.device_bytes)
+        self.feed(n, 1, phase)
 
     def singles_to(self, offset: int, phase: str) -> None:
-        """1-token updates up to ``offset``; a regular stretch is skipped to its last step, which
-        holds its maximum (as account walks it)."""
-        while self.offset < offset:
-            k = min(self.run.regular_steps(), offset - self.offset)
-            if k > 1:
-                self.run.skip(k - 1)
-            self.update(1, phase)
+        """1-token updates up to ``offset``."""
+        self.feed(1, offset - self.offset, phase)
 
     def point(self) -> _Point:
         return _Point(self.run.totals()[0], self.peak, self.resident)
@@ -161,10 +161,7 @@ def _walk(arch: Arch, spec: Spec, request: PlanRequest, contexts: Sequence[int],
         if broken:
             raise broken[0]
         try:
-            if chunk == 1:
-                whole.singles_to(n, "prefill")
-            while whole.offset + chunk <= n:
-                whole.update(chunk, "prefill")
+            whole.feed(chunk, (n - whole.offset) // chunk, "prefill")
         except ValueError as e:
             broken.append(e)
             raise

@@ -9,6 +9,7 @@ the predictors in (the profiler passes the capacity planner's exact replays,
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Protocol, Sequence
 
@@ -24,15 +25,33 @@ def parse_memory_limit(value: int | float | str | None) -> int | None:
     if isinstance(value, bool):
         raise ValueError(f"memory_limit must be bytes or a size like '2GB', got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"memory_limit must be a finite number of bytes, got {value!r}")
         limit = float(value)
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"memory_limit {value!r} is not a size; write bytes or e.g. '512MB', '1.5GB', '2GiB'")
         limit = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if limit <= 0:
-        raise ValueError(f"memory_limit must be > 0, got {value!r}")
+    if not limit > 0 or not math.isfinite(limit):
+        raise ValueError(f"memory_limit must be > 0 and finite, got {value!r}")
     return int(limit)
+
+
+DEFAULT_SHARE = 0.9  # without a limit, the caches may take this share of the memory available at the start
+
+
+def available_memory(device: str) -> int:
+    """Bytes free for a run's caches on ``device``: the GPU's free memory for a CUDA device,
+    else the machine's available memory (psutil; MLX on Apple silicon shares it with the GPU)."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 class StepPrediction(Protocol):
@@ -48,8 +67,9 @@ class CachePredictor(Protocol):
 
 
 class MemoryGuard:
-    def __init__(self, limit: int, predictors: Sequence[CachePredictor]):
+    def __init__(self, limit: int, predictors: Sequence[CachePredictor], source: str = ""):
         self.limit = limit
+        self.source = source  # where the limit comes from, when not from the caller (said in the reason)
         self._runs = list(predictors)
 
     def check(self, tokens_in: int, views: list[list[CacheView]]) -> str:
@@ -61,7 +81,7 @@ class MemoryGuard:
             now = sum(v.bytes_allocated for layer_views in views for v in layer_views)
             return (
                 f"memory guard: the next step would bring the caches to {after:,} bytes "
-                f"(now {now:,}), over the limit of {self.limit:,} bytes"
+                f"(now {now:,}), over the limit of {self.limit:,} bytes" + (f" ({self.source})" if self.source else "")
             )
         self._runs = twins
         return ""

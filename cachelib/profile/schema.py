@@ -90,3 +90,29 @@ DTYPES: dict[str, str] = {c: t for cols in TABLES.values() for c, t in cols.item
 
 META_REQUIRED = ("schema_version", "status", "backend", "model", "strategies", "baseline")
 STATUSES = ("running", "complete", "incomplete")
+
+# What the reader accepts beyond each column's type (a column means one thing in every table).
+# Integers fit int64 and floats are finite everywhere, except the values NONFINITE lists;
+# LIMITS bounds numbers (inclusive; None: open).
+_COUNTS = ("step", "layer", "query", "tokens_in", "token_id", "cache_tokens_held", "cache_bytes_used",
+           "cache_bytes_allocated", "device_active_bytes", "device_peak_bytes", "rss_bytes", "offset", "tokens_held",
+           "capacity", "max_capacity", "bytes_used", "bytes_allocated", "write_index", "keep", "evicted", "key_bits",
+           "value_bits", "group_size", "quantized_tokens", "wall_seconds", "tokens_per_second", "kl", "key_rel_rms",
+           "key_max_abs", "value_rel_rms", "value_max_abs")  # fmt: skip
+LIMITS: dict[str, tuple[float | None, float | None]] = {c: (0, None) for c in _COUNTS}
+LIMITS["logprob_target"] = (None, 0)
+NONFINITE: dict[str, tuple[float, ...]] = {"logprob_target": (float("-inf"),)}  # a token the strategy rules out
+# Text columns with a grammar: (regular expression, what it is called in an error).
+PATTERNS: dict[str, tuple[str, str]] = {
+    "phase": (r"prefill|decode", "a phase (prefill or decode)"),
+    "mask": (r"[01]*", "a mask of 0s and 1s"),
+    "positions": (r"(-?\d+( -?\d+)*)?", "space-separated token positions"),
+    "key_positions": (r"(-?\d+( -?\d+)*)?", "space-separated token positions"),
+}
+# Cells every row of a table has.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "steps": ("strategy", "step", "phase", "position", "tokens_in", "token_id"),
+    "layers": ("strategy", "step", "layer", "kind", "offset", "tokens_held", "bytes_used", "bytes_allocated"),
+    "slots": ("strategy", "step", "layer"),
+    "masks": ("strategy", "step", "layer", "query", "query_position", "mask"),
+}

@@ -19,6 +19,9 @@ from .grid import Point
 GIB = 2**30
 # Scheduler setting: a task whose worker dies is tried on a second worker, then fails (KilledWorker).
 ALLOWED_FAILURES = 1
+# A local cluster listens on loopback only: its dashboard serves logs, call stacks and file paths.
+# To share a cluster, start `dask scheduler` / `dask worker` yourself and pass --scheduler.
+LOOPBACK = "127.0.0.1"
 
 
 def default_workers() -> int:
@@ -87,8 +90,9 @@ def _nanny(resources: dict[str, int], env: dict[str, str] | None = None) -> dict
         "nthreads": 1,
         "memory_limit": 0,  # Dask must not pause or kill a run for the memory a model needs
         "resources": resources or None,
-        "host": "127.0.0.1",
+        "host": LOOPBACK,
         "dashboard": False,
+        "dashboard_address": f"{LOOPBACK}:0",  # a worker's HTTP server (metrics) runs even without a dashboard
         "silence_logs": logging.CRITICAL,
     }
     if env:
@@ -106,9 +110,10 @@ def start_local_cluster(points: Sequence[Point], workers: int | None = None):
     scheduler = {
         "cls": Scheduler,
         "options": {
-            "host": "127.0.0.1",
+            "host": LOOPBACK,
             "dashboard": has_dashboard(),
-            "dashboard_address": ":0",
+            # ":0" would bind every interface (Dask reads an empty host as 0.0.0.0)
+            "dashboard_address": f"{LOOPBACK}:0",
             "allowed_failures": ALLOWED_FAILURES,
         },
     }

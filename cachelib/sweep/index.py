@@ -83,6 +83,28 @@ def read_index(folder: str | os.PathLike) -> dict[str, dict[str, str]]:
         raise ValueError(f"{path}: cannot read the sweep index ({e})") from None
 
 
+def profile_problem(folder: str | os.PathLike, row: dict[str, str]) -> str:
+    """Why a finished row's profile cannot stand for its point ('' when it opens): the file is
+    missing, empty or not a profile, or a done row's profile is not complete. Reads the
+    metadata only."""
+    if not row["file"]:
+        return "the index names no profile file"
+    path = Path(folder) / row["file"]
+    if not path.is_file():
+        return f"its profile {row['file']} is missing"
+    if path.stat().st_size == 0:
+        return f"its profile {row['file']} is empty (0 bytes)"
+    from ..profile.store import read_meta
+
+    try:
+        meta = read_meta(path, name=row["file"])
+    except ValueError as e:
+        return f"its profile does not open ({e})"
+    if row["status"] == "done" and meta["status"] != "complete":
+        return f"its profile {row['file']} is {meta['status']} ({meta.get('reason') or 'no reason given'})"
+    return ""
+
+
 def write_index(folder: str | os.PathLike, rows: Iterable[dict[str, str]]) -> Path:
     """Write ``folder/index.csv`` in one step (readers never see half a file)."""
     return write_atomic(Path(folder) / INDEX_FILE, _csv_text(rows))

@@ -12,7 +12,7 @@ itself with ``introspect()``.
 - ``make_cache(model, spec)`` builds one from a strategy spec string.
 """
 
-from .base import AttentionLayer
+from .base import AttentionLayer, CacheFullError, CropError
 from .cache import Cache, DynamicCache, QuantizedCache, StaticCache, build_layers
 from .encoder_decoder import EncoderDecoderCache
 from .factory import make_cache
@@ -42,6 +42,8 @@ from .static import StaticLayer, StaticSlidingWindowLayer
 
 __all__ = [
     "AttentionLayer",
+    "CacheFullError",
+    "CropError",
     "Cache",
     "ChunkedKVCache",
     "ChunkedKVCacheLayer",

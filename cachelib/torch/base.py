@@ -53,21 +53,44 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class CropError(ValueError, RuntimeError):
+    """A crop the layer cannot do. A ``ValueError`` like every refusal of ours, and the
+    ``RuntimeError`` transformers raises for the same refusals (a full window or a recurrent
+    state without past recording, a positive count), so code written for either catches it."""
+
+
+class CacheFullError(ValueError, IndexError):
+    """New tokens that do not fit a static layer. A ``ValueError`` like every refusal of ours,
+    and the ``IndexError`` transformers' ``StaticLayer`` raises when it writes past its end."""
+
+
+# The keywords transformers' caches pass when they build a layer from a model config
+# (``get_layer_types_and_kwargs``, ``StaticCache``). Its layers take ``**kwargs`` and ignore
+# what they do not use; ours ignore these and refuse any other (a typo is not swallowed).
+LAYER_KEYWORDS = ("sliding_window", "max_cache_len", "number_of_states", "config")
+
+
+def check_ignored_keywords(where: str, ignored: dict) -> None:
+    """Refuse keywords beyond :data:`LAYER_KEYWORDS` (those a layer accepts and ignores)."""
+    unknown = sorted(set(ignored) - set(LAYER_KEYWORDS))
+    if unknown:
+        raise TypeError(
+            f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; a layer accepts "
+            f"and ignores {', '.join(LAYER_KEYWORDS)} (what transformers' caches pass to every layer)"
+        )
+
+
 def check_crop(tokens_to_remove: int, held: int, where: str) -> int:
-    """Validate transformers' ``crop(tokens_to_remove)`` argument; returns how many to remove."""
+    """Validate transformers' ``crop(tokens_to_remove)`` argument; returns how many to remove:
+    at most the ``held`` tokens (cropping more empties the layer, as in transformers)."""
     if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int):
-        raise ValueError(f"{where}.crop: tokens_to_remove must be an int <= 0, got {tokens_to_remove!r}")
+        raise CropError(f"{where}.crop: tokens_to_remove must be an int <= 0, got {tokens_to_remove!r}")
     if tokens_to_remove > 0:
-        raise ValueError(
+        raise CropError(
             f"{where}.crop: tokens_to_remove={tokens_to_remove} must be <= 0 "
             "(a negative number of tokens to drop from the end)"
         )
-    if -tokens_to_remove > held:
-        raise ValueError(
-            f"{where}.crop: tokens_to_remove={tokens_to_remove} would remove more than the {held} tokens "
-            f"held; allowed: -{held}..0"
-        )
-    return -tokens_to_remove
+    return min(-tokens_to_remove, held)
 
 
 class AttentionLayer(CacheLayerMixin):

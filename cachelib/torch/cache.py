@@ -418,8 +418,9 @@ class DynamicCache(Cache):
 
 class StaticCache(Cache):
     """transformers' preallocated cache of ``max_cache_len`` tokens per layer (sliding-window
-    layers preallocate their window). A forward whose tokens do not fit raises ``ValueError``
-    before any layer changes."""
+    layers preallocate their window). A forward whose tokens do not fit raises
+    :class:`~cachelib.torch.CacheFullError` (a ``ValueError`` and an ``IndexError``, which
+    transformers raises) before any layer changes."""
 
     def __init__(self, config, max_cache_len: int, offloading: bool = False, offload_only_non_sliding: bool = True):
         layers = build_layers(

@@ -11,13 +11,18 @@ from __future__ import annotations
 import torch
 
 from ..introspect import CacheView
-from .base import AttentionLayer, check_crop, dtype_name
+from .base import AttentionLayer, check_crop, check_ignored_keywords, dtype_name
 
 
 class DynamicLayer(AttentionLayer):
-    """Holds every token's K/V as (B, H, T, D) tensors grown by concatenation."""
+    """Holds every token's K/V as (B, H, T, D) tensors grown by concatenation. Keywords that
+    transformers' caches pass to every layer (``sliding_window=`` ...) are ignored, as there."""
 
     is_croppable = True
+
+    def __init__(self, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
+        super().__init__()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -44,6 +49,7 @@ class DynamicLayer(AttentionLayer):
         return self.get_seq_length() + query_length, 0
 
     def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens (all of them when that is more than held)."""
         n = check_crop(tokens_to_remove, self.get_seq_length(), type(self).__name__)
         if n == 0 or not self.is_initialized:
             return
@@ -79,7 +85,8 @@ class DummyLayer:
     is_croppable = True
     is_sliding = False
 
-    def __init__(self):
+    def __init__(self, **ignored):
+        check_ignored_keywords("DummyLayer", ignored)
         self.is_initialized = True
         self.keys = None
         self.values = None

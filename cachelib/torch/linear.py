@@ -18,7 +18,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from ..introspect import CacheView
-from .base import AttentionLayer, dtype_name
+from .base import AttentionLayer, CropError, check_ignored_keywords, dtype_name
 from .sliding import DynamicSlidingWindowLayer
 from .static import StaticLayer, StaticSlidingWindowLayer
 from .layers import DynamicLayer
@@ -28,7 +28,8 @@ class LinearAttentionLayer(LinearAttentionCacheLayerMixin):
     supports_early_init = False
     is_sliding = False
 
-    def __init__(self, number_of_states: int = 1):
+    def __init__(self, number_of_states: int = 1, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         if isinstance(number_of_states, bool) or not isinstance(number_of_states, int) or number_of_states < 1:
             raise ValueError(f"LinearAttentionLayer: number_of_states must be an int >= 1, got {number_of_states!r}")
         n = range(number_of_states)
@@ -157,24 +158,27 @@ class LinearAttentionLayer(LinearAttentionCacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` convolution inputs and shrink the windows back
-        to ``kernel`` inputs (so ``crop(0)`` may still shrink them)."""
+        to ``kernel`` inputs (so ``crop(0)`` may still shrink them). Refuses, changing nothing,
+        to remove more inputs than were recorded (transformers leaves a window narrower than the
+        kernel there)."""
         if not self.record_past:
-            raise ValueError(
+            raise CropError(
                 "LinearAttentionLayer.crop: past states were not recorded; call activate_past_recording() "
                 "before the updates you may want to crop"
             )
         if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int) or tokens_to_remove > 0:
-            raise ValueError(f"LinearAttentionLayer.crop: tokens_to_remove must be an int <= 0, got {tokens_to_remove!r}")
+            raise CropError(f"LinearAttentionLayer.crop: tokens_to_remove must be an int <= 0, got {tokens_to_remove!r}")
         n = -tokens_to_remove
+        for conv in self.conv_states.values():
+            if conv is not None and n > conv.shape[-1]:
+                raise CropError(
+                    f"LinearAttentionLayer.crop: tokens_to_remove={tokens_to_remove} passes the "
+                    f"{conv.shape[-1]} recorded convolution inputs; allowed: -{conv.shape[-1]}..0"
+                )
         for i, conv in self.conv_states.items():
             if conv is None:
                 continue
             kernel = self.conv_kernel_size[i]
-            if n > conv.shape[-1]:
-                raise ValueError(
-                    f"LinearAttentionLayer.crop: tokens_to_remove={tokens_to_remove} passes the "
-                    f"{conv.shape[-1]} recorded convolution inputs; allowed: -{conv.shape[-1]}..0"
-                )
             end = conv.shape[-1] - n
             self.conv_states[i] = conv[..., max(end - kernel, 0) : end].clone()
 
@@ -275,6 +279,10 @@ class LinearAttentionHybridLayer(CacheLayerMixin, LinearAttentionCacheLayerMixin
     def conv_kernel_size(self):
         return self.linear.conv_kernel_size
 
+    @property
+    def dtype(self):
+        return self.linear.dtype
+
     def update_conv_state(self, conv_states, state_idx: int = 0, **kwargs):
         return self.linear.update_conv_state(conv_states, state_idx, **kwargs)
 
@@ -339,8 +347,13 @@ class LinearAttentionHybridLayer(CacheLayerMixin, LinearAttentionCacheLayerMixin
         self.attention.reorder_cache(beam_idx)
 
     def crop(self, tokens_to_remove: int) -> None:
+        before = dict(self.linear.conv_states)  # crop replaces the windows, never edits them
         self.linear.crop(tokens_to_remove)
-        self.attention.crop(tokens_to_remove)
+        try:
+            self.attention.crop(tokens_to_remove)
+        except ValueError:
+            self.linear.conv_states.update(before)  # both halves as they were
+            raise
 
     def batch_select_indices(self, indices) -> None:
         self.linear.batch_select_indices(indices)
@@ -362,20 +375,46 @@ class LinearAttentionHybridLayer(CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 
 class LinearAttentionAndFullAttentionLayer(LinearAttentionHybridLayer):
-    def __init__(self, number_of_states: int = 1):
+    def __init__(self, number_of_states: int = 1, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         super().__init__(DynamicLayer(), number_of_states)
 
 
 class LinearAttentionAndSlidingWindowAttentionLayer(LinearAttentionHybridLayer):
-    def __init__(self, sliding_window: int, number_of_states: int = 1):
+    def __init__(self, sliding_window: int, number_of_states: int = 1, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         super().__init__(DynamicSlidingWindowLayer(sliding_window), number_of_states)
+
+    @property
+    def sliding_window(self) -> int:
+        return self.attention.sliding_window
+
+    @property
+    def _sliding_window_tensor(self) -> torch.Tensor:
+        # what DynamicCache's iteration yields per layer, as for transformers' hybrid
+        return self.attention._sliding_window_tensor
 
 
 class LinearAttentionAndStaticFullAttentionLayer(LinearAttentionHybridLayer):
-    def __init__(self, max_cache_len: int, number_of_states: int = 1):
+    def __init__(self, max_cache_len: int, number_of_states: int = 1, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         super().__init__(StaticLayer(max_cache_len), number_of_states)
+
+    @property
+    def max_cache_len(self) -> int:
+        return self.attention.max_cache_len
 
 
 class LinearAttentionAndStaticSlidingWindowAttentionLayer(LinearAttentionHybridLayer):
-    def __init__(self, max_cache_len: int, sliding_window: int, number_of_states: int = 1):
+    def __init__(self, max_cache_len: int, sliding_window: int, number_of_states: int = 1, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         super().__init__(StaticSlidingWindowLayer(max_cache_len, sliding_window), number_of_states)
+
+    @property
+    def max_cache_len(self) -> int:
+        """The slots preallocated: min(max_cache_len, sliding_window), as in transformers."""
+        return self.attention.max_cache_len
+
+    @property
+    def sliding_window(self) -> int:
+        return self.attention.sliding_window

@@ -24,8 +24,22 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
     is_croppable = True
     _arrays = ("keys", "values", "quantized_keys", "quantized_values")
 
-    def __init__(self, nbits: int = 4, q_group_size: int = 64, residual_length: int = 128):
+    def __init__(
+        self,
+        nbits: int = 4,
+        q_group_size: int = 64,
+        residual_length: int = 128,
+        *,
+        axis_key: int = 0,
+        axis_value: int = 0,
+    ):
+        """``axis_key`` / ``axis_value`` are transformers' keywords, kept for drop-in use: its
+        backends quantize along them; our quantizer always groups along head_dim."""
         super().__init__()
+        for name, axis in (("axis_key", axis_key), ("axis_value", axis_value)):
+            if isinstance(axis, bool) or not isinstance(axis, int):
+                raise ValueError(f"QuantizedLayer: {name} must be an int, got {axis!r}")
+        self.axis_key, self.axis_value = axis_key, axis_value
         check_bits(nbits, "QuantizedLayer", "nbits")
         check_group_size(q_group_size, "QuantizedLayer")
         if isinstance(residual_length, bool) or not isinstance(residual_length, int) or residual_length < 0:
@@ -89,6 +103,7 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
         return self.cumulative_length + query_length, 0
 
     def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens exactly (all of them when that is more)."""
         n = check_crop(tokens_to_remove, self.cumulative_length, "QuantizedLayer")
         if n == 0:
             return

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..core import ring
 from ..core.units import STEP
 from ..introspect import CacheView
-from .base import AttentionLayer, QuantErrorProbe, cat, check_crop, dtype_name, tokens
+from .base import AttentionLayer, CropError, QuantErrorProbe, cat, check_crop, dtype_name, tokens
 from .mlx_style import StrategyCache, check_step
 from .quantizer import check_bits, check_group_size, check_head_dim
 from .storage import DENSE, QuantizedCodec, clone, encode_pair, grow, head, span, write, zeros
@@ -185,7 +185,7 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
     def crop(self, tokens_to_remove: int) -> None:
         n = check_crop(tokens_to_remove, self.offset, "RotatingKVCacheLayer")
         if n and not self.is_trimmable():
-            raise ValueError(
+            raise CropError(
                 f"RotatingKVCacheLayer.crop: the ring of max_size={self.max_size} has already overwritten "
                 f"tokens ({self.offset} seen), so it cannot roll back"
             )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..introspect import CacheView
-from .base import check_crop, dtype_name
+from .base import CropError, check_crop, check_ignored_keywords, dtype_name
 from .layers import DynamicLayer
 
 
@@ -29,7 +29,8 @@ def _last(x: torch.Tensor, n: int) -> torch.Tensor:
 class DynamicSlidingWindowLayer(DynamicLayer):
     is_sliding = True
 
-    def __init__(self, sliding_window: int):
+    def __init__(self, sliding_window: int, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         super().__init__()
         if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
             raise ValueError(f"DynamicSlidingWindowLayer: sliding_window must be an int >= 1, got {sliding_window!r}")
@@ -79,21 +80,34 @@ class DynamicSlidingWindowLayer(DynamicLayer):
         return self.sliding_window
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Remove ``-tokens_to_remove`` tokens. Once the window has been filled this needs past
-        recording; ``crop(0)`` then just shrinks the held states back to the window."""
+        """Remove ``-tokens_to_remove`` tokens (all of them when that is more than seen). Once
+        the window has been filled this needs past recording; ``crop(0)`` then just shrinks the
+        held states back to the window."""
         name = type(self).__name__
         if self.cumulative_length < self.sliding_window:
             n = check_crop(tokens_to_remove, self.get_seq_length(), name)
             if n and self.is_initialized:
-                super().crop(tokens_to_remove)
+                super().crop(-n)
             self.cumulative_length = self.keys.shape[-2] if self.keys is not None else 0
             return
         if not self.record_past:
-            raise ValueError(
+            raise CropError(
                 f"{name}.crop: the window of {self.sliding_window} tokens is full and past states were "
                 "dropped; call activate_past_recording() before the updates you may want to crop"
             )
-        n = check_crop(tokens_to_remove, self.keys.shape[-2], name)
+        n = check_crop(tokens_to_remove, self.cumulative_length, name)
+        if n == self.cumulative_length:  # every token seen: empty again (transformers' length goes below 0)
+            self.keys, self.values = self.keys[..., :0, :].clone(), self.values[..., :0, :].clone()
+            self.cumulative_length = 0
+            return
+        if n > self.keys.shape[-2]:
+            # transformers slices to nothing here and keeps a positive length: a layer whose
+            # mask sizes no longer match what it holds. Ours refuses and stays as it was.
+            raise CropError(
+                f"{name}.crop: tokens_to_remove={tokens_to_remove} passes the {self.keys.shape[-2]} tokens "
+                f"recorded since the last crop (of {self.cumulative_length} seen); allowed: "
+                f"-{self.keys.shape[-2]}..0, or -{self.cumulative_length} or less to empty the layer"
+            )
         past = self.sliding_window - 1
         end = self.keys.shape[-2] - n
         start = max(end - past, 0)

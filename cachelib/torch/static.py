@@ -4,7 +4,9 @@ us with transformers 5.x semantics.
 Both allocate their (B, H, max_cache_len, D) buffers on the first update and write in place.
 ``update`` returns the whole buffer and ``get_mask_sizes`` says so; the model's mask hides the
 slots not yet written. Positions are tracked as Python ints (transformers keeps a tensor for
-cudagraphs). Writing past ``max_cache_len`` raises ``ValueError`` before anything is changed.
+cudagraphs). Writing past ``max_cache_len`` raises :class:`CacheFullError` (a ``ValueError`` and
+the ``IndexError`` transformers raises) before anything is changed; cropping more than is held
+empties the layer (transformers' length goes negative).
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import torch
 
 from ..introspect import CacheView
-from .base import AttentionLayer, check_crop, dtype_name
+from .base import AttentionLayer, CacheFullError, CropError, check_crop, check_ignored_keywords, dtype_name
 
 
 class StaticLayer(AttentionLayer):
     is_compileable = True
     is_croppable = True
 
-    def __init__(self, max_cache_len: int):
+    def __init__(self, max_cache_len: int, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         super().__init__()
         if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1:
             raise ValueError(f"{type(self).__name__}: max_cache_len must be an int >= 1, got {max_cache_len!r}")
@@ -43,7 +46,7 @@ class StaticLayer(AttentionLayer):
 
     def check_room(self, n_new: int) -> None:
         if n_new > self.room():
-            raise ValueError(
+            raise CacheFullError(
                 f"{type(self).__name__}: {n_new} new tokens at position {self.length} do not fit in "
                 f"max_cache_len={self.max_cache_len} (room for {self.room()}); the cache is unchanged"
             )
@@ -69,6 +72,7 @@ class StaticLayer(AttentionLayer):
         return self.max_cache_len
 
     def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` tokens (all of them when that is more than held)."""
         # The buffers stay as they are: the next update overwrites the dropped slots.
         self.length -= check_crop(tokens_to_remove, self.length, type(self).__name__)
 
@@ -99,7 +103,8 @@ class StaticSlidingWindowLayer(StaticLayer):
 
     is_sliding = True
 
-    def __init__(self, max_cache_len: int, sliding_window: int):
+    def __init__(self, max_cache_len: int, sliding_window: int, **ignored):
+        check_ignored_keywords(type(self).__name__, ignored)
         super().__init__(max_cache_len=min(sliding_window, max_cache_len))
         self.sliding_window = sliding_window
         self._croppable = max_cache_len <= sliding_window
@@ -149,7 +154,7 @@ class StaticSlidingWindowLayer(StaticLayer):
 
     def crop(self, tokens_to_remove: int) -> None:
         if self.length > self.max_cache_len:
-            raise ValueError(
+            raise CropError(
                 f"StaticSlidingWindowLayer.crop: {self.length - self.max_cache_len} tokens already left the "
                 f"window of {self.max_cache_len}; they cannot be restored"
             )

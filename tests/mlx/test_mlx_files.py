@@ -161,3 +161,47 @@ def test_a_file_with_inconsistent_metadata_is_refused(tmp_path, kv):
         ours.load_prompt_cache(_save_raw(path, tensors, gap))
     with pytest.raises(ValueError, match=r"no cache class names"):
         ours.load_prompt_cache(_save_raw(path, tensors, {}))
+
+
+def test_a_batch_file_mlx_lm_writes_with_one_padding_entry_for_all_rows_loads_with_a_warning(tmp_path, kv):
+    # mlx-lm writes and reads back a batch cache whose left_padding (and offset) has one entry
+    # for several rows, and decodes on it (the entry broadcasts); ours refused it (issue 17, item 18)
+    rng = np.random.default_rng(406)
+    theirs = [ref.BatchKVCache([1]), ref.BatchRotatingKVCache(4, [1])]
+    for S in (3, 1):
+        k, v = kv(rng, 2, 1, S, 32)
+        for c in theirs:
+            c.update_and_fetch(k, v)
+    path = str(tmp_path / "batch.safetensors")
+    ref.save_prompt_cache(path, theirs)
+    back = ref.load_prompt_cache(path)  # mlx-lm reads it without complaint
+    assert [c.left_padding.shape for c in back] == [(1,), (1,)] and back[0].keys.shape[0] == 2
+
+    with pytest.warns(UserWarning) as warned:
+        mine = ours.load_prompt_cache(path)
+    said = [str(w.message) for w in warned]
+    assert len(said) == 2 and all("batch.safetensors" in m for m in said)
+    assert "layer 0 (BatchKVCache)" in said[0] and "layer 1 (BatchRotatingKVCache)" in said[1]
+    assert all("1 offset and 1 left_padding entries for 2 batch rows" in m for m in said)
+    assert [c.left_padding.tolist() for c in mine] == [[1, 1], [1, 1]]
+    # and decodes on exactly as mlx-lm's caches that wrote it (mlx-lm's own loaded
+    # BatchRotatingKVCache cannot: from_state leaves out its _lengths)
+    for step in range(3):
+        k, v = kv(rng, 2, 1, 1, 32)
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            mask_a, mask_b = a.make_mask(1, return_array=True), b.make_mask(1, return_array=True)
+            np.testing.assert_array_equal(np.array(mask_a), np.broadcast_to(np.array(mask_b), mask_a.shape))
+            got, want = a.update_and_fetch(k, v), b.update_and_fetch(k, v)
+            for x, y in zip(got, want):
+                np.testing.assert_array_equal(np.array(x), np.array(y), err_msg=f"step {step} layer {i}")
+
+
+def test_a_batch_file_whose_padding_cannot_cover_its_rows_is_refused_by_name(tmp_path, kv):
+    # two left_padding entries for three rows: mlx-lm loads it, but its first mask fails to broadcast
+    cache = ref.BatchKVCache([1, 0])
+    cache.update_and_fetch(*kv(np.random.default_rng(407), 3, 1, 2, 32))
+    path = str(tmp_path / "rows.safetensors")
+    ref.save_prompt_cache(path, [cache])
+    refused = r"rows.safetensors.*layer 0 \(BatchKVCache\).*keys hold 3 batch rows but left_padding has 2 entries"
+    with pytest.raises(ValueError, match=refused):
+        ours.load_prompt_cache(path)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cachelib.plan import account, cache_layout, preset, schedule, token_bytes, trace
-from cachelib.plan.accounting import Update
+from cachelib.plan.accounting import Replay, Update
 
 GEMMA = preset("tiny-gemma3")  # 2 sliding (window 32) + 1 global, twice
 LLAMA = preset("tiny-llama")
@@ -148,3 +148,47 @@ def test_bad_strategies_for_the_arch_or_backend_are_refused():
         account(LLAMA, "standard", "jax", context=10)
     with pytest.raises(ValueError, match=r"static: max_len=64 .*context 65 > max_len 64"):
         account(LLAMA, "static:max_len=64", context=65)
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_jumping_over_cycles_of_equal_updates_is_exact(backend, monkeypatch):
+    """account() jumps over whole cycles of equal prompt chunks and decode growth steps
+    (issue 17, item 10: the Planner page hung at 10^8 tokens); it must equal the full trace, and
+    the walk without jumps at contexts the trace cannot reach, for every rule."""
+    rng = random.Random("cycles" + backend)
+    for arch in (GEMMA, LLAMA, MAMBA):
+        for spec in SPECS[backend]:
+            context = rng.randint(3000, 9000)
+            prefill = rng.choice([None, rng.randint(0, context), rng.randint(0, 50)])
+            chunk = rng.choice([1, 7, 64, 1000, 2048])  # 1000 over steps of 256: a cycle of 32 chunks
+            kw = dict(context=context, prefill=prefill, prefill_chunk=chunk)
+            try:
+                full = trace(arch, spec, backend, **kw)
+            except ValueError as refused:
+                with pytest.raises(ValueError, match=str(refused).split(";")[0]):
+                    account(arch, spec, backend, **kw)
+                continue
+            fast = account(arch, spec, backend, **kw)
+            where = (arch.name, spec, kw)
+            assert (fast.bytes_allocated, fast.bytes_used, fast.peak_bytes) == (
+                full.steps[-1].bytes_allocated, full.steps[-1].bytes_used, full.peak_bytes), where
+            assert fast.max_resident_bytes == max(s.device_bytes for s in full.steps), where
+    jump = Replay._jump
+    for arch in (GEMMA, LLAMA):
+        for spec in SPECS[backend]:
+            kw = dict(context=rng.randint(40_000, 120_000), prefill=rng.choice([None, 5000]),
+                      prefill_chunk=rng.choice([64, 1000, 2048]))  # fmt: skip
+            if spec.startswith("static"):
+                continue  # refused past max_len: the test below
+            fast = account(arch, spec, backend, **kw)
+            monkeypatch.setattr(Replay, "_jump", lambda *a: 0)
+            walked = account(arch, spec, backend, **kw)
+            monkeypatch.setattr(Replay, "_jump", jump)
+            assert fast == walked, (arch.name, spec, kw)
+
+
+def test_a_static_cache_refuses_at_its_end_even_when_cycles_are_jumped():
+    with pytest.raises(ValueError, match="max_len=3000"):
+        account(LLAMA, "static:max_len=3000", "mlx", context=10**9, prefill_chunk=7)
+    acc = account(LLAMA, "static:max_len=3000", "mlx", context=2999, prefill_chunk=7)
+    assert acc.layers[0].tokens_held == 2999

@@ -11,7 +11,7 @@ import pytest
 from cachelib.decode import Runner
 from cachelib.profile import Probes, list_profiles, load_profile, read_meta, run_profile, save_profile, summarize
 from cachelib.profile.guard import MemoryGuard
-from cachelib.profile.store import ProfileWriter
+from cachelib.profile.store import ENDED_WITHOUT_CLOSING, ProfileWriter
 
 FOUR = ["standard", "rotating:max_size=64,keep=4", "quantized:bits=8", "quantized:bits=4"]
 PROMPT = "Explain what a KV cache is, and why it matters for serving language models."
@@ -163,7 +163,7 @@ def test_read_meta_reads_what_load_profile_reads_and_refuses_what_it_refuses(tin
     writer.flush()
     writer.partial.rename(tmp_path / "crashed.csv")
     for meta in (read_meta(tmp_path / "crashed.csv"), load_profile(tmp_path / "crashed.csv").meta):
-        assert (meta["status"], meta["reason"]) == ("incomplete", "the run ended before it could close the profile")
+        assert (meta["status"], meta["reason"]) == ("incomplete", ENDED_WITHOUT_CLOSING)
     assert [f.name for f in list_profiles(tmp_path)] == ["crashed.csv", "run.csv", "v99.csv"]
 
 

@@ -71,6 +71,48 @@ def test_a_rerun_skips_finished_points_and_retries_failed_pending_and_lost_ones(
     assert plan.rows[points[1].id]["status"] == "pending" and plan.rows[points[1].id]["error"] == ""
 
 
+def test_a_done_run_whose_profile_does_not_open_is_run_again_and_says_why(sweep):
+    # a done row whose profile is 0 bytes used to be skipped forever (issue 17, item 5)
+    path, points, out = sweep
+    out.mkdir()
+    rows = [pending_row(p) for p in points]
+    rows[0].update(status="done", file=points[0].file)
+    (out / points[0].file).write_bytes(b"")
+    rows[1].update(status="done", file=points[1].file)
+    (out / points[1].file).write_text("not,a\nprofile,at all\n", encoding="utf-8")
+    rows[2].update(status="done", file=points[2].file)  # done, but its profile never closed
+    _profile_file(out, points[2], "running")
+    rows[3].update(status="stopped", file=points[3].file, error="memory guard: ...")
+    _profile_file(out, points[3], "incomplete", "memory guard: ...")  # stopped early: that is what stopped means
+    write_index(out, rows)
+
+    plan = plan_sweep(path, out)
+    assert [p.id for p in plan.todo] == [points[0].id, points[1].id, points[2].id]
+    assert all(plan.rows[p.id]["status"] == "pending" for p in points[:3])
+    why = plan.reruns
+    assert set(why) == {points[0].id, points[1].id, points[2].id}
+    assert "empty (0 bytes)" in why[points[0].id] and points[0].file in why[points[0].id]
+    assert "does not open" in why[points[1].id] and points[1].file in why[points[1].id]
+    assert "incomplete" in why[points[2].id]
+    assert all(w.endswith("running it again") for w in why.values())
+
+
+@pytest.mark.slow
+def test_a_rerun_of_an_empty_done_profile_prints_why_and_leaves_a_profile_that_opens(tmp_path):
+    from cachelib.profile import read_meta
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.replace("[8, 16, 24, 32]", "8"), encoding="utf-8")
+    out = tmp_path / "out"
+    first = run_sweep(grid, out, workers=1)
+    (out / first.rows[0]["file"]).write_bytes(b"")
+    log = io.StringIO()
+    second = run_sweep(grid, out, workers=1, on_event=Progress(log, tty=False))
+    assert second.ok
+    assert f"was done but its profile {first.rows[0]['file']} is empty (0 bytes); running it again" in log.getvalue()
+    assert read_meta(out / second.rows[0]["file"])["status"] == "complete"
+
+
 def test_a_profile_written_before_its_index_row_counts_as_finished(sweep):
     path, points, out = sweep
     out.mkdir()

