@@ -8,8 +8,9 @@ fixes the colours), the baseline(s) and the per-strategy summary in plain words.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import pandas as pd
 
@@ -18,6 +19,29 @@ from cachelib.profile import Profile, summarize, verdict
 
 TABLES = ("steps", "layers", "slots", "masks")
 REFERENCE_LABEL = "full cache (exact fit)"
+LARGE_BYTES = 50 * 2**20  # a profile file this big reads its per-layer table only when asked to
+
+
+class LazyTables(Mapping):
+    """A view's four tables, each read on first use by ``load(table)``: a large profile's
+    layers, slots and masks wait until a figure needs them. ``loaded`` starts it off."""
+
+    def __init__(self, load: Callable[[str], pd.DataFrame], loaded: dict[str, pd.DataFrame] | None = None):
+        self.load = load
+        self.loaded = dict(loaded or {})
+
+    def __getitem__(self, table: str) -> pd.DataFrame:
+        if table not in TABLES:
+            raise KeyError(table)
+        if table not in self.loaded:
+            self.loaded[table] = self.load(table)
+        return self.loaded[table]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TABLES)
+
+    def __len__(self) -> int:
+        return len(TABLES)
 
 
 @dataclass
@@ -30,10 +54,11 @@ class RunView:
     baselines: list[str]
     status: str
     reason: str
-    tables: dict[str, pd.DataFrame]
+    tables: Mapping[str, pd.DataFrame]  # a dict, or LazyTables that read each on first use
     summary: pd.DataFrame = field(default_factory=pd.DataFrame)
     reference: pd.DataFrame | None = None  # full-cache bytes per step: columns step, bytes, label
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # figures drawn from this view
+    size_bytes: int | None = None  # the profile file's size (None: not from a file)
 
     def figure(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """``build()`` once per view and key: a rerun that changes nothing rebuilds nothing."""
@@ -61,14 +86,27 @@ class RunView:
     def complete(self) -> bool:
         return self.status == "complete"
 
+    @property
+    def large(self) -> bool:
+        """Whether the file is big enough that its tables are read only when a figure asks."""
+        return (self.size_bytes or 0) >= LARGE_BYTES
+
+    def loaded(self, table: str) -> bool:
+        """Whether ``table`` is in memory (reading it costs nothing more)."""
+        return not isinstance(self.tables, LazyTables) or table in self.tables.loaded
+
     def steps_recorded(self, strategy: str, table: str = "steps") -> list[int]:
         frame = self.tables[table]
         return sorted(int(s) for s in frame.loc[frame["strategy"] == strategy, "step"].unique())
 
 
-def run_view(profile: Profile, name: str | None = None, tables: dict[str, pd.DataFrame] | None = None) -> RunView:
-    """The view of one profile. ``tables`` overrides the profile's frames (a live snapshot)."""
-    tables = tables or {t: profile.frame(t) for t in TABLES}
+def run_view(
+    profile: Profile, name: str | None = None, tables: Mapping[str, pd.DataFrame] | None = None,
+    size_bytes: int | None = None,
+) -> RunView:
+    """The view of one profile. ``tables`` overrides the profile's frames (a live snapshot, or
+    :class:`LazyTables` of a file); only the steps table is read here."""
+    tables = tables if tables is not None else {t: profile.frame(t) for t in TABLES}
     summary = summary_table(profile, tables["steps"])
     ref = full_cache_reference(profile.meta, tables["steps"], profile.baseline)
     return RunView(
@@ -81,6 +119,7 @@ def run_view(profile: Profile, name: str | None = None, tables: dict[str, pd.Dat
         tables=tables,
         summary=summary,
         reference=ref,
+        size_bytes=size_bytes,
     )
 
 
@@ -168,17 +207,22 @@ def combine(views: Sequence[RunView]) -> RunView:
     if len(views) == 1:
         return views[0]
     names = _unique_names([v.name for v in views])
-    tables: dict[str, list[pd.DataFrame]] = {t: [] for t in TABLES}
+    renames = [{s: f"{name} / {s}" for s in v.strategies} for name, v in zip(names, views)]
     strategies, baselines, summaries, references = [], [], [], {}
-    for name, v in zip(names, views):
-        rename = {s: f"{name} / {s}" for s in v.strategies}
-        strategies += list(rename.values())
-        baselines += [rename.get(b, f"{name} / {b}") for b in v.baselines]
-        for t in TABLES:
-            frame = v.tables[t]
+
+    def relabelled(table: str) -> pd.DataFrame:
+        """``table`` of every run, read when a figure asks for it (as each run's own)."""
+        parts = []
+        for rename, v in zip(renames, views):
+            frame = v.tables[table]
             if len(frame):
                 labels = frame["strategy"].astype("string").map(lambda s, r=rename: r.get(s, s))
-                tables[t].append(frame.assign(strategy=labels))
+                parts.append(frame.assign(strategy=labels))
+        return _concat(parts, views[0].tables[table])
+
+    for name, v, rename in zip(names, views, renames):
+        strategies += list(rename.values())
+        baselines += [rename.get(b, f"{name} / {b}") for b in v.baselines]
         if len(v.summary):
             summaries.append(v.summary.assign(strategy=v.summary["strategy"].map(lambda s, r=rename: r.get(s, s))))
         if v.reference is not None:
@@ -192,9 +236,10 @@ def combine(views: Sequence[RunView]) -> RunView:
         baselines=baselines,
         status=status,
         reason="; ".join(reasons),
-        tables={t: _concat(tables[t], views[0].tables[t]) for t in TABLES},
+        tables=LazyTables(relabelled),
         summary=pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=list(SUMMARY_DISPLAY)),
         reference=_merge_references(references),
+        size_bytes=sum(v.size_bytes or 0 for v in views) or None,
     )
 
 

@@ -76,3 +76,8 @@ class Keys:
     @staticmethod
     def layer_value(grid: str) -> str:
         return f"{grid}_layer_value"
+
+    @staticmethod
+    def read_table(grid: str, table: str) -> str:
+        """The toggle that reads ``table`` of a large profile for the chart grid ``grid``."""
+        return f"{grid}_read_{table}"

@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from cachelib.core.units import GB, human_bytes
 from cachelib.plan import Fit
@@ -265,6 +266,7 @@ def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
 
 
 NO_VALUE = "–"
+NOT_COVERED = "not covered"  # what the CLI prints too
 TEXT_FORMATS: dict[str, Callable] = {
     **{c: human_bytes for c in BYTE_COLUMNS},
     **{c: "{:,}".format for c in ("max context", "max batch", "sessions")},
@@ -279,7 +281,8 @@ def plan_table_text(table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=table.index)
     for col in table.columns:
         fmt = TEXT_FORMATS.get(col, str)
-        out[col] = [NO_VALUE if v is None or v is pd.NA or v != v else fmt(v) for v in table[col].tolist()]
+        empty = NOT_COVERED if col == "mean KL" else NO_VALUE  # no quality: the evidence does not cover it
+        out[col] = [empty if v is None or v is pd.NA or v != v else fmt(v) for v in table[col].tolist()]
     return out
 
 
@@ -311,12 +314,90 @@ def parse_strategies(text: str) -> list[str]:
 
 
 def evidence_table(evidence: Sequence[Evidence]) -> pd.DataFrame:
-    """What the profiles measured, one row per (model, backend, strategy)."""
-    cols = ["strategy", "model", "backend", "runs", "steps", "mean KL", "top-1", "files"]
+    """The measured points, one row per (model, backend, strategy, context), with their 95% CIs."""
+    cols = ["strategy", "model", "backend", "context", "kept", "samples", "mean KL", "± KL", "top-1", "± top-1",
+            "Δppl", "retrieval", "kind", "files"]  # fmt: skip
     rows = [
-        [e.spec, e.model, e.backend, e.runs, e.steps, e.mean_kl, e.top1_agreement, ", ".join(e.files)] for e in evidence
-    ]
+        [e.spec, e.model, e.backend, e.context, e.kept_fraction, e.samples, e.mean_kl, e.mean_kl_ci95,
+         e.top1_agreement, e.top1_ci95, e.delta_ppl, e.retrieval, e.kind, ", ".join(e.files)]
+        for e in evidence
+    ]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
+
+
+# --- quality against context and kept fraction ----------------------------------------------------
+
+
+class QualityPoint(NamedTuple):
+    family: str  # the strategy apart from its bound, e.g. "rotating keep=4"
+    spec: str
+    context: int
+    kept_fraction: float
+    mean_kl: float
+    ci95: float | None
+
+
+class QualityInfo(NamedTuple):
+    points: list[QualityPoint]  # measured, on the planned backend (or all, when it has none)
+    targets: list[tuple[str, str, float]]  # (family, spec, kept fraction) of each planned strategy at its context
+    context: int  # the planned context
+    backend: str
+
+
+def _family_label(spec: str) -> str:
+    s = parse_spec(spec)
+    knob = s.strategy.window
+    rest = [f"{k}={v}" for k, v in s.params if k != knob]
+    return s.name + (" " + ",".join(rest) if rest else "")
+
+
+def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int, backend: str) -> QualityInfo:
+    """The measured quality per strategy family against context and kept fraction, and where
+    each planned (lossy) strategy sits: what the Planner's evidence chart shows."""
+    mine = [e for e in evidence if e.backend == backend] or list(evidence)
+    points = [QualityPoint(_family_label(e.spec), e.spec, e.context, e.kept_fraction, e.mean_kl, e.mean_kl_ci95)
+              for e in sorted(mine, key=lambda e: (_family_label(e.spec), e.context, e.kept_fraction))]  # fmt: skip
+    from_specs = {p.family for p in points}
+    targets = []
+    for f in fits:
+        spec = parse_spec(f.spec)
+        label = _family_label(f.spec)
+        if spec.lossless or label not in from_specs:
+            continue
+        bound = spec.window
+        targets.append((label, f.spec, 1.0 if bound is None else min(1.0, bound / f.cache.context)))
+    return QualityInfo(points, targets, context, backend)
+
+
+def quality_figure(info: QualityInfo) -> go.Figure:
+    """Two panels: mean KL against context, and against kept fraction; one line per family, the
+    planned context and each planned strategy's kept fraction marked."""
+    if not info.points:
+        return empty_figure("Quality evidence", "no measured point on this backend")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("mean KL vs context", "mean KL vs kept fraction"))
+    families = sorted({p.family for p in info.points})
+    colors = strategy_colors(families)
+    for fam in families:
+        pts = [p for p in info.points if p.family == fam]
+        for col, x in ((1, [p.context for p in pts]), (2, [p.kept_fraction for p in pts])):
+            order = np.argsort(x, kind="stable")
+            fig.add_trace(
+                go.Scatter(
+                    x=[x[i] for i in order], y=[pts[i].mean_kl for i in order], mode="lines+markers", name=fam,
+                    legendgroup=fam, showlegend=col == 1, line={"color": colors[fam]},
+                    error_y={"type": "data", "array": [pts[i].ci95 or 0 for i in order], "visible": True},
+                    text=[pts[i].spec for i in order], hovertemplate="%{text}<br>%{x}<br>KL %{y:.4g}<extra></extra>",
+                ),
+                row=1, col=col,
+            )  # fmt: skip
+    fig.add_vline(x=info.context, line_dash="dash", line_color=WORKLOAD_COLOR, row=1, col=1)
+    for fam, spec, kept in info.targets:
+        fig.add_vline(x=kept, line_dash="dot", line_color=colors.get(fam, WORKLOAD_COLOR), row=1, col=2)
+    fig.update_xaxes(type="log", title_text="context (tokens); dashed: planned", row=1, col=1)
+    fig.update_xaxes(type="log", title_text="kept fraction; dotted: planned strategies", row=1, col=2)
+    fig.update_yaxes(title_text="mean KL (nats)", rangemode="tozero")
+    fig.update_layout(height=340, margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.3})
+    return fig
 
 
 def savings_text(pick: Fit, fits: Sequence[Fit]) -> str:

@@ -13,11 +13,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from cachelib.core.units import human_bytes
 from cachelib.models import LoadedModel, available_devices, load
 from cachelib.profile import Profile, ProfileFile, load_profile, read_meta, save_profile
+from cachelib.profile.tables import read_table
 from cachelib.spec import Spec
 
-from .data import RunView, combine, run_view
+from .data import LazyTables, RunView, combine, run_view
 from .keys import Keys
 from .live import LiveRun, RunOptions
 
@@ -62,13 +64,38 @@ def devices_of(backend: str) -> list[str]:
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
+def _table_of_file(path: str, mtime_ns: int, size: int, table: str) -> pd.DataFrame:
+    return read_table(path, table, name=Path(path).name)
+
+
+class _FileTables:
+    """Reads one table of a profile file, once per version of the file (picklable, as what
+    ``st.cache_data`` keeps of a view must be)."""
+
+    def __init__(self, path: str, mtime_ns: int, size: int):
+        self.path, self.mtime_ns, self.size = path, mtime_ns, size
+
+    def __call__(self, table: str) -> pd.DataFrame:
+        return _table_of_file(self.path, self.mtime_ns, self.size, table)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
 def _view_of_file(path: str, mtime_ns: int, size: int, name: str) -> RunView:
-    return run_view(load_profile(path, name=Path(path).name), name)
+    # The metadata and the steps table now; the others when a figure reads them.
+    label = Path(path).name
+    meta = read_meta(path, name=label)
+    if "schema_version" not in meta:  # a partial file whose run recorded nothing yet
+        raise ValueError(f"{label}: {meta['status']}: {meta.get('reason', '')}; nothing to load")
+    tables = LazyTables(_FileTables(path, mtime_ns, size))
+    profile = Profile(meta)
+    profile.path = Path(path)
+    return run_view(profile, name, tables=tables, size_bytes=size)
 
 
 def view_of_file(f: ProfileFile) -> RunView:
-    """A profile file's tables, parsed once per version of the file (mtime and size key the cache).
-    The session keeps the view object, so figures drawn from it are kept too."""
+    """A profile file's view: its metadata and steps table, parsed once per version of the file
+    (mtime and size key the cache); the other tables are read when a figure needs them. The
+    session keeps the view object, so figures drawn from it, and tables read, are kept too."""
     s = f.path.stat()
     key = (str(f.path), s.st_mtime_ns, s.st_size, f.label)
     views = st.session_state.setdefault(Keys.FILE_VIEWS, {})
@@ -113,7 +140,12 @@ def listing(files: list[ProfileFile]) -> pd.DataFrame:
     for f in files:
         row: dict[str, Any] = {"profile": f.name}
         try:
-            m = meta_of_file(f.path)
+            row["size"] = human_bytes(f.path.stat().st_size)
+        except OSError:
+            row["size"] = ""
+        try:
+            # A partial file's status hangs on whether its run is alive, which no file stamp shows: read it afresh.
+            m = read_meta(f.path, name=f.name) if f.partial else meta_of_file(f.path)
         except (ValueError, OSError) as e:
             row.update(status="not a profile", reason=str(e))
         else:
@@ -127,7 +159,7 @@ def listing(files: list[ProfileFile]) -> pd.DataFrame:
                 created=m.get("created", ""),
             )
         rows.append(row)
-    cols = ["profile", "status", "reason", "model", "backend", "strategies", "steps", "created"]
+    cols = ["profile", "size", "status", "reason", "model", "backend", "strategies", "steps", "created"]
     return pd.DataFrame(rows, columns=cols)
 
 

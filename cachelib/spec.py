@@ -27,7 +27,7 @@ from functools import cache
 from typing import Any, Callable, Mapping
 
 from .core.layout import LayerCache
-from .core.units import BACKENDS, STEP
+from .core.units import BACKENDS, INDEX_MAX, STEP
 
 QUANT_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize supports; torch supports TORCH_QUANT_BITS
 TORCH_QUANT_BITS = (2, 4, 8)
@@ -76,7 +76,8 @@ class Knob:
         if self.min is not None and value < self.min:
             raise fail(f"{where} = {value} must be >= {self.min}")
         if self.max is not None and value > self.max:
-            raise fail(f"{where} = {value} must be <= {self.max}")
+            why = " (the int32 range MLX indexes arrays with)" if self.max == INDEX_MAX else ""
+            raise fail(f"{where} = {value} must be <= {self.max}{why}")
         return value
 
     @property
@@ -203,7 +204,7 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             "standard",
             "full cache, preallocated in steps of `step` tokens (mlx-lm KVCache)",
-            (Knob("step", "tokens added per growth", STEP, min=1),),
+            (Knob("step", "tokens added per growth", STEP, min=1, max=INDEX_MAX),),
             plan=_layer("KVCache", "step"),
             mlx="cachelib.mlx.kv:build_standard",
             torch="cachelib.torch.mlx_style:build_standard",
@@ -222,8 +223,8 @@ STRATEGIES: dict[str, Strategy] = {
             "rotating",
             "ring buffer of max_size tokens, the first `keep` never evicted (mlx-lm RotatingKVCache)",
             (
-                Knob("max_size", "tokens held at most (mlx-lm --max-kv-size)", required=True, min=1),
-                Knob("keep", "leading tokens never evicted (attention sinks)", 4, min=0),
+                Knob("max_size", "tokens held at most (mlx-lm --max-kv-size)", required=True, min=1, max=INDEX_MAX),
+                Knob("keep", "leading tokens never evicted (attention sinks)", 4, min=0, max=INDEX_MAX),
                 _bits("bits", "quantize the ring (beyond mlx-lm); off unless given"),
                 _GROUP,
                 _KEY_BITS,
@@ -241,7 +242,7 @@ STRATEGIES: dict[str, Strategy] = {
             (
                 _bits("bits", "bits per element (mlx-lm --kv-bits)", 8),
                 _GROUP,
-                Knob("start", "keep full precision for the first `start` tokens (--quantized-kv-start)", 0, min=0),
+                Knob("start", "keep full precision for the first `start` tokens (--quantized-kv-start)", 0, min=0, max=INDEX_MAX),
                 _KEY_BITS,
                 _VALUE_BITS,
             ),
@@ -255,7 +256,7 @@ STRATEGIES: dict[str, Strategy] = {
             (
                 Knob("bits", "bits per quantized element", 4, choices=TORCH_QUANT_BITS),
                 _GROUP,
-                Knob("residual", "tokens kept in full precision", 128, min=1),
+                Knob("residual", "tokens kept in full precision", 128, min=1, max=INDEX_MAX),
             ),
             plan=_layer("QuantizedLayer", "residual"),
             mlx="cachelib.mlx.kivi:build_kivi",
@@ -264,7 +265,7 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             "chunked",
             "keeps only the tokens of the current chunk of chunk_size (mlx-lm ChunkedKVCache)",
-            (Knob("chunk_size", "tokens per attention chunk", required=True, min=1),),
+            (Knob("chunk_size", "tokens per attention chunk", required=True, min=1, max=INDEX_MAX),),
             plan=_layer("ChunkedKVCache", "chunk_size"),
             mlx="cachelib.mlx.kv:build_chunked",
             torch="cachelib.torch.mlx_style:build_chunked",
@@ -273,7 +274,7 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             "static",
             "preallocates max_len tokens up front (transformers StaticCache)",
-            (Knob("max_len", "tokens preallocated; a longer run is refused", required=True, min=1),),
+            (Knob("max_len", "tokens preallocated; a longer run is refused", required=True, min=1, max=INDEX_MAX),),
             plan=_layer("StaticLayer", "max_len"),
             plan_sliding=_static_sliding,
             mlx="cachelib.mlx.kv:build_static",
@@ -284,7 +285,7 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             "sliding",
             "keeps the last `window` tokens on every attention layer (sliding-window attention)",
-            (Knob("window", "tokens each query may attend to", required=True, min=1),),
+            (Knob("window", "tokens each query may attend to", required=True, min=1, max=INDEX_MAX),),
             plan=_sliding_window,
             mlx="cachelib.mlx.rotating:build_sliding",
             torch="cachelib.torch.cache:build_sliding",

@@ -8,6 +8,7 @@ from app import charts, state
 from app.data import RunView, nearest_at_or_before
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
+from app.plain import md
 
 PLAY_SECONDS = 0.6  # one step per tick while playing
 
@@ -33,6 +34,13 @@ if not sources:
 top = st.columns([3, 3, 2])
 source = top[0].selectbox("Run", list(sources), key=Keys.INSP_SOURCE)
 view = sources[source]
+try:  # a large profile's per-layer, slot and mask tables are read when a page first needs them
+    with st.spinner("Reading the per-layer, slot and mask tables…"):
+        for table in ("layers", "slots", "masks"):
+            view.tables[table]
+except ValueError as e:  # a malformed table: one line naming the file, line and column
+    st.error(md(e))
+    st.stop()
 strategies = [s for s in view.strategies if (view.layers["strategy"] == s).any()]
 if not strategies:
     st.warning("This run recorded no per-layer rows (the memory probe was off): nothing to inspect.")

@@ -10,6 +10,7 @@ import streamlit as st
 from app import panels, state, widgets
 from app.keys import Keys
 from app.live import LiveRun, REFRESH_SECONDS
+from app.plain import md
 from cachelib.profile import default_profile_name, parse_memory_limit
 
 st.title("Live comparison")
@@ -56,15 +57,15 @@ def start() -> None:
 
 run_col, note_col = st.columns([1, 5], vertical_alignment="center")
 clicked = run_col.button("Run", type="primary", key=Keys.RUN, disabled=running, width="stretch")
-note_col.caption(f"Runs are saved to `{state.profiles_dir()}` when they end (finished or stopped).")
+note_col.caption(f"Runs are saved to {md(state.profiles_dir())} when they end (finished or stopped).")
 if clicked:
     st.session_state.pop(Keys.LIVE, None)  # a finished run's results are already current
     try:
         start()
     except ValueError as e:
-        st.error(str(e))
+        st.error(md(e))
     except Exception as e:  # a model that fails to load, a broken install: one line, no traceback
-        st.error(f"{type(e).__name__}: {e}")
+        st.error(md(f"{type(e).__name__}: {e}"))
     else:
         st.rerun()  # redraw with Run disabled and the live panel polling
     run = None  # the start failed: no run of this click to show
@@ -94,7 +95,7 @@ if running:
     st.fragment(run_every=REFRESH_SECONDS)(live_panel)(run)
 else:
     if run is not None and run.error:
-        st.error(run.error)
+        st.error(md(run.error))
     result = state.current()
     if result is not None:
         profile, view = result

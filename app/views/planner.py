@@ -6,30 +6,33 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import pandas as pd
 import streamlit as st
 
 from app import plan_charts, state
+from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
+from app.plain import md
 from cachelib.core.units import DTYPE_BYTES, human_bytes
 from cachelib.plan import (
     Arch, Fit, PlanRequest, PlanResult, Quality, chart_range, context_grid, frontier_curves, gb_to_bytes,
     memory_curves, plan_request, preset_names, resolve_model,
 )  # fmt: skip
-from cachelib.plan.quality import Evidence, quality_table
-from cachelib.profile.evidence import collect_evidence
+from cachelib.profile.evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence
 from cachelib.spec import STRATEGIES
 
 CONFIG = "a config.json…"
+COMMITTED = "committed evidence (assets/evidence)"
 DEFAULTS: dict[str, Any] = {  # widget key -> first value
     "plan_model": "llama-3.1-8b", "plan_config": "", "plan_backend": "mlx", "plan_dtype": "float16",
     "plan_context": 32768, "plan_batch": 1, "plan_prefill": None, "plan_prefill_chunk": 2048,
     "plan_strategies": "standard\nrotating:max_size=4096\nquantized:bits=8\nquantized:bits=4\nkivi",
     "plan_budget": 24.0, "plan_weights": None, "plan_weight_bits": 16.0, "plan_reserve": 1.0,
     "plan_max_kl": 0.1, "plan_min_agreement": 0.9, "plan_range": None, "plan_log": False, "plan_measure": "max_batch",
+    "plan_evidence": [COMMITTED],
 }  # fmt: skip
 OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", "plan_min_agreement"}  # empty: none
 
@@ -38,8 +41,8 @@ OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", 
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _plan_request(arch: Arch, request: PlanRequest, quality: dict) -> PlanResult:
-    return plan_request(arch, request, quality)
+def _plan_request(arch: Arch, request: PlanRequest, evidence: tuple) -> PlanResult:
+    return plan_request(arch, request, evidence)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -53,18 +56,29 @@ def _frontier_curves(arch: Arch, request: PlanRequest, grid: tuple[int, ...]) ->
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _evidence(folder: str, version: tuple) -> tuple[list[Evidence], dict[str, Quality]]:
-    """What the profiles under ``folder`` measured (``version``, the files' mtimes and sizes, keys the cache)."""
-    if not Path(folder).is_dir():
-        return [], {}
-    evidence = collect_evidence(folder)
-    return evidence, quality_table(evidence)
+def _evidence(paths: tuple[str, ...], version: tuple) -> EvidenceSet:
+    """The evidence in ``paths`` (``version``, the files' mtimes and sizes, keys the cache)."""
+    return load_evidence([Path(p) for p in paths]) if paths else EvidenceSet((), ())
 
 
-def _version(folder: Path) -> tuple:
-    if not folder.is_dir():
-        return ()
-    return tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*.csv")))
+def _version(paths: Sequence[Path]) -> tuple:
+    files = []
+    for root in paths:
+        found = [root] if root.is_file() else sorted(root.rglob("*.csv")) if root.is_dir() else []
+        files += [(str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in found]
+    return tuple(files)
+
+
+def evidence_choices() -> list[str]:
+    """What the evidence picker offers: the committed set, then the folders and CSV files directly
+    under the profiles folder (a team's own evaluations, sweeps and profiles)."""
+    folder = state.profiles_dir()
+    found = sorted(p for p in folder.iterdir() if p.is_dir() or p.suffix == ".csv") if folder.is_dir() else []
+    return [COMMITTED, *(str(p) for p in found)]
+
+
+def _evidence_paths(chosen: Sequence[str]) -> list[Path]:
+    return [DEFAULT_EVIDENCE if c == COMMITTED else Path(c) for c in chosen]
 
 
 class Planned(NamedTuple):
@@ -72,7 +86,7 @@ class Planned(NamedTuple):
     values: dict[str, Any]  # the inputs it was planned from
     curves: pd.DataFrame
     frontier: pd.DataFrame
-    evidence: list[Evidence]
+    evidence: EvidenceSet
     command: str
 
     @property
@@ -98,9 +112,10 @@ def compute(v: dict[str, Any]) -> Planned:
         reserve_bytes=gb_to_bytes("reserve-gb", v["plan_reserve"]) or 0, weight_bits=v["plan_weight_bits"],
         max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"],
     )  # fmt: skip
-    folder = state.profiles_dir()
-    evidence, quality = _evidence(str(folder), _version(folder))
-    result = _plan_request(arch, request, quality)
+    chosen = list(v["plan_evidence"])
+    paths = _evidence_paths(chosen)
+    evidence = _evidence(tuple(map(str, paths)), _version(paths))
+    result = _plan_request(arch, request, evidence.points)
 
     # the curves draw the measured candidates too; they never depend on the thresholds
     charted = replace(request, strategies=tuple(f.spec for f in result.fits), max_kl=None, min_agreement=None)
@@ -109,9 +124,13 @@ def compute(v: dict[str, Any]) -> Planned:
         context, v["plan_range"] or chart_range(context, arch.max_position_embeddings), log=v["plan_log"]
     ))  # fmt: skip
     frontier = pd.DataFrame() if result.cache_budget is None else _frontier_curves(arch, charted, grid)
-    shown_folder = folder.relative_to(state.ROOT) if folder.is_relative_to(state.ROOT) else folder
-    command = shlex.join(request.to_argv(model, str(shown_folder)))
+    extra = [_shown(p) for c, p in zip(chosen, paths) if c != COMMITTED]
+    command = shlex.join(request.to_argv(model, extra, default_evidence=COMMITTED in chosen))
     return Planned(result, dict(v), _memory_curves(arch, charted, grid), frontier, evidence, command)
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(state.ROOT)) if path.is_relative_to(state.ROOT) else str(path)
 
 
 # --- inputs ----------------------------------------------------------------------------------------
@@ -171,6 +190,9 @@ def inputs() -> dict[str, Any]:
         agree = "share of steps whose top token equals the full cache's (0..1)"
         _number("Min top-1 agreement", "plan_min_agreement", agree, min_value=0.0, max_value=1.0, step=0.01,
                 placeholder="none")  # fmt: skip
+        picked = "what judges each strategy: the committed evaluations of the bundled model, and any evaluation, " \
+            "sweep or profile under the profiles folder you add; nothing counts unless picked"
+        st.multiselect("Evidence", evidence_choices(), key="plan_evidence", help=picked)
     return {k: st.session_state[k] for k in DEFAULTS}
 
 
@@ -183,10 +205,13 @@ def remember() -> None:
 
 def header(p: Planned) -> None:
     v, arch = p.values, p.arch
+    too_long = arch.context_warning(v["plan_context"])
+    if too_long:
+        st.warning(too_long)
     prompt = v["plan_context"] if v["plan_prefill"] is None else min(v["plan_prefill"], v["plan_context"])
     feed = f"in chunks of {v['plan_prefill_chunk']:,}" if v["plan_prefill_chunk"] else "in one update"
     lines = [
-        f"**{arch.describe()}**",
+        f"**{md(arch.describe())}**",  # the model's name may come from a folder name
         f"{v['plan_backend']} {v['plan_dtype']}, batch {v['plan_batch']}, context {v['plan_context']:,} "
         f"(prompt {prompt:,} {feed}, then {v['plan_context'] - prompt:,} decode steps)",
     ]
@@ -207,24 +232,32 @@ def header(p: Planned) -> None:
 
 
 def recommendation(p: Planned) -> None:
-    folder = state.profiles_dir()
+    for warning in p.evidence.warnings:
+        st.warning(md(warning))  # names a file
+    rec = p.result.recommendation
     if p.values["plan_max_kl"] is None and p.values["plan_min_agreement"] is None:
         st.info("Set a quality threshold (max mean KL and/or min top-1 agreement) to get a recommendation.")
-    elif not p.evidence:
+    elif not p.evidence.points:
         st.info(
-            f"**No evidence, no recommendation.** No complete profile in `{folder}` measured a strategy against its "
-            "baseline, so the quality price of these strategies is unknown. Profile them on the Live comparison "
-            "page (or with `python -m cachelib profile`); every profile in that folder and its subfolders counts."
+            "**No evidence, no recommendation.** Pick evidence in the sidebar (the committed evaluations, or a "
+            "team's own evaluations under the profiles folder); without it the quality price of these strategies "
+            "is unknown. Measure it with `python -m cachelib evaluate`."
         )
-    elif p.result.recommendation.fit is None:
-        st.warning(p.result.recommendation.text)
+    elif rec.fit is None:
+        st.warning(rec.text)
     else:
-        pick = p.result.recommendation.fit
-        st.success(f"**Recommended: `{pick.spec}`.** {p.result.recommendation.text} {plan_charts.savings_text(pick, p.fits)}")
+        st.success(f"**Recommended: `{rec.fit.spec}`.** {rec.text} {plan_charts.savings_text(rec.fit, p.fits)}")
     if p.result.added:
-        st.caption("Also planned because profiles measured them: " + ", ".join(f"`{s}`" for s in p.result.added) + ".")
+        st.caption("Also planned because the evidence speaks for them: " + ", ".join(f"`{s}`" for s in p.result.added) + ".")
     for spec, why in p.result.skipped.items():
         st.caption(f"Measured but not plannable here: `{spec}` ({why}).")
+    uncovered = [j for j in p.result.judgements.values() if j.quality is None or j.command]
+    if uncovered:
+        with st.expander(f"What the evidence does not cover ({len(uncovered)})"):
+            for j in uncovered:
+                st.text(f"{j.spec}: {j.reason}")
+                if j.command:
+                    st.code(j.command, language="bash", wrap_lines=True)
 
 
 def charts(p: Planned) -> None:
@@ -249,11 +282,17 @@ def charts(p: Planned) -> None:
 
 
 def evidence(p: Planned) -> None:
-    with st.expander(f"Evidence: quality measured by the profiles in `{state.profiles_dir()}`"):
-        if not p.evidence:
-            st.caption("None yet.")
-        else:
-            st.dataframe(plan_charts.evidence_table(p.evidence), hide_index=True, width="stretch", key="plan_evidence")
+    sources = ", ".join(p.values["plan_evidence"]) or "none picked"
+    with st.expander(f"Evidence: {len(p.evidence.points)} measured point(s) from {sources}", expanded=True):
+        if p.evidence.retrieval is not None:
+            found = retrieval_heatmap_info(p.evidence.retrieval)
+            st.plotly_chart(retrieval_heatmap(found), key="plan_retrieval", config=PLOTLY_CONFIG)
+        if not p.evidence.points:
+            st.caption("No measured KL or agreement in the evidence picked.")
+            return
+        info = plan_charts.quality_info(p.evidence.points, p.fits, p.values["plan_context"], p.values["plan_backend"])
+        st.plotly_chart(plan_charts.quality_figure(info), key="plan_quality", config=PLOTLY_CONFIG)
+        st.dataframe(plan_charts.evidence_table(p.evidence.points), hide_index=True, width="stretch", key="plan_evidence_table")
 
 
 st.title("Planner")

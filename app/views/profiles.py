@@ -6,11 +6,12 @@ import streamlit as st
 
 from app import panels, state
 from app.keys import Keys
+from app.plain import md
 from cachelib.profile import list_profiles
 from cachelib.sweep import load_index
 
 st.title("Profiles")
-st.caption(f"Profiles in `{state.profiles_dir()}` (and its sweep folders), or uploaded CSV files.")
+st.caption(f"Profiles in {md(state.profiles_dir())} (and its sweep folders), or uploaded CSV files.")
 
 # --- the current run ---------------------------------------------------------------------------
 
@@ -35,9 +36,9 @@ if (cur := state.current()) is not None:
                 try:
                     saved = state.save_as(profile, new_name)
                 except ValueError as e:
-                    st.error(str(e))
+                    st.error(md(e))
                 else:
-                    st.success(f"saved as `{saved}`")
+                    st.success(f"saved as {md(saved)}")
 
 # --- saved and uploaded profiles ---------------------------------------------------------------
 
@@ -48,11 +49,11 @@ if files:
     st.dataframe(state.listing(files), hide_index=True, width="stretch")
     for folder in sorted({f.folder for f in files if f.folder}):
         if (state.profiles_dir() / folder / "index.csv").exists():
-            with st.expander(f"Sweep `{folder}`: every grid point, with or without a profile"):
+            with st.expander(f"Sweep {md(folder)}: every grid point, with or without a profile"):
                 try:
                     index = load_index(state.profiles_dir() / folder)
                 except ValueError as e:
-                    st.error(str(e))
+                    st.error(md(e))
                 else:
                     st.dataframe(index.drop(columns=["path"]), hide_index=True, width="stretch")
 else:
@@ -68,7 +69,7 @@ for upload in uploads or []:
     try:
         view = state.view_of_upload(upload.getvalue(), upload.name)
     except ValueError as e:
-        st.error(str(e))
+        st.error(md(e))
         continue
     if label not in uploaded:
         fresh.append(label)
@@ -89,10 +90,10 @@ for name in chosen:
         continue
     try:
         views[by_name[name].label] = state.view_of_file(by_name[name])
-    except ValueError as e:
-        st.error(str(e))
+    except ValueError as e:  # a malformed profile: one line naming the file, line and column; the page goes on
+        st.error(md(e))
     except OSError as e:
-        st.error(f"{name}: cannot read the file ({e.strerror})")
+        st.error(md(f"{name}: cannot read the file ({e.strerror})"))
 st.session_state[Keys.LOADED] = views
 
 if views:

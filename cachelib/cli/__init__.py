@@ -1,23 +1,35 @@
 """``python -m cachelib``: the command line over the same API the app uses.
 
-Subcommands: ``profile`` (record a run), ``plan`` (capacity planner), ``sweep`` (grids of runs on
-Dask), ``strategies`` and ``models`` (what is available). Bad input exits with code 2 and one
-line that says what is wrong.
+Subcommands: ``profile`` (record a run), ``evaluate`` (long-context quality against the full
+cache), ``plan`` (capacity planner), ``sweep`` (grids of runs on Dask), ``strategies`` and
+``models`` (what is available), ``profiles`` (a folder's profiles, incomplete ones and unclosed
+partial files included). Bad input — a bad value, a path that cannot be read or written — exits
+with code 2 and one line that says what is wrong. Ctrl-C and SIGTERM stop a profiling run
+cleanly (exit 130 and 143): its profile is closed, marked incomplete, and the line says where it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
+from ..core.units import INDEX_MAX
 from ..models import BACKENDS, available_devices, model_names
+from . import evaluate as evaluate_cli
+from . import retrieval as retrieval_cli
 from . import plan as plan_cli
-from ..profile import Probes, default_profile_name, run_profile, summarize
-from ..spec import STRATEGIES, parse_spec, spec_from_mlx_flags
+from .args import finite_float, int_range, positive_int
+from ..profile import Probes, default_profile_name, list_profiles, read_meta, run_profile, summarize
+from ..profile.run import RunInterrupted
+from ..profile.text import read_text_file
+from ..spec import GROUP_SIZES, QUANT_BITS, STRATEGIES, parse_spec, spec_from_mlx_flags
 from ..sweep import cli as sweep_cli
-from ..sweep.cli import positive_int
 
 
 class CliError(Exception):
@@ -43,9 +55,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except OSError as e:  # a path that cannot be read or written: the input is at fault
+        print(f"error: {os_error_text(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e})" if str(e) else "interrupted", file=sys.stderr)
+        return 143 if str(e) == "SIGTERM" else 130
+
+
+def os_error_text(e: OSError) -> str:
+    """One line for an ``OSError``: "PATH: what went wrong"."""
+    if e.strerror and e.filename:
+        return f"{e.filename}: {e.strerror}"
+    return e.strerror or str(e)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,9 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_arguments(p)
     p.set_defaults(func=_profile)
 
+    p = sub.add_parser("profiles", help="list the profiles in a folder, incomplete ones and unclosed partial files included")
+    p.add_argument("folder", nargs="?", type=Path, default=Path("profiles"), help="the folder (default: profiles/)")
+    p.set_defaults(func=_profiles)
+
     p = sub.add_parser("plan", help="exact KV bytes, what fits in a budget, and the quality price")
     plan_cli.add_arguments(p)
     p.set_defaults(func=plan_cli.run)
+
+    p = sub.add_parser("evaluate", help="long-context quality (KL, top-1, perplexity) of strategies vs the full cache")
+    evaluate_cli.add_arguments(p)
+    p.set_defaults(func=evaluate_cli.run)
+
+    p = sub.add_parser("retrieval", help="needle-in-a-haystack accuracy of strategies over contexts x depths")
+    retrieval_cli.add_arguments(p)
+    p.set_defaults(func=retrieval_cli.run)
 
     p = sub.add_parser("sweep", help="run a grid of profiles (TOML) locally or on a Dask cluster")
     sweep_cli.add_arguments(p)
@@ -70,16 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the models and devices available here")
     p.set_defaults(func=_models)
     return parser
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
 
 
 def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,18 +120,24 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="a chat prompt; the baseline decodes greedily from it")
     src.add_argument("--text-file", type=Path, help="an evaluation text; every strategy is fed its tokens")
-    p.add_argument("--max-tokens", type=positive_int, default=64, help="steps to run (the prefill is step 0)")
+    p.add_argument("--max-tokens", type=int_range(1, INDEX_MAX), default=64, help="steps to run (the prefill is step 0)")
     p.add_argument("--free-running", action="store_true", help="each strategy feeds its own greedy tokens")
     p.add_argument("--sample-every", type=positive_int, default=None, help="sample masks and quantization error every K steps")
     p.add_argument("--probes", default="", help="probe periods, e.g. memory=1,masks=0 ('none' for all off)")
-    p.add_argument("--memory-limit-gb", type=_positive_float, default=None, help="stop before the caches pass this size")
+    p.add_argument(
+        "--memory-limit-gb", type=finite_float(0.0, min_open=True), default=None,
+        help="stop before the caches pass this size (default: 90%% of the memory available at the start; "
+        "without it a run predicted to need more is refused)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="profile CSV to write (default: profiles/<time>-<model>.csv)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
     mlx = p.add_argument_group("mlx-lm shorthands (add one strategy after the baseline)")
-    mlx.add_argument("--max-kv-size", type=positive_int, default=None, help="= rotating:max_size=N,keep=4")
-    mlx.add_argument("--kv-bits", type=int, default=None, help="= quantized:bits=B (with --max-kv-size: a quantized ring)")
-    mlx.add_argument("--kv-group-size", type=int, default=64, help="group size for --kv-bits")
-    mlx.add_argument("--quantized-kv-start", type=int, default=0, help="quantize after this many tokens")
+    mlx.add_argument("--max-kv-size", type=int_range(1, INDEX_MAX), default=None, help="= rotating:max_size=N,keep=4")
+    mlx.add_argument(
+        "--kv-bits", type=int, choices=QUANT_BITS, default=None, help="= quantized:bits=B (with --max-kv-size: a quantized ring)"
+    )
+    mlx.add_argument("--kv-group-size", type=int, choices=GROUP_SIZES, default=64, help="group size for --kv-bits")
+    mlx.add_argument("--quantized-kv-start", type=int_range(0, INDEX_MAX), default=0, help="quantize after this many tokens")
 
 
 def _profile(args) -> int:
@@ -120,37 +150,99 @@ def _profile(args) -> int:
     if args.sample_every:
         probes = probes.sampled(args.sample_every)
     probes = Probes.parse(args.probes, probes)
-    text = None
-    if args.text_file is not None:
-        try:
-            text = args.text_file.read_text(encoding="utf-8")
-        except OSError as e:
-            raise CliError(f"cannot read --text-file {str(args.text_file)!r}: {e.strerror}") from None
+    text = read_text_file(args.text_file, "--text-file") if args.text_file is not None else None
     out = args.out or Path("profiles") / f"{default_profile_name(args.model, strategies)}.csv"
     limit = int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
 
     bar = _Progress(args.max_tokens) if sys.stderr.isatty() else None
-    profile = run_profile(
-        args.model,
-        strategies,
-        backend=args.backend,
-        device=args.device,
-        prompt=args.prompt,
-        text=text,
-        max_tokens=args.max_tokens,
-        free_running=args.free_running,
-        probes=probes,
-        memory_limit=limit,
-        out=out,
-        chat=not args.no_chat,
-        on_step=bar.update if bar else None,
-    )
+    try:
+        with _sigterm_stops_the_run():
+            profile = run_profile(
+                args.model,
+                strategies,
+                backend=args.backend,
+                device=args.device,
+                prompt=args.prompt,
+                text=text,
+                max_tokens=args.max_tokens,
+                free_running=args.free_running,
+                probes=probes,
+                memory_limit=limit,
+                out=out,
+                chat=not args.no_chat,
+                on_step=bar.update if bar else None,
+            )
+    except RunInterrupted as e:
+        if bar:
+            bar.done()
+        print(f"interrupted ({e.how}): {_where_written(e.profile, out)}", file=sys.stderr)
+        return 143 if e.how == "SIGTERM" else 130
     if bar:
         bar.done()
     print(format_summary(summarize(profile)))
-    status = profile.status if profile.complete else f"{profile.status}: {profile.meta.get('reason', '')}"
-    print(f"profile: {profile.path} ({status})")
+    print(_where_written(profile, out))
     return 0
+
+
+def _where_written(profile, out: Path) -> str:
+    """Where the profile went and how it ended; why it is not at ``out`` when it is not."""
+    status = profile.status if profile.complete else f"{profile.status}: {profile.meta.get('reason', '')}"
+    line = f"profile: {profile.path} ({status})"
+    if profile.path is not None and Path(profile.path) != Path(out):
+        why = ("another run wrote it while this one ran" if profile.complete
+               else "an incomplete run never replaces a profile")  # fmt: skip
+        line += f"; {out} was kept as it is ({why})"
+    return line
+
+
+@contextmanager
+def _sigterm_stops_the_run() -> Iterator[None]:
+    """While a run goes, SIGTERM stops it as Ctrl-C does (the profile is closed, marked incomplete)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _profiles(args) -> int:
+    """``cachelib profiles [FOLDER]``: one line per profile, with its status and why it is not complete."""
+    folder = args.folder
+    if not folder.is_dir():
+        raise CliError(f"no folder {str(folder)!r}")
+    files = list_profiles(folder)
+    if not files:
+        print(f"no profiles in {folder}")
+        return 0
+    rows = []
+    for f in files:
+        try:
+            m = read_meta(f.path, name=f.name)
+        except (ValueError, OSError) as e:
+            rows.append((f.name, "not a profile", "", "", str(e)))
+            continue
+        rows.append((f.name, m.get("status", ""), m.get("model", ""), ", ".join(_json_list(m.get("strategies", ""))),
+                     m.get("reason", "")))  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    for name, status, model, strategies, reason in rows:
+        line = f"{name:<{width}}  {status:<13} {model} {strategies}".rstrip()
+        print(line + (f"  ({reason})" if reason else ""))
+    return 0
+
+
+def _json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return [text] if text else []
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
 class _Progress:

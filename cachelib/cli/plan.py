@@ -13,8 +13,11 @@ import csv
 import sys
 from pathlib import Path
 
+from ..core.cells import escape_cell
 from ..core.units import DTYPE_BYTES, human_bytes
-from ..profile.evidence import measured_quality
+from .args import finite_float, non_negative_int, positive_int
+from ..plan.quality import describe
+from ..profile.evidence import DEFAULT_EVIDENCE, load_evidence
 from ..plan.accounting import account
 from ..plan.presets import preset_names, resolve_model
 from ..plan.request import PlanRequest, PlanResult, gb_to_bytes, plan_request
@@ -25,8 +28,11 @@ CSV_COLUMNS = (
     "bytes_allocated", "bytes_used", "peak_bytes", "max_resident_bytes", "device_bytes", "host_bytes",
     "bytes_per_token", "weights_bytes", "reserve_bytes", "budget_bytes", "budget_needed", "headroom_bytes",
     "fits", "max_context", "context_limit", "max_batch", "sessions", "mean_kl", "top1_agreement", "quality_model",
-    "quality_source",
+    "quality_source", "quality_context", "quality_kept_fraction", "mean_kl_ci95", "quality_note",
 )  # fmt: skip
+
+
+GB_VALUE = finite_float(0.0, 1e9)  # GB: up to an exabyte, which is more than any machine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,32 +40,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", required=True,
         help=f"a preset ({', '.join(preset_names())}) or a path to a config.json (or its folder)",
     )  # fmt: skip
-    parser.add_argument("--context", type=int, required=True, help="tokens the cache holds at the end of a run")
-    parser.add_argument("--batch", type=int, default=1, help="sequences per run (default 1)")
+    parser.add_argument("--context", type=positive_int, required=True, help="tokens the cache holds at the end of a run")
+    parser.add_argument("--batch", type=positive_int, default=1, help="sequences per run (default 1)")
     parser.add_argument(
         "--strategy", action="append", metavar="SPEC",
         help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: standard)",
     )  # fmt: skip
     parser.add_argument("--backend", choices=("mlx", "torch"), default="mlx", help="cache library (default mlx)")
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float16", help="K/V dtype (default float16)")
-    parser.add_argument("--prefill", type=int, help="prompt tokens (default: the whole context); the rest is decoded")
+    parser.add_argument("--prefill", type=non_negative_int, help="prompt tokens (default: the whole context); the rest is decoded")
     parser.add_argument(
-        "--prefill-chunk", type=int,
+        "--prefill-chunk", type=positive_int,
         help="feed the prompt in chunks of this many tokens (mlx-lm's generate uses 2048; default: one update)",
     )  # fmt: skip
-    parser.add_argument("--budget-gb", type=float, help="device memory budget in GB (10^9 bytes)")
+    parser.add_argument("--budget-gb", type=GB_VALUE, help="device memory budget in GB (10^9 bytes)")
     parser.add_argument(
-        "--weights-gb", type=float, help="measured weight bytes in GB (default: params x --weight-bits)"
+        "--weights-gb", type=GB_VALUE, help="measured weight bytes in GB (default: params x --weight-bits)"
     )
-    parser.add_argument("--weight-bits", type=float, default=16, help="bits per weight when counting (default 16)")
-    parser.add_argument("--reserve-gb", type=float, default=0.0, help="kept free for activations/runtime (default 0)")
+    parser.add_argument("--weight-bits", type=finite_float(0.0, 64.0, min_open=True), default=16,
+                        help="bits per weight when counting (default 16)")  # fmt: skip
+    parser.add_argument("--reserve-gb", type=GB_VALUE, default=0.0, help="kept free for activations/runtime (default 0)")
     parser.add_argument("--layers", action="store_true", help="also print each strategy's per-layer caches")
     parser.add_argument(
-        "--quality-from", type=Path, default=Path("profiles"), metavar="DIR",
-        help="profiles whose measured quality (KL, top-1 agreement) is attached to each strategy (default: profiles/)",
+        "--evidence", type=Path, action="append", metavar="PATH",
+        help="evaluation or profile CSVs (files or folders) whose measured quality judges each strategy, in "
+        "addition to the committed evidence (assets/evidence/); repeat for several",
     )  # fmt: skip
-    parser.add_argument("--max-kl", type=float, help="recommend the cheapest strategy with mean KL at most this (nats)")
-    parser.add_argument("--min-agreement", type=float, help="recommend the cheapest strategy with top-1 agreement at least this (0..1)")
+    parser.add_argument(
+        "--no-default-evidence", action="store_true",
+        help="judge by the --evidence paths alone, without the committed evidence",
+    )  # fmt: skip
+    parser.add_argument("--max-kl", type=finite_float(0.0), help="recommend the cheapest strategy with mean KL at most this (nats)")
+    parser.add_argument("--min-agreement", type=finite_float(0.0, 1.0),
+                        help="recommend the cheapest strategy with top-1 agreement at least this (0..1)")  # fmt: skip
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
 
 
@@ -83,18 +96,37 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     )  # fmt: skip
 
 
+def evidence_sources(args: argparse.Namespace) -> list[Path]:
+    """The evidence paths the flags name: the committed set unless left out, then each --evidence."""
+    sources = [] if args.no_default_evidence else [DEFAULT_EVIDENCE]
+    return sources + list(args.evidence or [])
+
+
 def _run(args: argparse.Namespace) -> None:
     arch = resolve_model(args.model)
-    quality = measured_quality(args.quality_from) if args.quality_from.exists() else {}
     request = request_from_args(args)
-    result = plan_request(arch, request, quality)
+    sources = evidence_sources(args)
+    evidence = load_evidence(sources) if sources else None
+    for warning in evidence.warnings if evidence else ():
+        print(f"warning: {warning}", file=sys.stderr)
+    result = plan_request(arch, request, evidence.points if evidence else ())
     fits = result.fits
+    too_long = arch.context_warning(request.context)
+    if too_long:
+        print(f"warning: {too_long}", file=sys.stderr)
     print(_header(result))
     print(format_table(fits, budgeted=request.budget_bytes is not None))
-    measured_on = result.measured_on
-    if measured_on:
-        print(f"quality measured on {', '.join(measured_on)} (profiles in {args.quality_from}), not on {arch.name}"
-              if not arch.names & set(measured_on) else f"quality measured on {', '.join(measured_on)}")
+    if evidence is not None:
+        print(f"evidence: {len(evidence.points)} measured point(s) from {len(evidence.files)} file(s) "
+              f"({', '.join(map(str, sources))}), measured on {', '.join(evidence.models) or 'no model'}"
+              + ("" if arch.names & set(evidence.models) else f", not on {arch.name}"))  # fmt: skip
+    print()
+    for f in fits:
+        j = result.judgements.get(f.spec)
+        if j is None or j.quality is not None and not j.quality.samples:
+            continue  # exact by construction: nothing to say
+        line = f"{f.spec}: " + (describe(j.quality) if j.quality is not None else j.reason)
+        print(line + (f"\n    measure it: {j.command}" if j.command else ""))
     if result.recommendation is not None:
         print()
         print("recommendation: " + result.recommendation.text)
@@ -156,7 +188,7 @@ def format_table(fits: list[Fit], budgeted: bool) -> str:
                human_bytes(c.bytes_per_token), human_bytes(c.host_bytes) if c.host_bytes else "-"]  # fmt: skip
         if measured:
             q = f.quality
-            row += [f"{q.mean_kl:.4g}" if q else "-", f"{q.top1_agreement:.1%}" if q else "-"]
+            row += [f"{q.mean_kl:.4g}" if q else "not covered", f"{q.top1_agreement:.1%}" if q else "-"]
         if budgeted:
             row += ["yes" if f.fits else "NO", human_bytes(f.headroom_bytes), _limit_text(f), str(f.max_batch),
                     str(f.sessions), human_bytes(f.budget_needed)]  # fmt: skip
@@ -190,14 +222,16 @@ def _layer_table(arch, spec, r: PlanRequest) -> str:
 
 
 def write_csv(path: Path, fits: list[Fit], model: str) -> None:
-    """The plan as CSV, one row per strategy, raw byte counts (columns: :data:`CSV_COLUMNS`)."""
+    """The plan as CSV, one row per strategy, raw byte counts (columns: :data:`CSV_COLUMNS`). Text
+    that a spreadsheet would run as a formula (a model named ``=HYPERLINK(...)``) gets a leading
+    apostrophe (:func:`cachelib.core.cells.escape_cell`); numbers stay numbers."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for f in fits:
             c = f.cache
-            w.writerow({
+            w.writerow({k: escape_cell(v) for k, v in {
                 "model": model, "backend": c.backend, "dtype": c.dtype, "batch": c.batch, "context": c.context,
                 "prefill": c.prefill, "prefill_chunk": c.prefill_chunk or "", "strategy": f.spec,
                 "bytes_allocated": c.bytes_allocated, "bytes_used": c.bytes_used, "peak_bytes": c.peak_bytes,
@@ -212,7 +246,11 @@ def write_csv(path: Path, fits: list[Fit], model: str) -> None:
                 "top1_agreement": _blank(f.quality and f.quality.top1_agreement),
                 "quality_model": _blank(f.quality and f.quality.model),
                 "quality_source": _blank(f.quality and f.quality.source),
-            })  # fmt: skip
+                "quality_context": _blank(f.quality and f.quality.context),
+                "quality_kept_fraction": _blank(f.quality and f.quality.kept_fraction),
+                "mean_kl_ci95": _blank(f.quality and f.quality.mean_kl_ci95),
+                "quality_note": _blank(f.quality and f.quality.note),
+            }.items()})  # fmt: skip
 
 
 def _blank(v):

@@ -1,44 +1,74 @@
-"""The quality price of each strategy, measured on real runs, and a recommendation.
+"""The quality price of each strategy, judged from measured evidence, and a recommendation.
 
-:class:`Evidence` is what profiles measured for one strategy on one model: mean KL over decode
-steps and top-1 agreement against the baseline, the longest context reached, and the files it
-comes from. :mod:`cachelib.profile.evidence` reads it from profiles on disk; this module reads
-nothing and works on the evidence handed to it. Every figure says the model and backend it was
-measured on; it may well differ from the model being planned, and the text says so.
+:class:`Evidence` is one measured point: a strategy on one model and backend at one context,
+with the share of that context its attention could still see (the kept fraction), how many
+samples it averages and their 95% confidence intervals. :mod:`cachelib.profile.evidence` reads
+it from evaluation files and profiles; this module reads nothing.
 
-:func:`recommend` picks, among the planned strategies that have such evidence and meet the
-user's thresholds, the cheapest one (smallest cache peak at the planned context; among equals,
-the most concurrent sessions), and explains the choice in one paragraph.
+:func:`judge` decides what the evidence says about a strategy at a target context, and only as
+far as it reaches:
+
+- a lossless strategy is exact by construction, and so is a bounded one whose bound holds the
+  whole target context;
+- a bounded strategy (ring, sliding window, chunk) is judged by a point of the same family (the
+  same strategy and knobs except its bound) measured at a kept fraction no larger than the
+  target's (the closest one below it), so a window is never judged by runs that kept more of
+  their context than it will;
+- a lossy unbounded strategy (quantized, KIVI) by the same spec measured at a context at least
+  as long as the target (the shortest such), else by its longest measured context, with an
+  extrapolation note;
+- evidence of the planned model beats that of another model, and the planned backend beats the
+  other backend, whose use is said.
+
+Where nothing covers the target there is no quality: :func:`measure_command` prints the
+evaluation that would measure it. :func:`recommend` picks the cheapest covered fit that meets the
+thresholds and says what the evidence is, where it comes from and what it does not cover.
 """
 
 from __future__ import annotations
 
+import math
+import shlex
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from ..spec import Spec, parse_spec
-from .arch import Arch
 from ..core.units import human_bytes
+from ..spec import Spec, make_spec, parse_spec
+from .arch import Arch
 from .solver import Fit, Quality
+
+EVIDENCE_MODEL = "smollm2"  # the bundled model: what the default evidence was measured on
+EVIDENCE_MAX_CONTEXT = 8192  # its context limit
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """Everything measured for one strategy on one model."""
+    """One measured point: ``spec`` on ``model`` / ``backend`` at ``context`` tokens."""
 
     spec: str
     model: str
     backend: str
-    runs: int
-    steps: int
-    mean_kl: float
+    context: int  # the context the quality was measured at
+    kept_fraction: float  # share of the context attention could see at the end (1.0: everything)
+    samples: int  # windows x texts of an evaluation, or runs of profiles
+    mean_kl: float  # mean KL(full || strategy), nats
     top1_agreement: float
-    files: tuple[str, ...]
-    context: int = 0  # the longest context (prompt + decoded tokens) any of the runs reached
+    mean_kl_ci95: float | None = None  # 95% CI half-widths (None: a single sample)
+    top1_ci95: float | None = None
+    delta_ppl: float | None = None  # perplexity minus the full cache's
+    delta_ppl_ci95: float | None = None
+    retrieval: float | None = None  # exact-match accuracy of the retrieval task, where measured
+    kind: str = "evaluation"  # evaluation (long-context, chunked prefill) | profile (a decode run)
+    files: tuple[str, ...] = ()
 
-    def quality(self) -> Quality:
-        where = f"{self.runs} run(s), {self.steps} steps, {self.backend}: " + ", ".join(self.files)
-        return Quality(self.mean_kl, self.top1_agreement, self.model, where, self.context)
+    def quality(self, note: str = "") -> Quality:
+        where = f"{self.kind}, {self.samples} sample(s), {self.backend}: " + ", ".join(self.files)
+        return Quality(
+            self.mean_kl, self.top1_agreement, self.model, where, self.context,
+            backend=self.backend, kept_fraction=self.kept_fraction, samples=self.samples,
+            mean_kl_ci95=self.mean_kl_ci95, top1_ci95=self.top1_ci95, delta_ppl=self.delta_ppl,
+            delta_ppl_ci95=self.delta_ppl_ci95, retrieval=self.retrieval, note=note,
+        )  # fmt: skip
 
 
 def bound_of(spec: str | Spec) -> int | None:
@@ -47,41 +77,205 @@ def bound_of(spec: str | Spec) -> int | None:
     return parse_spec(spec).window
 
 
-def quality_table(evidence: Iterable[Evidence]) -> dict[str, Quality]:
-    """Spec -> :class:`Quality` from collected evidence; where several models (or backends)
-    measured the same spec, the one with the most steps is kept."""
-    best: dict[tuple, Evidence] = {}
-    for ev in evidence:
-        key = parse_spec(ev.spec).key
-        if key not in best or ev.steps > best[key].steps:
-            best[key] = ev
-    return {ev.spec: ev.quality() for ev in best.values()}
+def kept_fraction(spec: str | Spec, context: int) -> float:
+    """The share of ``context`` tokens that ``spec``'s attention still sees at the end."""
+    bound = bound_of(spec)
+    return 1.0 if bound is None else min(1.0, bound / context)
 
 
-@dataclass(frozen=True)
-class Recommendation:
-    fit: Fit | None  # the pick, or None when nothing with evidence meets the thresholds
-    text: str
-    qualified: tuple[str, ...]  # specs that meet the thresholds (with evidence)
-    unmeasured: tuple[str, ...]  # planned specs with no measured quality
-    unfilled: tuple[str, ...] = ()  # evicting specs whose runs never filled their bound: not evidence
+def family(spec: str | Spec) -> tuple:
+    """What a spec means apart from its bound: rings of different sizes with the same ``keep``
+    are one family, judged against each other by kept fraction."""
+    spec = parse_spec(spec)
+    knob = spec.strategy.window
+    return (spec.name, tuple(sorted((k, v) for k, v in spec.values.items() if k != knob)))
 
 
 # strategies that keep every token at full precision: their predictions are the full cache's
 EXACT = Quality(0.0, 1.0, "any model", "exact: keeps every token at full precision")  # by construction
+WHOLE = Quality(0.0, 1.0, "any model", "exact: its bound holds the whole context, so nothing is evicted")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the evidence says about one strategy at one target context."""
+
+    spec: str
+    quality: Quality | None  # None: not covered by the evidence
+    reason: str  # why it is covered (or not), in one sentence
+    command: str = ""  # the evaluation that would measure it, where not covered or extrapolated
+
+
+def _names(planned: Arch | str | None) -> set[str]:
+    if isinstance(planned, Arch):
+        return set(planned.names)
+    return {planned} if planned else set()
+
+
+def judge(
+    evidence: Sequence[Evidence],
+    spec: str | Spec,
+    *,
+    backend: str,
+    context: int,
+    planned: Arch | str | None = None,
+) -> Judgement:
+    """What ``evidence`` says about ``spec`` at ``context`` tokens on ``backend`` (see the module
+    docstring for the rules)."""
+    spec = parse_spec(spec)
+    text = str(spec)
+    if spec.lossless:
+        return Judgement(text, EXACT, "lossless: exact by construction")
+    target_kept = kept_fraction(spec, context)
+    bounded = spec.window is not None
+    if bounded and target_kept >= 1.0:
+        return Judgement(text, WHOLE, f"its bound ({spec.window:,}) holds the whole {context:,}-token context")
+    names = _names(planned)
+
+    def preference(e: Evidence) -> tuple:
+        return (e.model in names, e.backend == backend)
+
+    if bounded:
+        mine = family(spec)
+        # a point that evicted (kept < 1) and kept no more of its context than the target will
+        pool = [e for e in evidence if family(e.spec) == mine and e.kept_fraction < 1.0
+                and e.kept_fraction <= target_kept * (1 + 1e-9)]  # fmt: skip
+        if not pool:
+            measured = sorted({e.kept_fraction for e in evidence if family(e.spec) == mine})
+            seen = f"; measured kept fractions: {', '.join(f'{k:.1%}' for k in measured)}" if measured else ""
+            reason = (f"not covered by evidence: no run of this strategy kept {target_kept:.2%} of its "
+                      f"context or less{seen}")  # fmt: skip
+            return Judgement(text, None, reason, measure_command(spec, context, backend))
+        best = max(pool, key=lambda e: (preference(e), e.kept_fraction, e.context, e.samples))
+        how = (f"judged at kept fraction {best.kept_fraction:.2%} ({best.spec} at {best.context:,} tokens) "
+               f"for a target of {target_kept:.2%}")  # fmt: skip
+        note = _other(best, backend)
+        return Judgement(text, best.quality(note=_join(how, note)), how)
+    pool = [e for e in evidence if parse_spec(e.spec).key == spec.key]
+    if not pool:
+        reason = "not covered by evidence: this strategy was never measured"
+        return Judgement(text, None, reason, measure_command(spec, context, backend))
+    longer = [e for e in pool if e.context >= context]
+    if longer:
+        best = max(longer, key=lambda e: (preference(e), -e.context, e.samples))
+        how = f"measured at {best.context:,} tokens, at least the target {context:,}"
+        return Judgement(text, best.quality(note=_join(how, _other(best, backend))), how)
+    best = max(pool, key=lambda e: (preference(e), e.context, e.samples))
+    how = (f"extrapolated: measured up to {best.context:,} tokens, planned at {context:,}; quantization error "
+           "accumulates over more tokens, so the quality there may be worse")  # fmt: skip
+    note = _join(how, _other(best, backend))
+    return Judgement(text, best.quality(note=note), how, measure_command(spec, context, backend))
+
+
+def _other(e: Evidence, backend: str) -> str:
+    """The backend the point comes from, where it is not the planned one (the model is said once,
+    by the recommendation and the CLI's evidence line)."""
+    return f"measured on {e.backend}, not {backend}" if e.backend != backend else ""
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def measure_command(spec: str | Spec, context: int, backend: str, model: str = EVIDENCE_MODEL) -> str:
+    """The evaluation that would measure ``spec`` at ``context``: on the bundled model the
+    context is capped at its limit, and a bounded strategy keeps the target's kept fraction."""
+    spec = parse_spec(spec)
+    measured_at = min(context, EVIDENCE_MAX_CONTEXT)
+    probe = spec
+    if spec.window is not None and measured_at < context:
+        size = max(1, round(spec.window * measured_at / context))
+        probe = _with_bound(spec, size) or spec
+    argv = ["python", "-m", "cachelib", "evaluate", "--model", model, "--backend", backend,
+            "--context", str(measured_at), "--strategy", "standard", "--strategy", str(probe),
+            "--out", f"profiles/evidence/{_slug(str(probe))}-{measured_at}.csv"]  # fmt: skip
+    return shlex.join(argv)
+
+
+def _with_bound(spec: Spec, size: int) -> Spec | None:
+    """``spec`` with its bound set to ``size`` tokens; None where the knobs refuse it (e.g. a
+    ring smaller than its sinks)."""
+    knob = spec.strategy.window
+    given = dict(spec.params) | {knob: size}
+    try:
+        return make_spec(spec.name, given)
+    except ValueError:
+        return None
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-")
+
+
+def scaled_candidates(evidence: Iterable[Evidence], context: int) -> list[Spec]:
+    """For every measured bounded point, the same strategy at the target ``context`` with the
+    same kept fraction: the sizes the evidence speaks for (``rotating:max_size=1024`` measured
+    at 8,192 tokens -> ``rotating:max_size=4096`` at 32,768)."""
+    out: dict[tuple, Spec] = {}
+    for e in evidence:
+        spec = parse_spec(e.spec)
+        if spec.window is None or e.kept_fraction >= 1.0:
+            continue
+        size = max(1, math.ceil(e.kept_fraction * context))
+        scaled = _with_bound(spec, size)
+        if scaled is not None:
+            out.setdefault(scaled.key, scaled)
+    return list(out.values())
+
+
+def judge_fits(
+    fits: Iterable[Fit], evidence: Sequence[Evidence], *, backend: str, planned: Arch | str | None = None
+) -> tuple[list[Fit], dict[str, Judgement]]:
+    """``fits`` with the quality the evidence gives each at its planned context, and the
+    judgement behind each (keyed by spec text)."""
+    out, judgements = [], {}
+    for f in fits:
+        j = judge(evidence, f.spec, backend=backend, context=f.cache.context, planned=planned)
+        judgements[f.spec] = j
+        out.append(replace(f, quality=j.quality))
+    return out, judgements
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    fit: Fit | None  # the pick, or None when nothing covered by evidence meets the thresholds
+    text: str
+    qualified: tuple[str, ...]  # specs that meet the thresholds (with evidence)
+    unmeasured: tuple[str, ...]  # planned specs the evidence does not cover
+    commands: tuple[str, ...] = ()  # what would measure the uncovered ones
 
 
 def _exact(fit: Fit) -> Fit:
-    """A lossless strategy's fit, with its quality known by construction when none was measured."""
+    """A lossless strategy's fit, with its quality known by construction when none was given."""
     if fit.quality is not None or not parse_spec(fit.spec).lossless:
         return fit
     return replace(fit, quality=EXACT)
 
 
-def _never_filled(fit: Fit) -> bool:
-    """The evidence of an evicting strategy comes from runs that never passed its bound."""
-    bound = bound_of(fit.spec)
-    return bound is not None and fit.quality is not None and (fit.quality.context or 0) <= bound
+def _ci(value: float | None, fmt: str) -> str:
+    return "" if value is None or value != value else f" ± {format(value, fmt)}"
+
+
+def describe(q: Quality) -> str:
+    """One phrase: the figures, their confidence interval, and where they come from."""
+    if q in (EXACT, WHOLE):
+        return q.source
+    ci_note = "95% CI" if q.mean_kl_ci95 is not None else "one sample, no CI"
+    parts = [f"mean KL {q.mean_kl:.4g}{_ci(q.mean_kl_ci95, '.2g')} nats",
+             f"top-1 agreement {q.top1_agreement:.1%}{_ci(q.top1_ci95, '.1%')}"]  # fmt: skip
+    if q.delta_ppl is not None:
+        parts.append(f"Δppl {q.delta_ppl:+.3g}{_ci(q.delta_ppl_ci95, '.2g')}")
+    if q.retrieval is not None:
+        parts.append(f"retrieval {q.retrieval:.0%}")
+    where = f"measured on {q.model}"
+    if q.backend:
+        where += f" ({q.backend})"
+    if q.context:
+        where += f" at {q.context:,} tokens"
+    if q.kept_fraction is not None and q.kept_fraction < 1:
+        where += f", kept fraction {q.kept_fraction:.2%}"
+    text = f"{', '.join(parts)} ({ci_note}), {where}"
+    return text + (f" [{q.note}]" if q.note else "")
 
 
 def recommend(
@@ -90,25 +284,25 @@ def recommend(
     max_kl: float | None = None,
     min_agreement: float | None = None,
     planned_model: str | Arch | None = None,
+    judgements: dict[str, Judgement] | None = None,
 ) -> Recommendation:
-    """The cheapest fit whose measured quality meets ``max_kl`` / ``min_agreement``.
-
-    A ring, window or chunk whose runs never went past its bound never evicted anything: its
-    measured quality says nothing about eviction, so it is not recommended on that evidence."""
+    """The cheapest fit whose quality (from evidence that covers it) meets ``max_kl`` /
+    ``min_agreement``. Fits without quality are not covered: they are listed, with the command
+    that would measure them when ``judgements`` give one."""
     if max_kl is None and min_agreement is None:
         raise ValueError("give a quality threshold: max_kl (mean KL, nats) and/or min_agreement (0..1)")
-    if max_kl is not None and max_kl < 0:
-        raise ValueError(f"max_kl must be >= 0, got {max_kl}")
+    if max_kl is not None and not (max_kl >= 0 and math.isfinite(max_kl)):
+        raise ValueError(f"max_kl must be a finite number >= 0, got {max_kl}")
     if min_agreement is not None and not 0 <= min_agreement <= 1:
         raise ValueError(f"min_agreement must be between 0 and 1, got {min_agreement}")
+    judgements = judgements or {}
     fits = [_exact(f) for f in fits]
     unmeasured = tuple(f.spec for f in fits if f.quality is None)
-    unfilled = tuple(f.spec for f in fits if _never_filled(f))
+    commands = tuple(judgements[s].command for s in unmeasured if s in judgements and judgements[s].command)
     ok = [
         f
         for f in fits
         if f.quality is not None
-        and not _never_filled(f)
         and (max_kl is None or f.quality.mean_kl <= max_kl)
         and (min_agreement is None or f.quality.top1_agreement >= min_agreement)
         and f.fits is not False
@@ -123,39 +317,25 @@ def recommend(
     )
     caveats = ""
     if unmeasured:
-        caveats += f" Not measured yet: {', '.join(unmeasured)} (profile them to get evidence)."
-    if unfilled:
-        caveats += (
-            f" Measured only on runs shorter than their window, so never evicting: {', '.join(unfilled)} "
-            "(profile them past their bound)."
-        )
+        caveats += f" Not covered by evidence, so not recommended: {', '.join(unmeasured)}."
+        if commands:
+            caveats += " To measure them: " + " ; ".join(commands)
     if not ok:
-        text = f"No planned strategy with measured quality meets {wanted}"
+        text = f"No planned strategy covered by evidence meets {wanted}"
         text += " and fits the budget." if any(f.fits is False for f in fits) else "."
-        return Recommendation(None, text + caveats, (), unmeasured, unfilled)
+        return Recommendation(None, text + caveats, (), unmeasured, commands)
     ok.sort(key=lambda f: (f.cache.peak_bytes, -(f.sessions or 0)))
     pick = ok[0]
     q = pick.quality
-    context = f" at up to {q.context:,} tokens" if q.context else ""
-    evidence = (
-        f"mean KL {q.mean_kl:.4g} nats, top-1 agreement {q.top1_agreement:.1%}, measured on {q.model}{context} "
-        f"({q.source})"
-        if q is not EXACT
-        else q.source
-    )
     text = (
         f"{pick.spec}: the smallest cache peak ({human_bytes(pick.cache.peak_bytes)} at {pick.cache.context:,} tokens) "
-        f"among the {len(ok)} strategies that meet {wanted}. Evidence: {evidence}."
+        f"among the {len(ok)} strategies that meet {wanted}. Evidence: {describe(q)}."
     )
-    names = planned_model.names if isinstance(planned_model, Arch) else {planned_model} if planned_model else set()
-    if names and q is not EXACT and q.model not in names:
+    names = _names(planned_model)
+    if names and q not in (EXACT, WHOLE) and q.model not in names:
         shown = planned_model.name if isinstance(planned_model, Arch) else planned_model
-        text += f" Measured on {q.model}, not on {shown}: treat it as an estimate for {shown}."
-    if q.context and pick.cache.context > q.context and bound_of(pick.spec) is not None:
-        text += (
-            f" It evicts more at {pick.cache.context:,} tokens than in the runs measured ({q.context:,} tokens): "
-            "the quality there may be worse; profile it at that length to be sure."
-        )
+        text += (f" Measured on {q.model}, not on {shown}: treat it as an estimate for {shown}, or evaluate "
+                 f"{shown} itself (cachelib evaluate --model PATH on a local folder of it).")  # fmt: skip
     if pick.sessions is not None:
         text += f" {pick.sessions} concurrent session(s) fit the budget."
-    return Recommendation(pick, text + caveats, tuple(f.spec for f in ok), unmeasured, unfilled)
+    return Recommendation(pick, text + caveats, tuple(f.spec for f in ok), unmeasured, commands)

@@ -11,15 +11,16 @@ table) or prints.
 
 from __future__ import annotations
 
+import math
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Mapping
+from typing import Sequence
 
 from ..core.units import GB
 from ..spec import Spec, parse_spec
 from .accounting import account
 from .arch import Arch
-from .quality import Recommendation, recommend
-from .solver import Fit, Quality, attach_quality, cache_budget, max_batch, max_context, max_sessions, weight_bytes
+from .quality import Evidence, Judgement, Recommendation, judge_fits, recommend, scaled_candidates
+from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, weight_bytes
 
 COMMAND = ("python", "-m", "cachelib", "plan")
 
@@ -28,9 +29,25 @@ def gb_to_bytes(name: str, value: float | None) -> int | None:
     """``value`` GB (10^9 bytes) as bytes; None stays None; a negative value is refused by ``name``."""
     if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"--{name} must be a finite number of GB, got {value!r}")
     if value < 0:
         raise ValueError(f"--{name} must be >= 0, got {value}")
     return round(value * GB)
+
+
+def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | None = None, optional: bool = False) -> None:
+    """ValueError naming ``name`` unless ``value`` is a finite number (an integer when
+    ``integer``) within [lo, hi]; None passes when ``optional``."""
+    if value is None and optional:
+        return
+    kinds = (int,) if integer else (int, float)
+    what = "an integer" if integer else "a finite number"
+    allowed = f">= {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        raise ValueError(f"{name} must be {what} {allowed}, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -63,8 +80,17 @@ class PlanRequest:
             raise ValueError("give at least one strategy spec")
         object.__setattr__(self, "strategies", specs)  # frozen: set once, canonical
         for flag, value in (("context", self.context), ("batch", self.batch)):
-            if value <= 0:
-                raise ValueError(f"--{flag} must be a positive integer, got {value}")
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"--{flag} must be a positive integer, got {value!r}")
+        # Every number the request holds is finite and in range (the page and the API, not only the CLI).
+        _check_number("--prefill", self.prefill, integer=True, lo=0, optional=True)
+        _check_number("--prefill-chunk", self.prefill_chunk, integer=True, lo=1, optional=True)
+        for name, value in (("budget_bytes", self.budget_bytes), ("weights_bytes", self.weights_bytes)):
+            _check_number(name, value, integer=True, lo=0, optional=True)
+        _check_number("reserve_bytes", self.reserve_bytes, integer=True, lo=0)
+        _check_number("--weight-bits", self.weight_bits, integer=False, lo=1e-9, hi=64)
+        _check_number("--max-kl", self.max_kl, integer=False, lo=0, optional=True)
+        _check_number("--min-agreement", self.min_agreement, integer=False, lo=0, hi=1, optional=True)
 
     @property
     def recommending(self) -> bool:
@@ -85,10 +111,11 @@ class PlanRequest:
             raise ValueError(f"{arch.name} has no parameter count; give --weights-gb to plan against --budget-gb")
         return cache_budget(self.budget_bytes, weights, self.reserve_bytes)
 
-    def to_argv(self, model: str, quality_from: str | None = None) -> list[str]:
+    def to_argv(self, model: str, evidence: Sequence[str] = (), *, default_evidence: bool = True) -> list[str]:
         """The ``python -m cachelib plan`` command line that prints the same plan for ``model`` (a
-        preset name or a config.json path), with ``--quality-from`` when given. GB are written so
-        that they read back as exactly these bytes."""
+        preset name or a config.json path), with an ``--evidence`` for each path beyond the
+        committed evidence (left out with ``default_evidence=False``). GB are written so that
+        they read back as exactly these bytes."""
         args = [*COMMAND, "--model", model, "--context", str(self.context)]
         if self.batch != 1:
             args += ["--batch", str(self.batch)]
@@ -106,8 +133,10 @@ class PlanRequest:
             args += ["--weight-bits", _number(self.weight_bits)]
         if self.reserve_bytes:
             args += ["--reserve-gb", _number(self.reserve_bytes / GB)]
-        if quality_from is not None:
-            args += ["--quality-from", quality_from]
+        if not default_evidence:
+            args += ["--no-default-evidence"]
+        for path in evidence:
+            args += ["--evidence", str(path)]
         if self.max_kl is not None:
             args += ["--max-kl", _number(self.max_kl)]
         if self.min_agreement is not None:
@@ -145,11 +174,12 @@ def plan(arch: Arch, request: PlanRequest) -> list[Fit]:
 class PlanResult:
     arch: Arch
     request: PlanRequest
-    fits: list[Fit]  # the strategies asked for, then the measured ones added as candidates
+    fits: list[Fit]  # the strategies asked for, then the candidates the evidence speaks for
     weights_bytes: int | None
-    added: tuple[str, ...] = ()  # planned because the evidence measured them
+    added: tuple[str, ...] = ()  # planned because the evidence measured them (or their kept fraction)
     skipped: dict[str, str] = field(default_factory=dict)  # measured, not plannable here -> why
     recommendation: Recommendation | None = None  # with a threshold only
+    judgements: dict[str, Judgement] = field(default_factory=dict)  # spec -> what the evidence says of it
 
     @property
     def cache_budget(self) -> int | None:
@@ -159,22 +189,23 @@ class PlanResult:
     @property
     def measured_on(self) -> list[str]:
         """The models the attached quality was measured on (lossless strategies need none)."""
-        return sorted({f.quality.model for f in self.fits if f.quality is not None})
+        return sorted({f.quality.model for f in self.fits if f.quality is not None and f.quality.samples})
 
 
-def plan_request(arch: Arch, request: PlanRequest, quality: Mapping[str, Quality] | None = None) -> PlanResult:
-    """Plan ``request`` for ``arch`` with the measured ``quality`` (spec -> :class:`Quality`)
-    attached; when the request has a threshold, every strategy ``quality`` holds is planned as a
-    candidate too (one at a time, so that one this model or backend refuses is listed in
-    ``skipped``, not fatal) and the cheapest that meets it is recommended."""
+def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] = ()) -> PlanResult:
+    """Plan ``request`` for ``arch`` and judge each fit by ``evidence`` (see
+    :func:`cachelib.plan.quality.judge`). When the request has a threshold, the strategies the
+    evidence measured are candidates too, and so is each measured bounded strategy scaled to the
+    target context at its measured kept fraction; each is planned on its own, so that one this
+    model or backend refuses is listed in ``skipped``, not fatal. The cheapest covered fit that
+    meets the thresholds is recommended."""
     fits = plan(arch, request)
-    quality = dict(quality or {})
     added: list[str] = []
     skipped: dict[str, str] = {}
-    if request.recommending:  # every strategy with evidence is a candidate too
+    if request.recommending:
         asked = {s.key for s in request.strategies}
-        for text in quality:
-            spec = parse_spec(text)
+        measured = [parse_spec(e.spec) for e in evidence]
+        for spec in measured + scaled_candidates(evidence, request.context):
             if spec.key in asked:
                 continue
             asked.add(spec.key)
@@ -184,9 +215,9 @@ def plan_request(arch: Arch, request: PlanRequest, quality: Mapping[str, Quality
                 skipped[str(spec)] = str(e)
             else:
                 added.append(str(spec))
-    fits = attach_quality(fits, quality)
+    fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch)
     rec = None
     if request.recommending:
-        rec = recommend(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch)
-    return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec)
-
+        rec = recommend(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
+                        judgements=judgements)  # fmt: skip
+    return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements)

@@ -36,8 +36,17 @@ class Quality:
     mean_kl: float  # mean KL(full || strategy) of the next-token distribution
     top1_agreement: float  # share of steps whose top-1 token equals the full cache's
     model: str  # the model it was measured on (it may differ from the one planned)
-    source: str = ""  # the profile(s) it comes from
-    context: int | None = None  # the longest context (tokens) it was measured at
+    source: str = ""  # the evaluation(s) or profile(s) it comes from
+    context: int | None = None  # the context (tokens) it was measured at
+    backend: str = ""  # the backend it was measured on
+    kept_fraction: float | None = None  # share of that context the strategy's attention still saw
+    samples: int = 0  # windows x texts (or runs) averaged
+    mean_kl_ci95: float | None = None  # 95% confidence half-widths; None: one sample
+    top1_ci95: float | None = None
+    delta_ppl: float | None = None  # perplexity minus the full cache's
+    delta_ppl_ci95: float | None = None
+    retrieval: float | None = None  # exact-match accuracy of the retrieval task
+    note: str = ""  # how it was matched to the plan: kept fraction, extrapolation, other backend/model
 
 
 @dataclass(frozen=True)

@@ -1,82 +1,222 @@
-"""The planner's evidence, read from profiles on disk: per (model, backend, strategy), what the
-complete profiles under a folder measured against their baseline (mean KL over decode steps,
-top-1 agreement), the longest context their runs reached, and which files it comes from.
+"""The planner's evidence: an explicit set of files, read into measured points.
 
-This is where the planner's quality figures come from files; :mod:`cachelib.plan.quality` works
-on the :class:`~cachelib.plan.quality.Evidence` records handed to it and reads nothing.
+Evidence is never "whatever lies in profiles/". :func:`load_evidence` reads the paths it is given
+(files or folders; by default the committed evidence in ``assets/evidence/``) and turns them into
+:class:`~cachelib.plan.quality.Evidence` points:
+
+- long-context evaluations (``cachelib evaluate``, ``schema`` = ``cachelib-evaluation/1``): one
+  point per model x backend x strategy x context, the mean over its windows and texts with a 95%
+  confidence interval, and the retrieval task's accuracy where it was run;
+- complete profiles (decode runs): one point per run and strategy, at the context the run
+  reached, without a confidence interval.
+
+The same measurement counts once: files with identical content, profiles with the same run id,
+and evaluation samples with the same identity (model, backend, strategy, context, text, window,
+scoring) are read once. A file that is neither, or is malformed, is skipped with a warning that
+names it; it never fails the plan.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import pandas as pd
 
-from ..plan.quality import Evidence, quality_table
-from ..plan.solver import Fit, Quality, attach_quality
+from ..plan.quality import Evidence, kept_fraction
 from ..spec import parse_spec
+from .evaluation import SCHEMA as EVALUATION_SCHEMA
+from .evaluation import ci95 as _ci95
+from .evaluation import load_evaluation
 from .store import load_profile
 
+DEFAULT_EVIDENCE = Path(__file__).resolve().parents[2] / "assets" / "evidence"
 
-def _profile_paths(source: str | os.PathLike) -> list[Path]:
-    root = Path(source)
+# what makes two evaluation samples the same measurement
+SAMPLE_IDENTITY = ("model", "backend", "strategy", "context", "score_tokens", "prefill_chunk", "text", "window_start")
+RETRIEVAL_IDENTITY = ("model", "backend", "strategy", "context", "depth", "trial", "task")
+
+def ci95(values: Sequence[float]) -> float | None:
+    """Half-width of the 95% confidence interval of the mean (Student t); None for fewer than
+    two values."""
+    half = _ci95(list(values))
+    return None if math.isnan(half) else half
+
+
+@dataclass(frozen=True)
+class EvidenceSet:
+    """The points read from some paths, the files they come from, and what was skipped."""
+
+    points: tuple[Evidence, ...]
+    files: tuple[str, ...]  # files that gave at least one point
+    warnings: tuple[str, ...] = field(default=())  # skipped files, each naming the file and why
+    retrieval: pd.DataFrame | None = None  # the retrieval task's rows (one per trial), where measured
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({p.model for p in self.points})
+
+
+def _files(source: str | os.PathLike) -> list[Path]:
+    root = Path(source).expanduser()
     if root.is_file():
         return [root]
     if not root.is_dir():
-        raise ValueError(f"no profiles at {str(root)!r} (give a folder of profile CSVs or one profile file)")
+        raise ValueError(f"no evidence at {str(root)!r}: give an evaluation or profile CSV, or a folder of them")
     return sorted(p for p in root.rglob("*.csv") if p.name != "index.csv" and not p.name.startswith("."))
 
 
-def collect_evidence(source: str | os.PathLike = "profiles", model: str | None = None) -> list[Evidence]:
-    """Per (model, backend, spec): quality measured by the complete profiles under ``source``
-    (strategies other than each profile's baseline). Files that are not profiles are skipped."""
-    groups: dict[tuple[str, str, tuple], list[tuple[str, pd.DataFrame, int]]] = {}
-    texts: dict[tuple, str] = {}  # spec key -> the first canonical text seen for it
-    for path in _profile_paths(source):
-        try:
-            profile = load_profile(path)
-        except ValueError:
+def _schema(path: Path) -> str | None:
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            header = f.readline()
+            first = f.readline()
+    except OSError:
+        return None
+    if header.split(",", 1)[0].strip() == "schema":
+        return first.split(",", 1)[0].strip()
+    return None
+
+
+def load_evidence(sources: Iterable[str | os.PathLike] | None = None) -> EvidenceSet:
+    """The evidence in ``sources`` (files or folders; default: the committed evidence). A source
+    that does not exist, or holds no evidence at all, is a ValueError naming it."""
+    sources = [DEFAULT_EVIDENCE] if sources is None else list(sources)
+    seen_hashes: set[str] = set()
+    seen_runs: set[str] = set()
+    samples: list[pd.DataFrame] = []
+    retrieval: list[pd.DataFrame] = []
+    profile_points: list[Evidence] = []
+    used: list[str] = []
+    warnings: list[str] = []
+    for source in sources:
+        if Path(source) == DEFAULT_EVIDENCE and not any(DEFAULT_EVIDENCE.glob("*.csv")):
+            warnings.append(f"{DEFAULT_EVIDENCE}: the committed evidence is missing; nothing judges quality")
             continue
-        if not profile.complete or (model is not None and profile.meta.get("model") != model):
-            continue
-        steps = profile.frame("steps")
-        decode = steps[steps["phase"] == "decode"]
-        for label in profile.strategies[1:]:
-            rows = decode[decode["strategy"] == label]
-            if rows["kl"].notna().sum() == 0:
+        found = _files(source)
+        before = len(used) + len(warnings)
+        for path in found:
+            try:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError as e:
+                warnings.append(f"{path}: skipped, cannot be read ({e.strerror or e})")
                 continue
-            spec = parse_spec(label.split("#")[0])
-            texts.setdefault(spec.key, str(spec))
-            reached = int(steps.loc[steps["strategy"] == label, "position"].max()) + 1
-            key = (str(profile.meta.get("model")), str(profile.meta.get("backend")), spec.key)
-            groups.setdefault(key, []).append((path.name, rows, reached))
+            if digest in seen_hashes:
+                continue  # the same file content again (a copy): counted once
+            seen_hashes.add(digest)
+            try:
+                if _schema(path) == EVALUATION_SCHEMA:
+                    evaluation = load_evaluation(path)
+                    if not evaluation.complete:  # each sample row is a whole measurement: they count
+                        warnings.append(f"{path}: an incomplete evaluation ({evaluation.reason or 'no reason'}); "
+                                        f"its {len(evaluation.samples)} finished sample(s) count")  # fmt: skip
+                    samples.append(evaluation.samples.assign(file=path.name))
+                    retrieval.append(evaluation.retrieval.assign(file=path.name))
+                    used.append(str(path))
+                    continue
+                profile = load_profile(path)
+            except ValueError as e:
+                warnings.append(f"{path}: skipped, {e}")
+                continue
+            if not profile.complete:
+                warnings.append(f"{path}: skipped, an incomplete profile ({profile.meta.get('reason') or 'no reason'})")
+                continue
+            run = str(profile.meta.get("run_id") or digest)
+            if run in seen_runs:
+                continue  # a "Save as" copy of a run already read
+            seen_runs.add(run)
+            points = _profile_points(profile, path.name)
+            if points:
+                profile_points += points
+                used.append(str(path))
+        if len(used) + len(warnings) == before and not found:
+            raise ValueError(f"no evidence in {str(source)!r}: it holds no CSV file")
+    points = _evaluation_points(samples, retrieval) + profile_points
+    trials = [f for f in retrieval if len(f)]
+    found = pd.concat(trials, ignore_index=True).drop_duplicates(subset=list(RETRIEVAL_IDENTITY)) if trials else None
+    if not points and found is None and any(Path(s) != DEFAULT_EVIDENCE for s in sources):
+        names = ", ".join(map(str, sources))
+        raise ValueError(f"no evidence in {names}: no evaluation file or complete profile with a measured strategy"
+                         + (f" ({'; '.join(warnings)})" if warnings else ""))  # fmt: skip
+    return EvidenceSet(tuple(points), tuple(used), tuple(warnings), found)
+
+
+def _mean(series: pd.Series) -> float | None:
+    values = pd.to_numeric(series, errors="coerce").dropna()
+    return float(values.mean()) if len(values) else None
+
+
+def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame]) -> list[Evidence]:
+    frames = [f for f in samples if len(f)]
+    if not frames:
+        return []
+    table = pd.concat(frames, ignore_index=True).drop_duplicates(subset=[c for c in SAMPLE_IDENTITY if c in frames[0]])
+    found = pd.concat([f for f in retrieval if len(f)], ignore_index=True) if any(len(f) for f in retrieval) else None
+    if found is not None:
+        found = found.drop_duplicates(subset=[c for c in RETRIEVAL_IDENTITY if c in found])
     out = []
-    for (model_name, backend, spec_key), parts in sorted(groups.items(), key=lambda kv: (kv[0][:2], texts[kv[0][2]])):
-        frames = pd.concat([rows for _, rows, _ in parts], ignore_index=True)
+    for (model, backend, strategy, context), rows in table.groupby(["model", "backend", "strategy", "context"], sort=True):
+        spec = parse_spec(str(strategy).split("#")[0])
+        if spec.lossless:
+            continue  # the reference itself: exact by construction
+        context = int(context)
+        accuracy = None
+        if found is not None:
+            hit = found[(found["model"] == model) & (found["backend"] == backend) & (found["strategy"] == strategy)
+                        & (found["context"] == context)]  # fmt: skip
+            accuracy = _mean(hit["exact_match"]) if len(hit) else None
+        delta = pd.to_numeric(rows.get("delta_ppl"), errors="coerce") if "delta_ppl" in rows else None
         out.append(
             Evidence(
-                spec=texts[spec_key],
-                model=model_name,
-                backend=backend,
-                runs=len(parts),
-                steps=len(frames),
-                mean_kl=float(frames["kl"].mean()),
-                top1_agreement=float(frames["top1_agree"].astype("Float64").mean()),
-                files=tuple(sorted({name for name, _, _ in parts})),
-                context=max(reached for _, _, reached in parts),
+                spec=str(spec),
+                model=str(model),
+                backend=str(backend),
+                context=context,
+                kept_fraction=kept_fraction(spec, context),
+                samples=len(rows),
+                mean_kl=float(rows["mean_kl"].mean()),
+                top1_agreement=float(rows["top1_agreement"].mean()),
+                mean_kl_ci95=ci95(rows["mean_kl"].tolist()),
+                top1_ci95=ci95(rows["top1_agreement"].tolist()),
+                delta_ppl=None if delta is None else _mean(delta),
+                delta_ppl_ci95=None if delta is None else ci95(delta.tolist()),
+                retrieval=accuracy,
+                kind="evaluation",
+                files=tuple(sorted(set(rows["file"]))),
             )
         )
     return out
 
 
-def measured_quality(source: str | os.PathLike = "profiles", model: str | None = None) -> dict[str, Quality]:
-    """Spec -> :class:`~cachelib.plan.Quality` from the profiles under ``source``. Where several
-    models (or backends) measured the same spec, the one with the most steps is kept."""
-    return quality_table(collect_evidence(source, model))
-
-
-def with_quality(fits: Iterable[Fit], source: str | os.PathLike = "profiles", model: str | None = None) -> list[Fit]:
-    """``fits`` with the measured quality of their specs attached (see :func:`measured_quality`)."""
-    return attach_quality(fits, measured_quality(source, model))
+def _profile_points(profile, name: str) -> list[Evidence]:
+    steps = profile.frame("steps")
+    decode = steps[steps["phase"] == "decode"]
+    model, backend = str(profile.meta.get("model")), str(profile.meta.get("backend"))
+    out = []
+    for label in profile.strategies[1:]:
+        rows = decode[decode["strategy"] == label]
+        if rows["kl"].notna().sum() == 0:
+            continue
+        spec = parse_spec(label.split("#")[0])
+        if spec.lossless:
+            continue
+        reached = int(steps.loc[steps["strategy"] == label, "position"].max()) + 1
+        out.append(
+            Evidence(
+                spec=str(spec),
+                model=model,
+                backend=backend,
+                context=reached,
+                kept_fraction=kept_fraction(spec, reached),
+                samples=1,
+                mean_kl=float(rows["kl"].mean()),
+                top1_agreement=float(rows["top1_agree"].astype("Float64").mean()),
+                kind="profile",
+                files=(name,),
+            )
+        )
+    return out

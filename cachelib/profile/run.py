@@ -9,7 +9,7 @@ stream first departs from the baseline's.
 Each step advances every strategy by one forward pass (baseline first) and records rows through
 the probes. The run reads caches only through their introspection. It stops cleanly — leaving a
 readable profile marked incomplete with the reason — on an exception, Ctrl-C, a stop request or
-the memory guard.
+the memory guard (given a limit, or by default a share of the memory available at the start).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -31,10 +30,11 @@ from ..decode import Runner, encode_prompt
 from ..introspect import CacheView
 from ..models import LoadedModel, load
 from ..plan import arch_from_model_info
-from ..plan.accounting import Replay, replay
+from ..core.units import human_bytes
+from ..plan.accounting import Replay, account, replay
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .guard import MemoryGuard, parse_memory_limit
+from .guard import DEFAULT_SHARE, MemoryGuard, available_memory, parse_memory_limit
 from .probes import Probes
 from .quality import compare
 from .store import Profile, ProfileWriter
@@ -94,7 +94,12 @@ def run_profile(
     should_stop: Callable[[], bool] | None = None,
 ) -> Profile:
     """Profile ``strategies`` on ``model`` and return the :class:`Profile` (also streamed to
-    ``out`` as CSV when given). Everything is validated before the model runs."""
+    ``out`` as CSV when given; ``profile.path`` says where it went, see
+    :meth:`~cachelib.profile.store.ProfileWriter.close`). Everything is validated before the
+    model runs: the arguments and the output path before it loads, and, without a
+    ``memory_limit``, whether the caches the planner predicts fit in the memory available
+    (a ``ValueError`` with the figures when they do not) before any cache exists. Ctrl-C raises
+    :class:`RunInterrupted` (a ``KeyboardInterrupt``) carrying the closed, incomplete profile."""
     specs = [parse_spec(s) for s in strategies]
     if not specs:
         raise ValueError("give at least one strategy (the first is the baseline)")
@@ -112,32 +117,35 @@ def run_profile(
         raise ValueError("free-running mode decodes from a prompt; an evaluation text is teacher-forced")
     probes = probes or Probes()
     limit = parse_memory_limit(memory_limit)
-    out_path = Path(out) if out is not None else None
-    if out_path is not None and out_path.suffix.lower() != ".csv":
-        raise ValueError(f"profiles stream as CSV; got {str(out_path)!r} (use a .csv name)")
+    run_id = uuid.uuid4().hex[:12]
+    # Claims a partial file of this run's own: a path that cannot be written fails here, before any work.
+    writer = ProfileWriter(out, run_id) if out is not None else None
+    try:
+        loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
+        runner = Runner(loaded)
+        probe = probe_for(loaded)
+        tok = loaded.tokenizer
 
-    loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
-    runner = Runner(loaded)
-    probe = probe_for(loaded)
-    tok = loaded.tokenizer
+        if text is not None:
+            ids = [int(i) for i in tok.encode(text)]
+            if len(ids) < 2:
+                raise ValueError("the evaluation text is too short: it needs at least 2 tokens")
+            n_prompt = max(1, min(prompt_tokens, len(ids) - 1))
+            prompt_ids, continuation = ids[:n_prompt], ids[n_prompt:]
+            max_tokens = min(max_tokens, len(continuation))
+        else:
+            prompt_ids, continuation = encode_prompt(tok, prompt, chat), None
 
-    if text is not None:
-        ids = [int(i) for i in tok.encode(text)]
-        if len(ids) < 2:
-            raise ValueError("the evaluation text is too short: it needs at least 2 tokens")
-        n_prompt = max(1, min(prompt_tokens, len(ids) - 1))
-        prompt_ids, continuation = ids[:n_prompt], ids[n_prompt:]
-        max_tokens = min(max_tokens, len(continuation))
-    else:
-        prompt_ids, continuation = encode_prompt(tok, prompt, chat), None
+        guard = _guard(loaded, specs, limit, len(prompt_ids), max_tokens)  # refuses what cannot fit, before any cache exists
+        labels = strategy_labels(specs)
+        states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
+    except BaseException:
+        if writer:
+            writer.discard()
+        raise
 
-    labels = strategy_labels(specs)
-    states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
-    guard = MemoryGuard(limit, _predictors(loaded, specs)) if limit is not None else None
-
-    meta = _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name)
+    meta = _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name, run_id)
     profile = Profile(meta)
-    writer = ProfileWriter(out_path) if out_path is not None else None
     if writer:
         writer.write_meta(meta)
         writer.flush()
@@ -184,10 +192,11 @@ def run_profile(
                 writer.flush()
             if on_step is not None:
                 on_step(event)
-    except KeyboardInterrupt:
-        status, reason = "incomplete", f"interrupted (Ctrl-C) during step {completed}"
+    except KeyboardInterrupt as e:
+        how = str(e) or "Ctrl-C"  # the CLI raises KeyboardInterrupt("SIGTERM") on a SIGTERM
+        status, reason = "incomplete", f"interrupted ({how}) during step {completed}"
         _close(profile, writer, status, reason, completed)
-        raise
+        raise RunInterrupted(profile, how) from None
     except BaseException as e:
         status, reason = "incomplete", f"error during step {completed}: {type(e).__name__}: {e}"
         _close(profile, writer, status, reason, completed)
@@ -196,10 +205,62 @@ def run_profile(
     return profile
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or, in the CLI, SIGTERM) stopped a run. ``profile`` is what it recorded, closed
+    and marked incomplete (``profile.path``: where its file went, when it streamed to one)."""
+
+    def __init__(self, profile: Profile, how: str = "Ctrl-C"):
+        super().__init__(how)
+        self.profile = profile
+        self.how = how
+
+
 def _predictors(loaded: LoadedModel, specs: Sequence[Spec]) -> list[Replay]:
     """The memory guard's predictors: the planner's exact replay of each strategy's caches."""
     arch = arch_from_model_info(loaded.info)
     return [replay(arch, spec, loaded.info.backend, dtype=loaded.info.dtype) for spec in specs]
+
+
+def predicted_peaks(loaded: LoadedModel, specs: Sequence[Spec], prompt_tokens: int, max_tokens: int) -> list[int]:
+    """Each strategy's peak cache bytes over a run of ``max_tokens`` steps from a prompt of
+    ``prompt_tokens`` tokens, by the planner's exact accounting. A strategy bounding the run
+    itself (static ``max_len``) is counted up to its bound: the run is refused when it gets there."""
+    arch = arch_from_model_info(loaded.info)
+    info = loaded.info
+    out = []
+    for spec in specs:
+        context, prefill = prompt_tokens + max_tokens - 1, prompt_tokens
+        bound = spec.strategy.max_context
+        if bound is not None:
+            context, prefill = min(context, spec.get(bound)), min(prefill, spec.get(bound))
+        out.append(account(arch, spec, info.backend, context=context, prefill=prefill, dtype=info.dtype).peak_bytes)
+    return out
+
+
+def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt_tokens: int, max_tokens: int) -> MemoryGuard | None:
+    """The run's memory guard. Given a ``limit``, it stops the run before the caches pass it.
+    Without one, a run whose caches the planner predicts to pass the memory available now is
+    refused (ValueError with the figures) and the guard stops the run at a default limit, a share
+    of that memory, should the caches grow past the prediction."""
+    if limit is not None:
+        return MemoryGuard(limit, _predictors(loaded, specs))
+    try:
+        peaks = predicted_peaks(loaded, specs, prompt_tokens, max_tokens)
+        predictors = _predictors(loaded, specs)
+    except ValueError:  # an architecture the planner cannot account: no default guard
+        return None
+    available = available_memory(loaded.info.device)
+    default = int(available * DEFAULT_SHARE)
+    total = sum(peaks)
+    if total > default:
+        each = ", ".join(f"{spec} {human_bytes(b)}" for spec, b in zip(specs, peaks))
+        raise ValueError(
+            f"the caches of this run would need {human_bytes(total)} ({total:,} bytes: {each}), more than the "
+            f"{human_bytes(default)} it may use ({DEFAULT_SHARE:.0%} of the {human_bytes(available)} available on "
+            f"{loaded.info.device}); use fewer tokens or smaller strategies, or give a memory limit "
+            "(--memory-limit-gb, memory_limit=) to run under the memory guard anyway"
+        )
+    return MemoryGuard(default, predictors, source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start")
 
 
 def _logprob(logits: np.ndarray, target: int) -> float:
@@ -353,12 +414,12 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name) -> dict:
+def _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name, run_id) -> dict:
     info = loaded.info
     return {
         "schema_version": 1,
         "name": name or "",
-        "run_id": uuid.uuid4().hex[:12],
+        "run_id": run_id,
         "created": _now(),
         "cachelib_version": __version__,
         "model": info.name,

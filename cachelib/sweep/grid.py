@@ -8,6 +8,10 @@ run holds the baseline plus every strategy at that setting, and all of them are 
 tokens (the teacher-forced comparison holds inside each profile). The points of a grid are the
 product of the axes and the settings.
 
+A grid with ``contexts`` is an **evaluation grid**: each point (an :class:`EvaluationPoint`) is
+one model x backend x device x context x knob setting, run with ``cachelib.profile.evaluate``
+over all its texts (default: the corpus in ``assets/corpus/``), writing one evaluation CSV.
+
 Everything is checked before anything runs: an unknown key, an empty axis, a bad spec, a knob
 list of the wrong length, a missing text file. Errors name the grid file and the line. This
 module knows the file format and the strategy grammar; it does not know Dask, devices present
@@ -26,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from ..models import BACKENDS, model_names
 from ..profile import Probes, parse_memory_limit
+from ..profile.evaluate import CORPUS, DEFAULT_PREFILL_CHUNK, DEFAULT_SCORE_TOKENS, DEFAULT_WINDOWS
 from ..spec import STRATEGIES, Spec, SpecError, make_spec, parse_spec, split_spec, strategy
 from .lines import Locator
 
@@ -38,14 +43,22 @@ GRID_KEYS = {
     "baseline": "the spec every run starts with and compares against (default: standard)",
     "strategies": "specs compared with the baseline; a list as a knob value is a knob range",
     "prompts": "chat prompts (one of prompts / texts)",
-    "texts": "evaluation text files, relative to the grid file (one of prompts / texts)",
+    "texts": "evaluation text files, relative to the grid file (profile grids: one of prompts / texts; "
+    "evaluation grids: default every assets/corpus/*.txt)",
     "max_tokens": "steps per run, one number or a list (default: 64)",
     "free_running": "each strategy feeds its own greedy tokens (default: false)",
     "probes": "probe periods, e.g. 'memory=1,masks=0' or a table {masks = 0} (default: the profiler's)",
     "memory_limit": "stop a run before its caches pass this size, e.g. '2GB' (default: none)",
     "chat": "wrap prompts in the model's chat template (default: true)",
     "prompt_tokens": "texts: tokens prefilled before the first step (default: 32)",
+    "contexts": "context lengths in tokens; a grid with contexts is an evaluation grid: each point runs "
+    "`evaluate` (long-context quality against the full cache) and writes one evaluation CSV",
+    "score_tokens": "evaluation grids: tokens scored after each prefill (default: 128)",
+    "windows": "evaluation grids: windows per text (default: 4)",
+    "prefill_chunk": "evaluation grids: tokens per prefill forward pass (default: 2048, mlx-lm's)",
 }
+PROFILE_ONLY = ("prompts", "max_tokens", "free_running", "probes", "memory_limit", "chat", "prompt_tokens")
+EVALUATION_ONLY = ("score_tokens", "windows", "prefill_chunk")
 
 # Devices a grid may name per backend, and the Dask resource a run on each asks for.
 DEVICES = {"mlx": ("cpu", "metal", "cuda"), "torch": ("cpu", "cuda", "mps")}
@@ -152,6 +165,81 @@ class Point:
 
 
 @dataclass(frozen=True)
+class EvaluationPoint:
+    """One evaluation of an evaluation grid: what ``evaluate`` is called with, at one context."""
+
+    model: str
+    backend: str
+    device: str
+    context: int
+    texts: tuple[Input, ...]
+    strategies: tuple[Spec, ...]  # the reference first
+    setting: int
+    score_tokens: int = DEFAULT_SCORE_TOKENS
+    windows: int = DEFAULT_WINDOWS
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+
+    mode = "evaluation"  # the index's mode column
+
+    @property
+    def id(self) -> str:
+        model = _slug(Path(self.model).name if "/" in self.model else self.model, 24)
+        return f"{model}-{self.backend}-{self.device}-eval-{self.context}c-{self.digest}"
+
+    @property
+    def digest(self) -> str:
+        ident = {
+            "model": self.model,
+            "backend": self.backend,
+            "device": self.device,
+            "context": self.context,
+            "texts": [[_text_name(t), hashlib.sha256(t.content.encode()).hexdigest()] for t in self.texts],
+            "strategies": [str(s) for s in self.strategies],
+            "score_tokens": self.score_tokens,
+            "windows": self.windows,
+            "prefill_chunk": self.prefill_chunk,
+        }
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
+
+    @property
+    def file(self) -> str:
+        return f"{self.id}.csv"
+
+    @property
+    def resources(self) -> dict[str, int]:
+        return dict(DEVICE_RESOURCES[self.device])
+
+    @property
+    def input(self) -> Input:
+        """The texts, as the index lists a point's input."""
+        sources = " ".join(t.source for t in self.texts)
+        return Input("text", sources, "")
+
+    @property
+    def max_tokens(self) -> int:
+        """The index's max_tokens column: tokens scored per window."""
+        return self.score_tokens
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``evaluate`` for this point (without ``out``)."""
+        return {
+            "model": self.model,
+            "strategies": [str(s) for s in self.strategies],
+            "texts": [(_text_name(t), t.content) for t in self.texts],
+            "context": self.context,
+            "score_tokens": self.score_tokens,
+            "windows": self.windows,
+            "prefill_chunk": self.prefill_chunk,
+            "backend": self.backend,
+            "device": self.device,
+        }
+
+
+def _text_name(text: Input) -> str:
+    return Path(text.source).stem
+
+
+@dataclass(frozen=True)
 class Grid:
     path: Path
     text: str  # the file as read
@@ -168,15 +256,72 @@ class Grid:
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
     probes: Probes = field(default_factory=Probes)
     memory_limit: int | None = None
+    contexts: tuple[int, ...] = ()  # non-empty: an evaluation grid
+    score_tokens: int = DEFAULT_SCORE_TOKENS
+    windows: int = DEFAULT_WINDOWS
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+
+    @property
+    def kind(self) -> str:
+        return "evaluation" if self.contexts else "profile"
 
     def backends_without_devices(self) -> list[str]:
         return [b for b in self.backends if b not in self.devices]
 
-    def points(self, default_devices: Mapping[str, str] | None = None) -> list[Point]:
-        """Every run of the grid, in order model > backend > device > input > max_tokens > setting.
+    def points(self, default_devices: Mapping[str, str] | None = None) -> list[Point] | list[EvaluationPoint]:
+        """Every run of the grid, in order model > backend > device > input > max_tokens > setting
+        (an evaluation grid: model > backend > device > context > setting, all texts in each).
         ``default_devices`` gives the device of each backend the grid names none for."""
         default_devices = default_devices or {}
         out = []
+        if self.contexts:
+            for model, backend, device in self._runs(default_devices):
+                for context in self.contexts:
+                    for k, strategies in enumerate(self.settings):
+                        out.append(
+                            EvaluationPoint(
+                                model=model,
+                                backend=backend,
+                                device=device,
+                                context=context,
+                                texts=self.inputs,
+                                strategies=(self.baseline, *strategies),
+                                setting=k,
+                                score_tokens=self.score_tokens,
+                                windows=self.windows,
+                                prefill_chunk=self.prefill_chunk,
+                            )
+                        )
+        else:
+            for model, backend, device in self._runs(default_devices):
+                for inp in self.inputs:
+                    for tokens in self.max_tokens:
+                        for k, strategies in enumerate(self.settings):
+                            out.append(
+                                Point(
+                                    model=model,
+                                    backend=backend,
+                                    device=device,
+                                    input=inp,
+                                    max_tokens=tokens,
+                                    strategies=(self.baseline, *strategies),
+                                    setting=k,
+                                    free_running=self.free_running,
+                                    chat=self.chat,
+                                    prompt_tokens=self.prompt_tokens,
+                                    probes=self.probes,
+                                    memory_limit=self.memory_limit,
+                                )
+                            )
+        seen: set[str] = set()
+        for p in out:
+            if p.id in seen:
+                raise ValueError(f"{self.path}: two points of the grid are the same run ({p.id}); remove the repeat")
+            seen.add(p.id)
+        return out
+
+    def _runs(self, default_devices: Mapping[str, str]):
+        """(model, backend, device) of every run, in grid order."""
         for model in self.models:
             for backend in self.backends:
                 if backend in self.devices:
@@ -186,31 +331,7 @@ class Grid:
                 else:
                     raise ValueError(f"no device for backend {backend!r}: the grid names none and no default was given")
                 for device in devices:
-                    for inp in self.inputs:
-                        for tokens in self.max_tokens:
-                            for k, strategies in enumerate(self.settings):
-                                out.append(
-                                    Point(
-                                        model=model,
-                                        backend=backend,
-                                        device=device,
-                                        input=inp,
-                                        max_tokens=tokens,
-                                        strategies=(self.baseline, *strategies),
-                                        setting=k,
-                                        free_running=self.free_running,
-                                        chat=self.chat,
-                                        prompt_tokens=self.prompt_tokens,
-                                        probes=self.probes,
-                                        memory_limit=self.memory_limit,
-                                    )
-                                )
-        seen: set[str] = set()
-        for p in out:
-            if p.id in seen:
-                raise ValueError(f"{self.path}: two points of the grid are the same run ({p.id}); remove the repeat")
-            seen.add(p.id)
-        return out
+                    yield model, backend, device
 
 
 def load_grid(path: str | Path) -> Grid:
@@ -297,6 +418,11 @@ class _Reader:
             if b not in BACKENDS:
                 raise self.fail("backends", f"unknown backend {b!r}; backends: {', '.join(BACKENDS)}")
         devices = self.devices(backends)
+        if "contexts" in self.data:
+            return self.evaluation_grid(name, models, backends, devices)
+        for key in EVALUATION_ONLY:
+            if key in self.data:
+                raise self.fail(key, f"{key!r} is for evaluation grids; add 'contexts' (context lengths) to make one")
         baseline = self.baseline(backends)
         settings = self.strategies(backends, baseline)
         inputs = self.inputs()
@@ -328,6 +454,62 @@ class _Reader:
             probes=self.probes(),
             memory_limit=self.memory_limit(),
         )
+
+    def evaluation_grid(self, name: str, models: tuple[str, ...], backends: tuple[str, ...], devices) -> Grid:
+        """A grid with 'contexts': each point is one ``evaluate`` run at one context."""
+        for key in PROFILE_ONLY:
+            if key in self.data:
+                raise self.fail(
+                    key, f"{key!r} is for profile grids; an evaluation grid (it has 'contexts') scores texts "
+                    "(see 'texts', 'score_tokens', 'windows', 'prefill_chunk')"
+                )  # fmt: skip
+        baseline = self.baseline(backends)
+        if not baseline.lossless:
+            raise self.fail(
+                "baseline", f"'baseline': {baseline} is not a full cache; an evaluation measures against a lossless "
+                "one (standard, concat, static, offloaded)"
+            )  # fmt: skip
+        settings = self.strategies(backends, baseline)
+        contexts = self.axis("contexts", int)
+        for c in contexts:
+            if c < 1:
+                raise self.fail("contexts", f"'contexts' must be >= 1, got {c}")
+        counts = {}
+        for key, default in (("score_tokens", DEFAULT_SCORE_TOKENS), ("windows", DEFAULT_WINDOWS),
+                             ("prefill_chunk", DEFAULT_PREFILL_CHUNK)):  # fmt: skip
+            counts[key] = self.scalar(key, int, default)
+            if counts[key] < 1:
+                raise self.fail(key, f"{key!r} must be >= 1, got {counts[key]}")
+        need = max(contexts) + counts["score_tokens"] - 1
+        for spec in (baseline, *(s for setting in settings for s in setting)):
+            if spec.max_context is not None and spec.max_context < need:
+                key = "baseline" if spec == baseline else "strategies"
+                raise self.fail(
+                    key, f"{spec} holds at most {spec.max_context} tokens; the longest context needs {need}"
+                )
+        return Grid(
+            path=self.path,
+            text=self.text,
+            name=name,
+            models=models,
+            backends=backends,
+            devices=devices,
+            baseline=baseline,
+            settings=settings,
+            inputs=self.inputs() if "texts" in self.data else self.corpus(),
+            max_tokens=(),
+            contexts=contexts,
+            **counts,
+        )
+
+    def corpus(self) -> tuple[Input, ...]:
+        files = sorted(CORPUS.glob("*.txt")) if CORPUS.is_dir() else []
+        if not files:
+            raise self.fail(
+                None, f"the grid names no 'texts' and there is no evaluation corpus at {CORPUS}; add texts = [...]"
+            )
+        where = f"{CORPUS.parent.name}/{CORPUS.name}"  # as the index shows it: assets/corpus/NAME.txt
+        return tuple(Input("text", f"{where}/{p.name}", p.read_text(encoding="utf-8")) for p in files)
 
     def model(self, name: str) -> str:
         if name in model_names():

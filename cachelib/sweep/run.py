@@ -1,10 +1,12 @@
 """Run a sweep: every point of a grid as one Dask task, one profile per point, an index of them all.
 
 ``run_sweep(grid, out)`` expands the grid, skips the points a previous run finished (their rows
-in ``index.csv`` say done or stopped and their profiles are there), starts a local cluster (or
+in ``index.csv`` say done or stopped and their profiles open; a row whose profile does not is
+run again, with a note saying why), starts a local cluster (or
 connects to ``scheduler``), and submits one task per remaining point, in grid order and no
 more at a time than there are workers able to run them (see :class:`_Feeder`). A task runs
-``run_profile`` on its worker and sends the profile CSV back; this process writes it into the
+``run_profile`` (an evaluation grid's point: ``evaluate``) on its worker and sends the CSV back;
+this process writes it into the
 sweep folder and rewrites the index after every point, so nothing finished is lost. A task that
 raises is retried once (``retries=1``); a task whose worker dies is tried on a second worker and
 then marked failed (Dask's ``KilledWorker``). Failures are recorded and the other points go on.
@@ -26,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .cluster import check_local_devices, has_dashboard, remote_notes, start_local_cluster
-from .grid import Grid, Point, load_grid
-from .index import FINISHED, GRID_FILE, pending_row, read_index, write_atomic, write_index
+from .grid import EvaluationPoint, Grid, Point, load_grid
+from .index import FINISHED, GRID_FILE, pending_row, profile_problem, read_index, write_atomic, write_index
 
 TOPIC = "cachelib-sweep"
 SCHEDULER_TIMEOUT_S = 20
@@ -66,6 +68,7 @@ class SweepPlan:
     points: list[Point]
     rows: dict[str, dict[str, str]]  # point id -> index row (previous runs' rows included)
     todo: list[Point] = field(default_factory=list)
+    reruns: dict[str, str] = field(default_factory=dict)  # point id -> why its finished profile is run again
 
 
 @dataclass
@@ -100,17 +103,22 @@ def plan_sweep(grid: str | os.PathLike | Grid, out: str | os.PathLike | None = N
         raise ValueError(f"--out {str(folder)!r} is a file; give a folder for the sweep")
     rows = read_index(folder)
     todo = []
+    reruns = {}
     for p in points:
         row = rows.get(p.id)
-        if row is not None and row["status"] in FINISHED and row["file"] and (folder / row["file"]).exists():
-            continue
-        adopted = _adopt(folder, p)
+        if row is not None and row["status"] in FINISHED:
+            check = _evaluation_problem if isinstance(p, EvaluationPoint) else profile_problem
+            problem = check(folder, row)
+            if not problem:
+                continue
+            reruns[p.id] = f"point {p.id} was {row['status']} but {problem}; running it again"
+        adopted = None if p.id in reruns else _adopt(folder, p)
         if adopted is not None:
             rows[p.id] = adopted
             continue
         rows[p.id] = pending_row(p)
         todo.append(p)
-    return SweepPlan(grid, folder, points, rows, todo)
+    return SweepPlan(grid, folder, points, rows, todo, reruns)
 
 
 def _adopt(folder: Path, point: Point) -> dict[str, str] | None:
@@ -119,6 +127,8 @@ def _adopt(folder: Path, point: Point) -> dict[str, str] | None:
     path = folder / point.file
     if not path.exists():
         return None
+    if isinstance(point, EvaluationPoint):
+        return _adopt_evaluation(path, point)
     from ..profile import load_profile
 
     try:
@@ -134,6 +144,34 @@ def _adopt(folder: Path, point: Point) -> dict[str, str] | None:
         finished=str(profile.meta.get("finished", "")),
     )
     return row
+
+
+def _adopt_evaluation(path: Path, point: EvaluationPoint) -> dict[str, str] | None:
+    from ..profile import load_evaluation
+
+    try:
+        load_evaluation(path)  # an evaluation file exists only once its run finished
+    except ValueError:
+        return None
+    row = pending_row(point)
+    row.update(status="done", file=point.file)
+    return row
+
+
+def _evaluation_problem(folder: Path, row: dict[str, str]) -> str:
+    """Why a finished row's evaluation cannot stand for its point ('' when it opens)."""
+    if not row["file"]:
+        return "the index names no evaluation file"
+    path = Path(folder) / row["file"]
+    if not path.is_file():
+        return f"its evaluation {row['file']} is missing"
+    from ..profile import load_evaluation
+
+    try:
+        load_evaluation(path)
+    except ValueError as e:
+        return f"its evaluation does not open ({e})"
+    return ""
 
 
 def run_sweep(
@@ -229,6 +267,8 @@ class _Sweep:
         skipped = len(plan.points) - len(plan.todo)
         if skipped:
             self.emit("skipped", message=f"{skipped} of {len(plan.points)} points finished earlier; skipping them")
+        for why in plan.reruns.values():
+            self.emit("note", message=why)
 
     def _submit_and_collect(self, client) -> None:
         from distributed import wait
@@ -391,11 +431,11 @@ def _resource_class(p: Point) -> tuple:
 _LOADED: dict[tuple, Any] = {}  # this worker's last model, reused by the next point on the same model
 
 
-def run_point(point: Point, token: str = "") -> dict[str, Any]:
-    """Run one point's profile on this worker; returns the profile CSV and how the run ended."""
+def run_point(point: Point | EvaluationPoint, token: str = "") -> dict[str, Any]:
+    """Run one point's profile (or evaluation) on this worker; returns its CSV and how the run ended."""
     from distributed import get_worker
 
-    from ..profile import run_profile
+    from ..profile import evaluate, run_profile
 
     try:
         worker = get_worker()
@@ -411,15 +451,20 @@ def run_point(point: Point, token: str = "") -> dict[str, Any]:
         kwargs["model"] = _loaded(point)
         with tempfile.TemporaryDirectory(prefix="cachelib-sweep-") as tmp:
             path = Path(tmp) / point.file
-            profile = run_profile(**kwargs, out=path)
+            if isinstance(point, EvaluationPoint):
+                result = evaluate(**kwargs, out=path)
+                status, reason = result.status, result.reason
+            else:
+                profile = run_profile(**kwargs, out=path)
+                status, reason = profile.status, str(profile.meta.get("reason", ""))
             data = path.read_bytes()
     except BaseException:
         _LOADED.clear()  # a failed run may have left the model in a bad state (e.g. out of memory)
         raise
     return {
         "csv": data,
-        "status": profile.status,
-        "reason": str(profile.meta.get("reason", "")),
+        "status": status,
+        "reason": reason,
         "started": started,
         "finished": _now(),
         "seconds": time.perf_counter() - t0,

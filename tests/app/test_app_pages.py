@@ -6,6 +6,7 @@ reruns the page (``at.run()``) while it goes and once after it ends.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -27,7 +28,8 @@ def new_app() -> AppTest:
 
 
 def errors(at) -> list[str]:
-    return [e.value for e in at.error]
+    """The error boxes' text as the page shows it (user text in them is markdown-escaped)."""
+    return [re.sub(r"\\(.)", r"\1", e.value) for e in at.error]
 
 
 def chart_titles(at) -> list[str]:

@@ -15,9 +15,8 @@ from app_helpers import MAIN, plotly_figures
 from streamlit.testing.v1 import AppTest
 
 from cachelib.cli import main as cli_main
-from cachelib.plan import GB, PlanRequest, attach_quality, cache_budget, max_batch, plan, preset
-from cachelib.plan.quality import recommend
-from cachelib.profile.evidence import measured_quality
+from cachelib.plan import GB, PlanRequest, cache_budget, max_batch, plan, plan_request, preset
+from cachelib.profile.evidence import load_evidence
 from cachelib.core.units import human_bytes
 
 TIMEOUT = 60
@@ -54,7 +53,7 @@ def cli_table(command: str, capsys, *extra: str) -> tuple[list[dict[str, str]], 
     start = next(i for i, line in enumerate(lines) if line.startswith("strategy"))
     rows = []
     for line in lines[start + 1 :]:
-        if not line.strip() or line.startswith("quality measured"):
+        if not line.strip() or line.startswith("evidence:"):
             break
         rows.append(line)
     names = re.split(r"\s{2,}", lines[start].strip())
@@ -168,12 +167,15 @@ def test_bad_input_shows_the_librarys_message_and_keeps_the_previous_plan(profil
     )
 
 
-def test_recommendation_comes_from_the_profiles_in_the_apps_folder_as_the_cli_gives_it(
+def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
     profiles_dir, tiny_profiles, tmp_path, capsys
 ):
-    for name in ("tiny-complete.csv", "tiny-stopped.csv"):  # the stopped run is not evidence
+    for name in ("tiny-complete.csv", "tiny-stopped.csv"):  # only what is picked counts
         (profiles_dir / name).write_bytes((tiny_profiles / name).read_bytes())
     at = planner()
+    picked = str(profiles_dir / "tiny-complete.csv")
+    assert picked in at.multiselect(key="plan_evidence").options
+    at.multiselect(key="plan_evidence").set_value([picked])
     at.selectbox(key="plan_model").set_value("tiny-llama")
     at.number_input(key="plan_context").set_value(2048)
     at.text_area(key="plan_strategies").set_value("standard\nquantized:bits=8")
@@ -185,34 +187,56 @@ def test_recommendation_comes_from_the_profiles_in_the_apps_folder_as_the_cli_gi
     assert not at.exception and not errors(at)
 
     arch = preset("tiny-llama")
-    quality = measured_quality(profiles_dir)
-    assert set(quality) == {"rotating:max_size=16,keep=2", "quantized:bits=4,group_size=32"}
-    fits = plan(arch, PlanRequest(["standard", "quantized:bits=8", *quality], context=2048, budget_bytes=GB,
-                                  weights_bytes=10**7))  # fmt: skip
-    rec = recommend(attach_quality(fits, quality), max_kl=100.0, planned_model="tiny-llama")
-    assert rec.fit is not None and rec.fit.spec in quality
+    evidence = load_evidence([picked])
+    request = PlanRequest(["standard", "quantized:bits=8"], context=2048, budget_bytes=GB, weights_bytes=10**7,
+                          max_kl=100.0)  # fmt: skip
+    result = plan_request(arch, request, evidence.points)
+    rec = result.recommendation
+    assert rec.fit is not None
     [success] = [s.value for s in at.success]
     assert success.startswith(f"**Recommended: `{rec.fit.spec}`.** {rec.text}")
-    assert "measured on tiny-llama" in success and "tiny-complete.csv" in success and "tiny-stopped" not in success
     assert "Against standard it needs" in success
-    assert "Also planned because profiles measured them" in " ".join(c.value for c in at.caption)
 
     table = at.dataframe[0].value
-    assert table["strategy"].tolist() == [f.spec for f in fits]
-    measured = table.set_index("strategy")["mean KL"]
-    assert measured["quantized:bits=4,group_size=32"] == f"{quality['quantized:bits=4,group_size=32'].mean_kl:.4g}"
-    assert measured[["standard", "quantized:bits=8"]].tolist() == ["–", "–"]
-    evidence = at.dataframe[1].value
-    assert sorted(evidence["strategy"]) == sorted(quality) and set(evidence["files"]) == {"tiny-complete.csv"}
+    assert table["strategy"].tolist() == [f.spec for f in result.fits]
+    evidence_table = at.dataframe[1].value
+    assert set(evidence_table["files"]) == {"tiny-complete.csv"}
 
     # The command the page shows prints the same table and recommendation, and its CSV the exact bytes.
     out = tmp_path / "plan.csv"
-    cli, printed = cli_table(at.code[0].value, capsys, "--csv", str(out))
+    command = at.code[0].value
+    assert "--no-default-evidence" in command and "tiny-complete.csv" in command
+    cli, printed = cli_table(command, capsys, "--csv", str(out))
     same_as_cli(table, cli)
     assert f"recommendation: {rec.text}" in printed
     with open(out, newline="") as fh:
         exact = {r["strategy"]: int(r["peak_bytes"]) for r in csv.DictReader(fh)}
-    assert exact == {f.spec: f.cache.peak_bytes for f in fits}
+    assert exact == {f.spec: f.cache.peak_bytes for f in result.fits}
 
     at.number_input(key="plan_max_kl").set_value(None).run()
     assert "Set a quality threshold" in at.info[0].value and not at.success
+
+
+@pytest.mark.parametrize("context", [10**8, 10**12])
+def test_a_context_far_past_the_models_length_plans_promptly_with_a_warning(profiles_dir, capsys, context):
+    # the page hung at 10^8 tokens (no answer in 10 minutes) while the CLI answered (issue 17, item 10)
+    import time
+
+    at = planner()
+    at.multiselect(key="plan_evidence").set_value([]).run()  # the bytes only: no evidence to read
+    started = time.monotonic()
+    at.number_input(key="plan_context").set_value(context).run(timeout=TIMEOUT)
+    took = time.monotonic() - started
+    assert not at.exception and not errors(at)
+    assert took < 30, f"the page took {took:.1f} s at context {context:,}"
+    warned = [w.value for w in at.warning]
+    assert any(f"context {context:,} is past llama-3.1-8b's limit of 131,072" in w for w in warned), warned
+    table = at.dataframe[0].value
+    request = PlanRequest(DEFAULT_SPECS, context=context, prefill_chunk=2048, budget_bytes=24 * GB, reserve_bytes=GB)
+    assert table["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in plan(LLAMA, request)]
+    memory = traces(figures(at)["memory"])["standard"]
+    assert context in memory["x"] and max(memory["x"]) == 2 * context
+    command = at.code[0].value
+    assert cli_main([*shlex.split(command)[3:]]) == 0  # the CLI says it too
+    said = capsys.readouterr()
+    assert f"warning: context {context:,} is past llama-3.1-8b's limit of 131,072" in said.err

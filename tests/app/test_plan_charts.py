@@ -3,6 +3,8 @@ that every number is the planner library's (and the CLI's) for the same inputs."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import re
 
 import numpy as np
@@ -110,8 +112,9 @@ def test_plan_table_holds_the_fits_numbers_and_shows_them_as_the_cli_prints_them
     for ours, theirs in zip(shown, cli):
         for col in ("allocated", "used", "peak", "per token", "headroom", "budget needed", "mean KL", "top-1"):
             assert ours[col] == ("–" if theirs[col] == "-" else theirs[col]), (ours["strategy"], col)  # no value
+        assert ours["mean KL"] == theirs["mean KL"]  # "not covered" on both
         assert ours["max batch"] == theirs["max batch"] and ours["fits"] == theirs["fits"]
-    assert shown[2]["top-1"] == "87.5%" and shown[0]["mean KL"] == "–"
+    assert shown[2]["top-1"] == "87.5%" and shown[0]["mean KL"] == "not covered"
     styled = plan_charts.styled_plan_table(table, SPECS)
     assert styled.data.equals(plan_charts.plan_table_text(table))
     assert f"color: {strategy_colors(SPECS)['quantized:bits=4']}" in styled.to_html()
@@ -144,7 +147,24 @@ def test_parse_strategies_reads_one_canonical_spec_per_line_and_names_a_bad_line
         plan_charts.parse_strategies(" \n# nothing\n")
 
 
-def test_evidence_table_lists_what_each_profile_measured():
-    ev = Evidence("quantized:bits=4", "smollm2", "mlx", 2, 60, 0.05, 0.95, ("a.csv", "b.csv"))
+def test_evidence_table_lists_each_measured_point_with_its_confidence_interval():
+    ev = Evidence("quantized:bits=4", "smollm2", "mlx", 4096, 1.0, 4, 0.05, 0.95, 0.01, 0.02, files=("a.csv", "b.csv"))
     table = plan_charts.evidence_table([ev])
-    assert table.iloc[0].tolist() == ["quantized:bits=4", "smollm2", "mlx", 2, 60, 0.05, 0.95, "a.csv, b.csv"]
+    row = table.iloc[0]
+    assert (row["strategy"], row["context"], row["samples"], row["mean KL"], row["± KL"], row["files"]) == (
+        "quantized:bits=4", 4096, 4, 0.05, 0.01, "a.csv, b.csv"
+    )
+
+
+def test_quality_info_places_each_planned_lossy_strategy_on_the_evidence_it_is_judged_by():
+    rings = [Evidence(f"rotating:max_size={n},keep=4", "smollm2", "mlx", 8192, n / 8192, 4, kl, 0.9, 0.01)
+             for n, kl in ((256, 0.4), (1024, 0.08))]  # fmt: skip
+    fits = [replace(f, spec="rotating:max_size=4096,keep=4") for f in small_plan()[:1]]
+    info = plan_charts.quality_info(rings, fits, 32768, "mlx")
+    assert [(p.family, p.context, p.kept_fraction, p.mean_kl) for p in info.points] == [
+        ("rotating keep=4", 8192, 1 / 32, 0.4), ("rotating keep=4", 8192, 1 / 8, 0.08)
+    ]
+    context = fits[0].cache.context
+    assert info.targets == [("rotating keep=4", "rotating:max_size=4096,keep=4", min(1.0, 4096 / context))]
+    fig = plan_charts.quality_figure(info).to_dict()
+    assert [t["name"] for t in fig["data"]][:1] == ["rotating keep=4"]

@@ -75,15 +75,25 @@ def _one_line_error(capsys) -> str:
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "gpt-9", "--context", "10"], "unknown model 'gpt-9'"),
-    (["--model", "llama-3.1-8b", "--context", "0"], "--context must be a positive integer"),
-    (["--model", "llama-3.1-8b", "--context", "-3"], "--context must be a positive integer"),
-    (["--model", "llama-3.1-8b", "--context", "10", "--batch", "0"], "--batch must be a positive integer"),
     (["--model", "llama-3.1-8b", "--context", "10", "--budget-gb", "8"], "is below the weights"),
     (["--model", "llama-3.1-8b", "--context", "10", "--strategy", "rotating"], "knob 'max_size' is required"),
     (["--model", "llama-3.1-8b", "--context", "10", "--strategy", "offloaded"], "not available on mlx"),
 ])  # fmt: skip
 def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     assert _run(argv) == 2
+    assert message in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--context", "0"], "argument --context: must be >= 1, got 0"),
+    (["--context", "-3"], "argument --context: must be >= 1, got -3"),
+    (["--context", "10", "--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (["--context", "10", "--budget-gb", "inf"], "argument --budget-gb: must be a finite number"),
+])  # fmt: skip
+def test_bad_numbers_are_refused_by_the_flag_with_the_range(capsys, argv, message):
+    from cachelib.cli import main
+
+    assert main(["plan", "--model", "llama-3.1-8b", *argv]) == 2
     assert message in _one_line_error(capsys)
 
 

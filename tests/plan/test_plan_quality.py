@@ -1,14 +1,15 @@
-"""The quality price: measured KL / agreement from real profiles, and the recommendation."""
+"""The quality price from real profiles as explicit evidence, and the recommendation."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
 from cachelib.cli import main
-from cachelib.plan import PlanRequest, Quality, attach_quality, plan, preset
-from cachelib.plan.quality import recommend
-from cachelib.profile import run_profile
-from cachelib.profile.evidence import collect_evidence, measured_quality, with_quality
+from cachelib.plan import PlanRequest, plan, plan_request, preset
+from cachelib.plan.quality import Evidence, judge_fits, kept_fraction, recommend
+from cachelib.profile import load_evidence, run_profile
 
 SPECS = ["standard", "rotating:max_size=16,keep=4", "rotating:max_size=32,keep=4", "quantized:bits=8", "quantized:bits=4"]
 
@@ -19,32 +20,47 @@ def profiles_dir(tmp_path_factory, load_model):
     loaded = load_model("tiny-llama", "torch")
     run_profile(loaded, SPECS, prompt="Tell me about memory.", max_tokens=48, out=folder / "a.csv")
     run_profile(loaded, SPECS[:3], prompt="Another prompt, another run.", max_tokens=48, out=folder / "b.csv")
-    (folder / "notes.csv").write_text("not,a,profile\n1,2,3\n")  # skipped, not fatal
+    (folder / "notes.csv").write_text("not,a,profile\n1,2,3\n")  # skipped with a warning, not fatal
     return folder
 
 
-def test_evidence_names_model_backend_runs_and_files(profiles_dir):
-    evidence = {e.spec: e for e in collect_evidence(profiles_dir)}
-    assert set(evidence) == set(SPECS[1:])  # the baseline measures nothing against itself
-    rot = evidence["rotating:max_size=16,keep=4"]
-    assert (rot.model, rot.backend, rot.runs, rot.files) == ("tiny-llama", "torch", 2, ("a.csv", "b.csv"))
-    assert rot.steps == 2 * 47  # decode steps of both runs
-    assert evidence["quantized:bits=4"].runs == 1
+def test_profiles_give_one_point_per_run_and_strategy_naming_model_backend_and_file(profiles_dir):
+    evidence = load_evidence([profiles_dir])
+    assert set(evidence.files) == {str(profiles_dir / "a.csv"), str(profiles_dir / "b.csv")}
+    assert len(evidence.warnings) == 1 and "notes.csv" in evidence.warnings[0]
+    rings = [p for p in evidence.points if p.spec == "rotating:max_size=16,keep=4"]
+    assert sorted(p.files for p in rings) == [("a.csv",), ("b.csv",)]
+    assert {(p.model, p.backend, p.kind, p.samples) for p in rings} == {("tiny-llama", "torch", "profile", 1)}
+    assert all(p.kept_fraction == kept_fraction(p.spec, p.context) < 1 for p in rings)
+    assert not any(p.spec == "standard" for p in evidence.points)  # the baseline measures nothing against itself
 
 
-def test_recommendation_is_the_cheapest_strategy_meeting_the_threshold(profiles_dir):
-    quality = measured_quality(profiles_dir)
-    fits = with_quality(plan(preset("llama-3.1-8b"), PlanRequest(SPECS, context=4096, prefill=64)), profiles_dir)
-    loose = max(q.mean_kl for q in quality.values()) + 1
-    pick = recommend(fits, max_kl=loose, planned_model="llama-3.1-8b")
-    # Every measured strategy qualifies: the smallest peak wins (a 16-token ring).
-    assert pick.fit.spec == "rotating:max_size=16,keep=4"
+def test_a_copy_of_a_run_counts_once(profiles_dir, tmp_path):
+    shutil.copy(profiles_dir / "a.csv", tmp_path / "a-copy.csv")
+    once = load_evidence([profiles_dir]).points
+    twice = load_evidence([profiles_dir, tmp_path]).points
+    assert len(twice) == len(once)
+
+
+def test_missing_or_empty_evidence_paths_are_named(tmp_path):
+    with pytest.raises(ValueError, match="no evidence at"):
+        load_evidence([tmp_path / "nowhere"])
+    with pytest.raises(ValueError, match="no evidence in"):
+        load_evidence([tmp_path])
+
+
+def test_recommendation_is_the_cheapest_covered_strategy_meeting_the_threshold(profiles_dir):
+    points = load_evidence([profiles_dir]).points
+    context = max(p.context for p in points)  # the runs' own length: every point covers its strategy
+    arch = preset("llama-3.1-8b")
+    fits, judged = judge_fits(plan(arch, PlanRequest(SPECS, context=context, prefill=24)), points, backend="torch",
+                              planned=arch)  # fmt: skip
+    loose = max(p.mean_kl for p in points) + 1
+    pick = recommend(fits, max_kl=loose, planned_model=arch, judgements=judged)
+    assert pick.fit.spec == "rotating:max_size=16,keep=4"  # every strategy qualifies: the smallest peak wins
     assert "measured on tiny-llama" in pick.text and "not on llama-3.1-8b" in pick.text
-    strict = min(q.mean_kl for q in quality.values())
-    best = min(quality, key=lambda s: quality[s].mean_kl)
-    assert recommend(fits, max_kl=strict).fit.spec == best
-    none = recommend(fits, max_kl=-0.0, min_agreement=1.0)
-    assert none.fit.spec == "standard" or quality[none.fit.spec].top1_agreement == 1.0  # lossless: exact
+    exact = recommend(fits, max_kl=0.0, min_agreement=1.0)
+    assert exact.fit.spec == "standard" and "keeps every token at full precision" in exact.text
 
 
 def test_threshold_errors_are_named():
@@ -54,52 +70,24 @@ def test_threshold_errors_are_named():
         recommend([], min_agreement=3)
 
 
-def test_plan_cli_prints_quality_and_recommendation(profiles_dir, capsys):
-    code = main(["plan", "--model", "llama-3.1-8b", "--context", "8192", "--prefill", "64", "--quality-from", str(profiles_dir), "--max-kl", "100"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "mean KL" in out and "quality measured on tiny-llama" in out
-    assert "recommendation: rotating:max_size=16,keep=4" in out
+def test_plan_cli_judges_by_the_evidence_it_is_given_and_names_it(profiles_dir, capsys):
+    args = ["plan", "--model", "llama-3.1-8b", "--context", "64", "--prefill", "16", "--no-default-evidence",
+            "--evidence", str(profiles_dir), "--max-kl", "100"]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "mean KL" in captured.out and "measured on tiny-llama, not on llama-3.1-8b" in captured.out
+    assert "recommendation: rotating:max_size=16,keep=4" in captured.out
+    assert "notes.csv: skipped" in captured.err
 
 
-def test_evidence_records_its_context_and_specs_match_by_meaning(profiles_dir):
-    evidence = {e.spec: e for e in collect_evidence(profiles_dir)}
-    prompt_a = evidence["quantized:bits=4"].context - 48  # one run: its prompt, then 48 decode steps
-    assert prompt_a > 0 and evidence["rotating:max_size=16,keep=4"].context >= evidence["quantized:bits=4"].context
-    # The same strategy written with its default knobs spelled out gets the same evidence.
-    spelled = ["quantized:bits=4,group_size=64", "rotating:keep=4,max_size=32", "quantized:bits=4,group_size=32"]
-    fits = with_quality(plan(preset("llama-3.1-8b"), PlanRequest(spelled, context=4096, prefill=64)), profiles_dir)
-    assert fits[0].quality.mean_kl == evidence["quantized:bits=4"].mean_kl
-    assert fits[1].quality.mean_kl == evidence["rotating:max_size=32,keep=4"].mean_kl
-    assert fits[2].quality is None  # another group size is another strategy
+def test_plan_cli_refuses_an_evidence_path_that_does_not_exist(tmp_path, capsys):
+    code = main(["plan", "--model", "smollm2", "--context", "512", "--evidence", str(tmp_path / "none"), "--max-kl", "1"])
+    assert code == 2 and "no evidence at" in capsys.readouterr().err
 
 
-def test_a_ring_measured_only_before_it_filled_is_not_recommended():
-    specs = ["standard", "rotating:max_size=4096", "rotating:max_size=64", "quantized:bits=8"]
-    fits = plan(preset("smollm2"), PlanRequest(specs, context=8192, prefill=64))
-    measured = {  # the 4096-ring ran 300 tokens: it never evicted anything
-        "rotating:max_size=4096": Quality(0.0, 1.0, "SmolLM2-135M-Instruct", "short.csv", context=300),
-        "rotating:max_size=64": Quality(0.02, 0.95, "SmolLM2-135M-Instruct", "long.csv", context=300),
-        "quantized:bits=8": Quality(0.001, 0.99, "SmolLM2-135M-Instruct", "long.csv", context=300),
-    }
-    pick = recommend(attach_quality(fits, measured), max_kl=0.05, planned_model=preset("smollm2"))
-    assert pick.fit.spec == "rotating:max_size=64" and pick.unfilled == ("rotating:max_size=4096",)
-    assert pick.unmeasured == () and "standard" in pick.qualified  # lossless: exact by construction
-    exact = recommend(attach_quality(fits, measured), max_kl=0.0, planned_model=preset("smollm2"))
-    assert exact.fit.spec == "standard" and "keeps every token at full precision" in exact.text
-    assert "never evicting: rotating:max_size=4096" in pick.text
-    assert "evicts more at 8,192 tokens than in the runs measured (300 tokens)" in pick.text
-    assert "not on" not in pick.text  # the bundled smollm2 preset is SmolLM2-135M-Instruct, what profiles record
-    llama = plan(preset("llama-3.1-8b"), PlanRequest(["quantized:bits=8"], context=64))
-    assert "not on llama" in recommend(attach_quality(llama, measured), max_kl=1, planned_model=preset("llama-3.1-8b")).text
-
-
-def test_plan_cli_leaves_out_measured_strategies_this_backend_refuses(tmp_path, load_model, capsys):
-    loaded = load_model("tiny-llama", "torch")
-    run_profile(loaded, ["standard", "offloaded"], prompt="Offload me.", max_tokens=4, out=tmp_path / "o.csv")
-    args = ["plan", "--model", "smollm2", "--context", "512", "--quality-from", str(tmp_path), "--max-kl", "1"]
-    assert main([*args, "--backend", "mlx"]) == 0  # offloaded exists on torch only: skipped, not fatal
-    out = capsys.readouterr().out
-    assert "measured but not plannable here: offloaded" in out and "recommendation: standard" in out
-    assert main([*args, "--backend", "torch"]) == 0
-    assert "recommendation: offloaded" in capsys.readouterr().out
+def test_measured_strategies_this_model_refuses_are_listed_not_fatal():
+    # measured with group size 128 on a model with 128-dim heads; smollm2's heads are 64 wide
+    measured = Evidence("quantized:bits=4,group_size=128", "other", "mlx", 4096, 1.0, 2, 0.01, 0.99)
+    result = plan_request(preset("smollm2"), PlanRequest(["standard"], context=512, max_kl=1), [measured])
+    assert "quantized:bits=4,group_size=128" in result.skipped
+    assert result.recommendation.fit.spec == "standard"

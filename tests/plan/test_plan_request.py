@@ -8,11 +8,13 @@ from dataclasses import replace
 import pytest
 
 from cachelib.cli import build_parser
+from cachelib.plan.quality import Evidence
 from cachelib.plan import GB, PlanRequest, Quality, cache_budget, gb_to_bytes, plan, plan_request, preset, weight_bytes
 from cachelib.cli.plan import request_from_args
 from cachelib.spec import parse_spec
 
 LLAMA = preset("llama-3.1-8b")
+SMOL = preset("smollm2")  # heads 64 wide
 
 
 def _from_argv(argv: list[str]) -> PlanRequest:
@@ -26,12 +28,12 @@ def test_to_argv_reads_back_as_the_same_request():
         prefill=1000, prefill_chunk=512, budget_bytes=24 * GB, weight_bits=4.5, reserve_bytes=1_250_000_000,
         max_kl=0.1, min_agreement=0.123456789,
     )  # fmt: skip
-    argv = request.to_argv("llama-3.1-8b", "my profiles")
+    argv = request.to_argv("llama-3.1-8b", ["my profiles"])
     assert _from_argv(argv) == request
     assert argv[argv.index("--budget-gb") + 1] == "24" and argv[argv.index("--reserve-gb") + 1] == "1.25"
     args = build_parser().parse_args(argv[3:])
-    assert (args.model, str(args.quality_from), args.strategy) == (
-        "llama-3.1-8b", "my profiles", ["standard", "rotating:max_size=4096,keep=4"],  # canonical text
+    assert (args.model, [str(p) for p in args.evidence], args.strategy) == (
+        "llama-3.1-8b", ["my profiles"], ["standard", "rotating:max_size=4096,keep=4"],  # canonical text
     )  # fmt: skip
 
 
@@ -85,18 +87,19 @@ def test_weights_are_counted_at_the_requests_bits_unless_given():
 
 
 def test_plan_request_adds_measured_candidates_and_lists_what_it_cannot_plan():
-    measured = {
-        "quantized:bits=4,group_size=64": Quality(0.02, 0.95, "smollm2", "a.csv", 300),  # = quantized:bits=4
-        "quantized:bits=8": Quality(0.001, 0.99, "smollm2", "a.csv", 300),
-        "offloaded": Quality(0.0, 1.0, "smollm2", "b.csv", 300),  # torch only: not plannable on mlx
-    }
+    measured = [
+        Evidence("quantized:bits=4,group_size=64", "smollm2", "mlx", 8192, 1.0, 4, 0.02, 0.95),  # = quantized:bits=4
+        Evidence("quantized:bits=8", "smollm2", "mlx", 8192, 1.0, 4, 0.001, 0.99),
+        Evidence("quantized:bits=4,group_size=128", "other", "mlx", 8192, 1.0, 4, 0.01, 0.99),  # 64-wide heads refuse
+    ]
     request = PlanRequest(["standard", "quantized:bits=4"], context=4096, budget_bytes=24 * GB, max_kl=0.01)
-    result = plan_request(LLAMA, request, measured)
+    result = plan_request(SMOL, request, measured)
     assert [f.spec for f in result.fits] == ["standard", "quantized:bits=4", "quantized:bits=8"]
-    assert result.added == ("quantized:bits=8",) and list(result.skipped) == ["offloaded"]
-    assert "not available on mlx" in result.skipped["offloaded"]
+    assert result.added == ("quantized:bits=8",) and list(result.skipped) == ["quantized:bits=4,group_size=128"]
     assert result.recommendation.fit.spec == "quantized:bits=8"
-    assert result.request is request and result.cache_budget == request.cache_budget(LLAMA)
+    assert result.request is request and result.cache_budget == request.cache_budget(SMOL)
     assert result.measured_on == ["smollm2"]
-    quiet = plan_request(LLAMA, replace(request, max_kl=None), measured)  # no threshold: nothing added
+    quiet = plan_request(SMOL, replace(request, max_kl=None), measured)  # no threshold: nothing added
     assert [f.spec for f in quiet.fits] == ["standard", "quantized:bits=4"] and quiet.recommendation is None
+
+

@@ -1,0 +1,357 @@
+"""Long-context evaluation: how far each cache strategy's next-token distribution drifts from the
+full cache's at a given context length, on real text.
+
+For each text, each of ``windows`` evenly spaced windows of ``context + score_tokens`` tokens,
+and each strategy: a fresh cache, the window's first ``context`` tokens prefilled through the
+real model the way the runtime does it (mlx-lm's ``generate_step``: all but the last token in
+chunks of ``prefill_chunk`` = 2048, then the last token alone; on torch the same chunks through
+``model(..., cache=c)``), then the next ``score_tokens`` tokens teacher-forced one step at a
+time. Each step's logits are compared with the reference's (the first strategy, a full cache,
+computed once per window): KL(reference || strategy), top-1 agreement and the log-likelihood of
+the text's true token, giving per window the mean KL, agreement, NLL, perplexity and
+delta-perplexity as llama.cpp's ``llama-perplexity --kl-divergence`` reports them.
+
+Only one strategy's cache is alive at a time. :func:`teacher_forced_logits` is the primitive
+(chunked prefill, then forced steps); the retrieval task builds on it too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..decode import Runner
+from ..models import LoadedModel, load
+from ..spec import Spec, parse_spec
+from .backends import probe_for
+from .evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
+from .quality import compare
+
+CORPUS = Path(__file__).resolve().parents[2] / "assets" / "corpus"
+DEFAULT_PREFILL_CHUNK = 2048  # mlx-lm generate_step's prefill_step_size
+DEFAULT_SCORE_TOKENS = 128
+DEFAULT_WINDOWS = 4
+
+
+@dataclass(frozen=True)
+class EvaluationStep:
+    """What ``on_progress`` receives after each strategy x window."""
+
+    done: int  # strategy x window measurements finished, this one included
+    total: int
+    row: dict  # the sample row just measured
+
+
+class EvaluationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`evaluate`; ``evaluation`` holds what was measured (and, with ``out``,
+    where it was written: ``evaluation.path``)."""
+
+    def __init__(self, evaluation: Evaluation):
+        super().__init__(evaluation.reason)
+        self.evaluation = evaluation
+
+
+# --- the primitive -------------------------------------------------------------------------------
+
+
+def prefill(loaded: LoadedModel, cache, ids: Sequence[int], chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+    """Feed ``ids`` through ``cache`` in forward passes of at most ``chunk`` tokens, computing
+    no logits (as mlx-lm's prefill: the cache state is evaluated, the logits never are)."""
+    model = loaded.model
+    if loaded.backend == "mlx":
+        import mlx.core as mx
+
+        for s in range(0, len(ids), chunk):
+            model(mx.array([list(ids[s : s + chunk])]), cache=cache)
+            mx.eval([c.state for c in cache])
+            mx.clear_cache()
+        return
+    import torch
+
+    device = loaded.info.device
+    with torch.inference_mode():
+        for s in range(0, len(ids), chunk):
+            x = torch.tensor([list(ids[s : s + chunk])], dtype=torch.long, device=device)
+            model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+
+
+def teacher_forced_logits(
+    loaded: LoadedModel,
+    cache,
+    prefix: Sequence[int],
+    continuation: Sequence[int],
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> np.ndarray:
+    """Prefill ``prefix`` through ``cache`` (all but its last token in chunks of
+    ``prefill_chunk``, then the last token alone), then feed ``continuation[:-1]`` one token per
+    step. Returns float32 logits of shape (len(continuation), vocab): row i is the model's
+    prediction of ``continuation[i]`` given ``prefix + continuation[:i]``."""
+    if not prefix or not continuation:
+        raise ValueError("teacher_forced_logits needs a non-empty prefix and continuation")
+    runner = Runner(loaded)
+    prefill(loaded, cache, prefix[:-1], prefill_chunk)
+    rows = [runner.step(cache, [int(prefix[-1])])]
+    for token in continuation[:-1]:
+        rows.append(runner.step(cache, [int(token)]))
+    return np.stack(rows).astype(np.float32, copy=False)
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+
+def corpus_texts(folder: str | os.PathLike = CORPUS) -> list[tuple[str, str]]:
+    """(name, text) of every ``*.txt`` of the evaluation corpus, by name."""
+    return [(p.stem, p.read_text(encoding="utf-8")) for p in sorted(Path(folder).glob("*.txt"))]
+
+
+def resolve_texts(texts: Sequence[str | os.PathLike | tuple[str, str]] | None) -> list[tuple[str, str]]:
+    """``texts`` as (name, text) pairs: file paths are read (named by their stem); None means the
+    corpus in ``assets/corpus/``."""
+    if texts is None:
+        found = corpus_texts() if CORPUS.is_dir() else []
+        if not found:
+            raise ValueError(
+                f"no evaluation corpus at {CORPUS} (no *.txt there); pass texts= (files or (name, text) pairs)"
+            )
+        return found
+    if isinstance(texts, (str, os.PathLike)):
+        texts = [texts]
+    out: list[tuple[str, str]] = []
+    for item in texts:
+        if isinstance(item, tuple):
+            if len(item) != 2 or not all(isinstance(x, str) for x in item):
+                raise ValueError(f"a text pair must be (name, text), got {item!r:.80}")
+            name, text = item
+        else:
+            path = Path(item).expanduser()
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise ValueError(f"evaluation text {str(path)!r} not found") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"cannot read evaluation text {str(path)!r}: {e}") from None
+            name = path.stem
+        if not text.strip():
+            raise ValueError(f"evaluation text {name!r} is empty")
+        if name in [n for n, _ in out]:
+            raise ValueError(f"two evaluation texts are named {name!r}; give them distinct names")
+        out.append((name, text))
+    if not out:
+        raise ValueError("texts is an empty list; give at least one evaluation text")
+    return out
+
+
+def reference_first(strategies: Sequence[str | Spec], backend: str) -> list[Spec]:
+    """The strategies with the full-cache reference first: the first one when it is lossless,
+    else ``standard`` put in front (moved there if the list holds it)."""
+    specs = [parse_spec(s) for s in strategies]
+    if not specs or not specs[0].lossless:
+        standard = parse_spec("standard")
+        specs = [standard] + [s for s in specs if s.key != standard.key]
+    for i, spec in enumerate(specs):
+        spec.check_backend(backend)
+        if any(spec.key == other.key for other in specs[:i]):
+            raise ValueError(f"strategy {spec} is listed twice")
+    return specs
+
+
+def window_starts(n_tokens: int, length: int, windows: int, name: str = "text") -> list[int]:
+    """``windows`` distinct, evenly spaced start offsets of ``length``-token windows in a text of
+    ``n_tokens`` tokens (the first at 0, the last ending at the text's end)."""
+    need = length + windows - 1
+    if n_tokens < need:
+        also = f" ({length} per window, plus {windows - 1} for {windows} distinct windows)" if windows > 1 else ""
+        raise ValueError(f"evaluation text {name!r} is too short: it has {n_tokens} tokens and needs {need}{also}")
+    if windows == 1:
+        return [0]
+    span = n_tokens - length
+    return [round(i * span / (windows - 1)) for i in range(windows)]
+
+
+def _check_count(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _contexts(context) -> list[int]:
+    values = list(context) if isinstance(context, (list, tuple)) else [context]
+    if not values:
+        raise ValueError("give at least one context")
+    out = [_check_count("context", c) for c in values]
+    if len(set(out)) != len(out):
+        raise ValueError(f"context {next(c for c in out if out.count(c) > 1)} is listed twice")
+    return out
+
+
+def check_limit(info, contexts: Sequence[int], score_tokens: int) -> None:
+    """Every position fed must be within the model's limit (``max_position_embeddings``)."""
+    limit = info.max_position_embeddings
+    if not limit:
+        return
+    for c in contexts:
+        if c > limit:
+            raise ValueError(f"context {c} is beyond {info.name}'s limit of {limit} positions (allowed: 1..{limit})")
+        if c + score_tokens - 1 > limit:
+            raise ValueError(
+                f"context {c} + score_tokens {score_tokens} feeds positions up to {c + score_tokens - 2}, beyond "
+                f"{info.name}'s limit of {limit} positions; use context <= {limit - score_tokens + 1}"
+            )
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def evaluate(
+    model: str | LoadedModel,
+    strategies: Sequence[str | Spec] = ("standard",),
+    *,
+    texts: Sequence[str | os.PathLike | tuple[str, str]] | None = None,
+    context: int | Sequence[int],
+    score_tokens: int = DEFAULT_SCORE_TOKENS,
+    windows: int = DEFAULT_WINDOWS,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    backend: str = "mlx",
+    device: str | None = None,
+    out: str | os.PathLike | None = None,
+    on_progress: Callable[[EvaluationStep], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Evaluation:
+    """Evaluate ``strategies`` on ``model`` at ``context`` tokens (one int, or several: one
+    evaluation each, in one result). The first strategy is the full-cache reference (``standard``
+    is put in front when the first is not lossless). With ``out`` the result is written there as
+    CSV, atomically; a run that does not finish writes ``NAME.incomplete.csv`` instead and never
+    touches ``out``. Bad input raises ValueError, checked before the model loads where possible."""
+    if isinstance(model, LoadedModel):
+        backend = model.info.backend
+    contexts = _contexts(context)
+    score_tokens = _check_count("score_tokens", score_tokens)
+    windows = _check_count("windows", windows)
+    prefill_chunk = _check_count("prefill_chunk", prefill_chunk)
+    specs = reference_first(strategies, backend)
+    for spec in specs:
+        bound = spec.max_context
+        need = max(contexts) + score_tokens - 1
+        if bound is not None and bound < need:
+            raise ValueError(
+                f"strategy {spec} holds at most {bound} tokens; context + score_tokens - 1 = {need} needs more"
+            )
+    sources = resolve_texts(texts)
+    out_path = Path(out) if out is not None else None
+    if out_path is not None and out_path.suffix.lower() != ".csv":
+        raise ValueError(f"evaluations are written as CSV; got {str(out_path)!r} (use a .csv name)")
+
+    loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
+    check_limit(loaded.info, contexts, score_tokens)
+    tokenized = [(name, [int(i) for i in loaded.tokenizer.encode(text)]) for name, text in sources]
+    plan = []  # (context, text name, ids, start)
+    for c in contexts:
+        for name, ids in tokenized:
+            plan += [(c, name, ids, s) for s in window_starts(len(ids), c + score_tokens, windows, name)]
+
+    run = _Run(loaded, specs, score_tokens, prefill_chunk, len(plan) * len(specs), on_progress)
+    status, reason = "complete", ""
+    try:
+        for c, name, ids, start in plan:
+            if should_stop is not None and should_stop():
+                status, reason = "incomplete", f"stopped by request {run.progress()}"
+                break
+            run.window(c, name, ids[start : start + c + score_tokens], start, should_stop)
+            if run.stopped:
+                status, reason = "incomplete", f"stopped by request {run.progress()}"
+                break
+    except KeyboardInterrupt:
+        evaluation = _finish(run, "incomplete", f"interrupted (Ctrl-C) {run.progress()}", out_path)
+        raise EvaluationInterrupted(evaluation) from None
+    except BaseException as e:
+        _finish(run, "incomplete", f"error {run.progress()}: {type(e).__name__}: {e}", out_path)
+        raise
+    return _finish(run, status, reason, out_path)
+
+
+def _finish(run: _Run, status: str, reason: str, out: Path | None) -> Evaluation:
+    evaluation = Evaluation(typed_frame(run.rows, "sample"), status=status, reason=reason)
+    if out is not None and (status == "complete" or run.rows):
+        save_evaluation(evaluation, out if status == "complete" else incomplete_path(out))
+    return evaluation
+
+
+class _Run:
+    """The measuring loop's state: the model, the strategies and the rows so far."""
+
+    def __init__(self, loaded: LoadedModel, specs: list[Spec], score_tokens: int, prefill_chunk: int, total: int,
+                 on_progress: Callable[[EvaluationStep], None] | None):  # fmt: skip
+        self.loaded = loaded
+        self.probe = probe_for(loaded)
+        self.specs = specs
+        self.score_tokens = score_tokens
+        self.prefill_chunk = prefill_chunk
+        self.total = total
+        self.on_progress = on_progress
+        self.rows: list[dict] = []
+        self.done = 0
+        self.stopped = False
+
+    def progress(self) -> str:
+        return f"after {self.done} of {self.total} measurements"
+
+    def window(self, context: int, text: str, window: list[int], start: int, should_stop) -> None:
+        prefix, targets = window[:context], window[context:]
+        reference = None  # (float32 logits (score_tokens, vocab), per-step log-prob of the true token)
+        for spec in self.specs:
+            if reference is not None and should_stop is not None and should_stop():
+                self.stopped = True
+                return
+            t0 = time.perf_counter()
+            cache = self.probe.make_cache(spec)
+            logits = teacher_forced_logits(self.loaded, cache, prefix, targets, self.prefill_chunk)
+            views = self.probe.views(cache)
+            del cache  # one strategy's cache alive at a time
+            if reference is None:
+                reference = (logits, np.array([compare(row, row, t)[2] for row, t in zip(logits, targets)]))
+                kl, agree, logprob = np.zeros(len(targets)), np.ones(len(targets)), reference[1]
+            else:
+                steps = [compare(ref, row, t) for ref, row, t in zip(reference[0], logits, targets)]
+                kl, agree, logprob = (np.array(x, dtype=np.float64) for x in zip(*steps))
+            del logits
+            seconds = time.perf_counter() - t0
+            self._add(spec, context, text, start, kl, agree, logprob, reference[1], views, seconds)
+
+    def _add(self, spec, context, text, start, kl, agree, logprob, logprob_ref, views, seconds) -> None:
+        info = self.loaded.info
+        nll, nll_ref = float(-np.mean(logprob)), float(-np.mean(logprob_ref))
+        window = spec.window
+        row = {
+            "model": info.name,
+            "backend": info.backend,
+            "device": info.device,
+            "dtype": info.dtype,
+            "strategy": str(spec),
+            "reference": str(self.specs[0]),
+            "context": context,
+            "score_tokens": self.score_tokens,
+            "prefill_chunk": self.prefill_chunk,
+            "text": text,
+            "window_start": start,
+            "mean_kl": float(np.mean(kl)),
+            "top1_agreement": float(np.mean(agree)),
+            "nll": nll,
+            "nll_reference": nll_ref,
+            "ppl": math.exp(nll),
+            "ppl_reference": math.exp(nll_ref),
+            "delta_ppl": math.exp(nll) - math.exp(nll_ref),
+            "kept_fraction": 1.0 if window is None else min(1.0, window / context),
+            "tokens_held": max((v.tokens_held for v in views), default=0),
+            "bytes_allocated": sum(v.bytes_allocated for v in views),
+            "seconds": seconds,
+        }
+        self.rows.append(row)
+        self.done += 1
+        if self.on_progress is not None:
+            self.on_progress(EvaluationStep(self.done, self.total, row))

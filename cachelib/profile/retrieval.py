@@ -1,0 +1,307 @@
+"""Retrieval: does a cache still find a fact planted far back in a long context?
+
+The needle-in-a-haystack measurement of the StreamingLLM, SnapKV and RULER papers, for any model
+and cache strategy. A trial plants a short random key at a chosen depth (0 = the start of the
+filler text, 1 = just before the question) of a long filler text (by default the evaluation
+corpus, ``assets/corpus/``) and asks for it at the end:
+
+- ``task="passkey"``: "The pass key is 48213. Remember it. 48213 is the pass key." and, at the
+  end, "What is the pass key? The pass key is" -> the 5 digits are scored;
+- ``task="copy"``: a list of 12 random words, and at the end a cue that repeats its first 4
+  words -> the other 8 are scored.
+
+The prompt goes through the chat template when the tokenizer has one (the bundled model is an
+instruct model). Each strategy gets a fresh cache per trial: the prompt up to the question is
+prefilled through it in chunks of ``prefill_chunk`` tokens (as mlx-lm's ``generate`` does), then
+the question and the key are teacher-forced one token at a time. A trial is an exact match when
+every key token is the model's argmax given the true prefix, which is exactly when greedy
+decoding would reproduce the key.
+
+``retrieval(...)`` returns an :class:`~cachelib.profile.evaluation.Evaluation` whose
+``retrieval`` table has one row per strategy x context x depth x trial (``kind`` =
+``retrieval`` in the evaluation file). This module knows the task and its scoring; caches come
+from the backend probe, the chunked prefill and the forced steps from
+:func:`~cachelib.profile.evaluate.teacher_forced_logits`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..models import LoadedModel, load
+from ..spec import Spec, parse_spec
+from .backends import probe_for
+from .evaluate import DEFAULT_PREFILL_CHUNK, check_limit, resolve_texts, teacher_forced_logits
+from .evaluation import Evaluation, typed_frame
+from .run import strategy_labels
+
+KIND = "retrieval"
+TASKS = ("passkey", "copy")
+# Beyond the evaluation file's columns (cachelib.profile.evaluation.COLUMNS), a retrieval row has:
+EXTRA_COLUMNS = (
+    "trial",  # 0..trials-1: a new key and filler window each
+    "key_token_accuracy",  # fraction of the key's tokens that were the argmax
+    "needle_position",  # absolute position of the needle's first token
+    "answer",  # the key, as text
+    "predicted",  # the argmax tokens at the key's positions, as text
+)
+
+PREAMBLE = {
+    "passkey": "There is an important pass key hidden inside a lot of irrelevant text. "
+    "Find it and memorize it. I will quiz you about the pass key.\n\n",
+    "copy": "There is a list of words hidden inside a lot of irrelevant text. "
+    "Find it and memorize it. I will ask you to repeat the list.\n\n",
+}
+QUESTION = {"passkey": ("What is the pass key?", "The pass key is"), "copy": ("What is the list of words?", "The list is:")}
+COPY_WORDS = 12  # words in the planted list
+COPY_CUE = 4  # of which the cue repeats the first 4; the other 8 are scored
+WORDS = (
+    "apple river candle garden window silver hammer pencil rabbit forest bottle carpet engine island "
+    "ladder mirror needle orange pepper rocket saddle tiger violin wagon anchor basket cotton dragon "
+    "feather glove honey jacket kettle lemon marble nickel onion parrot pillow quartz ribbon spider "
+    "tomato turtle velvet walnut yellow zebra blanket castle donkey eagle falcon ginger helmet insect "
+    "jungle lantern mango oyster pirate"
+).split()
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial's prompt as token ids: ``prefill + cue + key`` is the whole sequence."""
+
+    prefill: list[int]  # head, then the filler with the needle inside: prefilled in chunks
+    cue: list[int]  # the question: teacher-forced one token at a time
+    key: list[int]  # the scored tokens
+    needle_start: int  # absolute position of the needle's first token
+    needle_length: int
+    haystack_start: int  # first position after the head; the haystack ends where the cue starts
+    answer: str  # the key as text
+    text: str  # name of the filler text
+
+    @property
+    def context(self) -> int:
+        return len(self.prefill) + len(self.cue) + len(self.key)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prefill + self.cue + self.key
+
+
+class TaskPrompt:
+    """A task's prompt for one tokenizer: the fixed parts tokenized once, and a fresh needle,
+    question and key per trial (:meth:`needle`)."""
+
+    def __init__(self, tokenizer, task: str):
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+        self.tokenizer, self.task = tokenizer, task
+        ask, reply = QUESTION[task]
+        wrapped = _chat_parts(tokenizer)
+        if wrapped is not None:
+            before, after = wrapped
+            self.head = self.encode(before + PREAMBLE[task], special=True)
+            self.question = "\n\n" + ask + after + reply
+        else:
+            self.head = self.encode(PREAMBLE[task], special=True)
+            self.question = "\n\n" + ask + " " + reply
+
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=special)]
+
+    def needle(self, rng: random.Random) -> tuple[list[int], list[int], list[int], str]:
+        """(needle ids, cue ids, key ids, answer text) of one random key."""
+        if self.task == "passkey":
+            key = str(rng.randrange(10_000, 100_000))
+            needle = f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
+            cue, answer = self.question, key
+        else:
+            words = rng.sample(WORDS, COPY_WORDS)
+            needle = "\nThe list of words: " + " ".join(words) + ".\n"
+            cue, answer = self.question + " " + " ".join(words[:COPY_CUE]), " ".join(words[COPY_CUE:])
+        cue_ids, key_ids = self.encode(cue), self.encode(" " + answer)
+        while key_ids and not self.tokenizer.decode(key_ids[:1]).strip():  # a bare space leads: part of the cue
+            cue_ids, key_ids = cue_ids + key_ids[:1], key_ids[1:]
+        return self.encode(needle), cue_ids, key_ids, answer
+
+    def fixed_length(self, rng: random.Random) -> int:
+        """Tokens of a trial that are not filler (for the shortest context check)."""
+        needle, cue, key, _ = self.needle(rng)
+        return len(self.head) + len(needle) + len(cue) + len(key)
+
+
+def _chat_parts(tokenizer) -> tuple[str, str] | None:
+    """The chat template's text before and after a user message (None: no template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    marker = "\u2063MESSAGE\u2063"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": marker}], add_generation_prompt=True, tokenize=False
+    )
+    if text.count(marker) != 1:
+        return None
+    before, after = text.split(marker)
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and before.startswith(bos) and tokenizer.encode("x", add_special_tokens=True)[:1] == [tokenizer.bos_token_id]:
+        before = before[len(bos) :]  # encode(special=True) adds it again
+    return before, after
+
+
+def make_trial(prompt: TaskPrompt, filler: Sequence[int], context: int, depth: float, rng: random.Random, text: str = "") -> Trial:
+    """Plant a new needle at ``depth`` of a window of the token ids ``filler`` (named ``text``)
+    so that the whole sequence is ``context`` tokens long; the key and the window's start are
+    drawn from ``rng``. The needle goes after ``round(depth * filler tokens)`` filler tokens."""
+    needle, cue, key, answer = prompt.needle(rng)
+    head = prompt.head
+    n_fill = context - len(head) - len(needle) - len(cue) - len(key)
+    if n_fill < 1:
+        raise ValueError(f"context {context} is too short for the {prompt.task} task: it needs at least "
+                         f"{context - n_fill + 1} tokens to hold the needle and the question")
+    source = list(filler)
+    if len(source) < n_fill:  # a short text repeats
+        source = source * math.ceil(n_fill / max(len(source), 1))
+    start = rng.randrange(0, len(source) - n_fill + 1)
+    window = source[start : start + n_fill]
+    at = round(depth * n_fill)
+    prefill = head + window[:at] + needle + window[at:]
+    return Trial(prefill, cue, key, len(head) + at, len(needle), len(head), answer, text)
+
+
+def score_key(predicted: Sequence[int], key: Sequence[int]) -> tuple[int, float]:
+    """(exact match 0/1, fraction of key tokens right) of the argmax tokens at the key's positions."""
+    if len(predicted) != len(key) or not key:
+        raise ValueError(f"score_key: {len(predicted)} predictions for {len(key)} key tokens")
+    right = [int(p) == int(k) for p, k in zip(predicted, key)]
+    return int(all(right)), sum(right) / len(right)
+
+
+def retrieval(
+    model: str | LoadedModel,
+    strategies: Sequence[str | Spec],
+    *,
+    contexts: Sequence[int],
+    depths: Sequence[float],
+    trials: int = 4,
+    seed: int = 0,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    backend: str = "mlx",
+    device: str | None = None,
+    task: str = "passkey",
+    texts=None,
+    on_sample: Callable[[dict], None] | None = None,
+) -> Evaluation:
+    """Retrieval accuracy of ``strategies`` over the grid ``contexts`` x ``depths``, ``trials``
+    trials per cell (a new key and filler window each; the same prompts for every strategy).
+
+    ``context`` counts every token of a trial: the prompt, the question and the key, so a model
+    limited to 8,192 positions takes contexts up to 8,192. ``texts``: the filler, as for
+    :func:`~cachelib.profile.evaluate.evaluate` (files or ``(name, text)`` pairs; default: the
+    corpus in ``assets/corpus/``); trial ``t`` draws its window from text ``t mod len(texts)``.
+    Returns an :class:`~cachelib.profile.evaluation.Evaluation` whose ``retrieval`` table has one
+    row per strategy x context x depth x trial. ``on_sample(row)`` is called after every row.
+    Bad input raises ValueError before the model runs.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+    specs = [parse_spec(s) for s in strategies]
+    if not specs:
+        raise ValueError("give at least one strategy")
+    if isinstance(model, LoadedModel):
+        backend = model.info.backend
+    for spec in specs:
+        spec.check_backend(backend)
+    contexts = [_check_int("context", c, 2) for c in _listed("contexts", contexts)]
+    depths = [_check_depth(d) for d in _listed("depths", depths)]
+    trials = _check_int("trials", trials, 1)
+    prefill_chunk = _check_int("prefill_chunk", prefill_chunk, 1)
+    for spec in specs:
+        if spec.max_context is not None and spec.max_context < max(contexts):
+            raise ValueError(f"strategy {spec} holds at most {spec.max_context} tokens; context {max(contexts)} needs more")
+    sources = resolve_texts(texts)
+
+    loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
+    info = loaded.info
+    check_limit(info, contexts, 1)
+    prompt = TaskPrompt(loaded.tokenizer, task)
+    shortest = prompt.fixed_length(random.Random(0)) + 1
+    for c in contexts:
+        if c < shortest:
+            raise ValueError(f"context {c} is too short for the {task} task: it needs at least "
+                             f"{shortest} tokens to hold the needle and the question")
+    fillers: dict[int, list[int]] = {}  # tokenized on first use: a short run reads one text
+
+    probe = probe_for(loaded)
+    labels = strategy_labels(specs)
+    rows = []
+    for context in contexts:
+        for depth in depths:
+            for t in range(trials):
+                i = t % len(sources)
+                if i not in fillers:
+                    fillers[i] = prompt.encode(sources[i][1])
+                rng = random.Random(f"{seed}:{task}:{context}:{depth!r}:{t}")
+                trial = make_trial(prompt, fillers[i], context, depth, rng, sources[i][0])
+                for label, spec in zip(labels, specs):
+                    row = {"model": info.name, "backend": info.backend, "device": info.device, "dtype": info.dtype,
+                           "strategy": label, "context": context, "prefill_chunk": prefill_chunk, "task": task,
+                           "depth": depth, "trial": t, **_run_trial(loaded, probe, spec, trial, prefill_chunk)}
+                    rows.append(row)
+                    if on_sample is not None:
+                        on_sample(row)
+    return Evaluation(typed_frame([], "sample"), typed_frame(rows, KIND))
+
+
+def _run_trial(loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chunk: int) -> dict:
+    """One strategy on one trial, with a fresh cache: the prompt prefilled in chunks, then the
+    question and the key teacher-forced one token at a time."""
+    start = time.perf_counter()
+    cache = probe.make_cache(spec)
+    logits = teacher_forced_logits(loaded, cache, trial.prefill, trial.cue + trial.key, prefill_chunk)
+    views = probe.views(cache)
+    del cache
+    predicted = [int(i) for i in np.argmax(logits[len(trial.cue) :], axis=-1)]
+    exact, accuracy = score_key(predicted, trial.key)
+    window = spec.window
+    context = trial.context
+    return {
+        "score_tokens": len(trial.key),
+        "text": trial.text,
+        "exact_match": float(exact),
+        "key_token_accuracy": accuracy,
+        "kept_fraction": 1.0 if window is None else min(1.0, window / context),
+        "tokens_held": max((v.tokens_held for v in views), default=0),
+        "bytes_allocated": sum(v.bytes_allocated for v in views),
+        "seconds": time.perf_counter() - start,
+        "needle_position": trial.needle_start,
+        "answer": trial.answer,
+        "predicted": loaded.tokenizer.decode(predicted).strip(),
+    }
+
+
+def _listed(name: str, values) -> list:
+    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} must be a list of values, got {values!r}")
+    values = list(values)
+    if not values:
+        raise ValueError(f"give at least one value for {name}")
+    return values
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} {value} must be >= {minimum}")
+    return int(value)
+
+
+def _check_depth(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"depth must be a number in 0..1, got {value!r}")
+    if not 0.0 <= float(value) <= 1.0:  # NaN fails too
+        raise ValueError(f"depth {value} is outside 0..1 (0 = start of the filler, 1 = just before the question)")
+    return float(value)

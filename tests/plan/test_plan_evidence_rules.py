@@ -1,0 +1,105 @@
+"""The planner judges a strategy only as far as its evidence reaches: bounded strategies at the
+same kept fraction, lossy ones at a context at least as long (or with an extrapolation note),
+the planned backend and model first, and nothing recommended where nothing covers the target."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachelib.plan import PlanRequest, plan_request, preset
+from cachelib.plan.quality import EXACT, Evidence, judge, kept_fraction, scaled_candidates
+
+SMOL = "SmolLM2-135M-Instruct"
+
+
+def point(spec, context, kl, top1, backend="mlx", model=SMOL, samples=4, ci=0.01):
+    return Evidence(spec, model, backend, context, kept_fraction(spec, context), samples, kl, top1, ci, 0.02,
+                    files=("e.csv",))  # fmt: skip
+
+
+# a ring family measured on the bundled model at 8k: only the large kept fractions pass KL <= 0.1
+RINGS = [
+    point("rotating:max_size=256,keep=4", 8192, 0.40, 0.70),  # kept 3.1%
+    point("rotating:max_size=1024,keep=4", 8192, 0.08, 0.92),  # kept 12.5%
+    point("rotating:max_size=4096,keep=4", 8192, 0.01, 0.98),  # kept 50%
+]
+QUANT = [point("quantized:bits=8", 2048, 0.002, 0.99), point("quantized:bits=8", 8192, 0.003, 0.99)]
+
+
+def test_a_ring_is_judged_by_the_closest_kept_fraction_at_or_below_its_own():
+    j = judge(RINGS, "rotating:max_size=4096,keep=4", backend="mlx", context=32768)  # kept 12.5%
+    assert j.quality.mean_kl == 0.08 and j.quality.kept_fraction == 0.125
+    j = judge(RINGS, "rotating:max_size=8192,keep=4", backend="mlx", context=32768)  # kept 25%: judged at 12.5%
+    assert j.quality.mean_kl == 0.08
+    assert "12.50%" in j.quality.note and "25.00%" in j.quality.note
+
+
+def test_a_ring_keeping_less_than_anything_measured_is_not_covered_and_says_how_to_measure_it():
+    j = judge(RINGS, "rotating:max_size=128,keep=4", backend="mlx", context=32768)  # kept 0.39%
+    assert j.quality is None and "not covered by evidence" in j.reason
+    # the bundled model reaches 8,192 tokens: the same kept fraction there is a ring of 32
+    assert "--context 8192" in j.command and "rotating:max_size=32,keep=4" in j.command
+
+
+def test_keep_zero_is_another_family_than_keep_four():
+    j = judge(RINGS, "rotating:max_size=4096,keep=0", backend="mlx", context=32768)
+    assert j.quality is None
+
+
+def test_a_bound_that_holds_the_whole_context_is_exact():
+    j = judge([], "rotating:max_size=4096,keep=4", backend="mlx", context=1000)
+    assert j.quality is not None and j.quality.mean_kl == 0 and "whole" in j.reason
+
+
+def test_quantized_is_judged_at_a_context_at_least_as_long_else_extrapolated_with_a_note():
+    j = judge(QUANT, "quantized:bits=8,group_size=64", backend="mlx", context=4096)
+    assert j.quality.context == 8192 and not j.command
+    j = judge(QUANT, "quantized:bits=8", backend="mlx", context=32768)
+    assert j.quality.context == 8192 and "extrapolated" in j.quality.note and "--context 8192" in j.command
+    assert judge(QUANT, "quantized:bits=4", backend="mlx", context=4096).quality is None
+
+
+def test_the_planned_backend_wins_and_the_other_backend_is_named():
+    torch_only = [point("quantized:bits=8", 8192, 0.003, 0.99, backend="torch")]
+    j = judge(torch_only, "quantized:bits=8", backend="mlx", context=4096)
+    assert "measured on torch, not mlx" in j.quality.note
+    both = torch_only + [point("quantized:bits=8", 8192, 0.005, 0.99, backend="mlx")]
+    assert judge(both, "quantized:bits=8", backend="mlx", context=4096).quality.mean_kl == 0.005
+
+
+def test_lossless_needs_no_evidence():
+    assert judge([], "standard", backend="mlx", context=10**6).quality == EXACT
+
+
+def test_scaled_candidates_keep_the_measured_kept_fraction_at_the_target():
+    sizes = sorted(s.get("max_size") for s in scaled_candidates(RINGS, 32768))
+    assert sizes == [1024, 4096, 16384]
+
+
+def test_llama_at_32k_is_never_recommended_a_ring_below_the_passing_kept_fraction():
+    """The issue's case: the default thresholds at 32,768 tokens. Only rings keeping >= 12.5% pass."""
+    request = PlanRequest(["standard", "rotating:max_size=128,keep=4", "quantized:bits=8"], context=32768,
+                          prefill_chunk=2048, budget_bytes=24 * 10**9, reserve_bytes=10**9, max_kl=0.1,
+                          min_agreement=0.9)  # fmt: skip
+    result = plan_request(preset("llama-3.1-8b"), request, RINGS + QUANT)
+    rec = result.recommendation
+    assert rec.fit is not None
+    pick = rec.fit.spec
+    if pick.startswith("rotating"):
+        assert kept_fraction(pick, 32768) >= 0.125
+    assert "rotating:max_size=128,keep=4" in rec.unmeasured
+    assert any("rotating:max_size=32,keep=4" in c for c in rec.commands)
+    assert "SmolLM2-135M-Instruct" in rec.text and "95% CI" in rec.text
+
+
+def test_with_no_covering_evidence_nothing_is_recommended_and_the_text_says_why():
+    request = PlanRequest(["rotating:max_size=128,keep=4"], context=32768, max_kl=0.1)
+    rec = plan_request(preset("llama-3.1-8b"), request, []).recommendation
+    assert rec.fit is None and "not covered by evidence" in rec.text.lower()
+    assert rec.commands and "cachelib evaluate" in rec.commands[0]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_thresholds_must_be_finite(bad):
+    with pytest.raises(ValueError, match="max.kl"):
+        plan_request(preset("llama-3.1-8b"), PlanRequest(["standard"], context=1024, max_kl=bad), [])

@@ -1,0 +1,172 @@
+"""The retrieval task: where the needle goes, how a trial is scored, what bad input says, and
+(on the bundled model) that a full cache finds the pass key while a ring that evicted it does not.
+
+Mechanics run on the tiny-llama preset (random weights, the bundled tokenizer); the orderings on
+the bundled SmolLM2 at a 2,048-token context, measured numbers in assets/corpus/README.md.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from cachelib.profile import Evaluation, load_evaluation, retrieval, save_evaluation
+from cachelib.profile.evaluation import COLUMNS
+from cachelib.profile.retrieval import EXTRA_COLUMNS, TaskPrompt, make_trial, score_key
+
+FILLER = list(range(45000, 49000))  # distinct token ids: every filler token's origin is readable
+TEXT = ("tiny", "The quick brown fox jumps over the lazy dog. " * 300)
+
+
+@pytest.fixture(scope="module")
+def tiny(load_model):
+    return load_model("tiny-llama", "mlx")
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.9, 1.0])
+def test_the_needle_starts_after_round_depth_times_filler_tokens_and_the_trial_fills_the_context(tiny, depth):
+    prompt = TaskPrompt(tiny.tokenizer, "passkey")
+    trial = make_trial(prompt, FILLER, 1024, depth, random.Random(7))
+    assert trial.context == len(trial.ids) == 1024
+    n_fill = len(trial.prefill) - len(prompt.head) - trial.needle_length
+    assert trial.haystack_start == len(prompt.head)
+    assert trial.needle_start == len(prompt.head) + round(depth * n_fill)
+    needle = trial.prefill[trial.needle_start : trial.needle_start + trial.needle_length]
+    assert trial.answer in tiny.tokenizer.decode(needle) and not set(needle) & set(FILLER)
+    # the filler around the needle is one contiguous window of the text
+    around = trial.prefill[trial.haystack_start : trial.needle_start] + trial.prefill[trial.needle_start + trial.needle_length :]
+    assert len(around) == n_fill and around == list(range(around[0], around[0] + n_fill))
+    # the question ends the prompt, the key's digits are what is scored
+    assert tiny.tokenizer.decode(trial.cue).rstrip().endswith("The pass key is")
+    assert tiny.tokenizer.decode(trial.key) == trial.answer and len(trial.answer) == 5
+
+
+def test_a_needle_at_depth_0_is_not_held_by_4_sink_tokens(tiny):
+    """keep=4 keeps the first 4 tokens (the chat template's start); the needle comes after the
+    template and the instruction, so a ring must keep it in its window to answer."""
+    prompt = TaskPrompt(tiny.tokenizer, "passkey")
+    trial = make_trial(prompt, FILLER, 1024, 0.0, random.Random(1))
+    assert trial.needle_start == len(prompt.head) > 4
+    assert tiny.tokenizer.decode(trial.prefill[:4]) == "<|im_start|>system\nYou"
+
+
+def test_copy_task_plants_12_words_and_scores_the_8_after_the_4_the_cue_repeats(tiny):
+    prompt = TaskPrompt(tiny.tokenizer, "copy")
+    trial = make_trial(prompt, FILLER, 512, 0.5, random.Random(3))
+    needle = tiny.tokenizer.decode(trial.prefill[trial.needle_start : trial.needle_start + trial.needle_length])
+    words = needle.split(":", 1)[1].strip().rstrip(".").split()
+    assert len(words) == 12 and trial.answer == " ".join(words[4:])
+    assert tiny.tokenizer.decode(trial.cue).endswith(" ".join(words[:4]))
+    assert tiny.tokenizer.decode(trial.key).strip() == trial.answer
+
+
+def test_the_same_seed_gives_the_same_trial_and_another_gives_another_key(tiny):
+    prompt = TaskPrompt(tiny.tokenizer, "passkey")
+    a, b = (make_trial(prompt, FILLER, 700, 0.3, random.Random("s")) for _ in range(2))
+    assert a == b
+    c = make_trial(prompt, FILLER, 700, 0.3, random.Random("other"))
+    assert c.answer != a.answer
+
+
+def test_exact_match_needs_every_key_token_and_accuracy_counts_them():
+    assert score_key([1, 2, 3, 4, 5], [1, 2, 3, 4, 5]) == (1, 1.0)
+    assert score_key([1, 2, 3, 4, 6], [1, 2, 3, 4, 5]) == (0, 0.8)
+    assert score_key([9, 9, 9, 9, 9], [1, 2, 3, 4, 5]) == (0, 0.0)
+    with pytest.raises(ValueError, match="2 predictions for 3 key tokens"):
+        score_key([1, 2], [1, 2, 3])
+
+
+def test_rows_one_per_strategy_context_depth_trial_in_the_evaluation_format(tiny, tmp_path):
+    strategies = ["standard", "rotating:max_size=64,keep=4"]
+    seen = []
+    ev = retrieval(tiny, strategies, contexts=[160, 200], depths=[0.0, 1.0], trials=2, texts=[TEXT], on_sample=seen.append)
+    rows = ev.retrieval
+    assert isinstance(ev, Evaluation) and len(ev.samples) == 0
+    assert len(rows) == len(seen) == 2 * 2 * 2 * 2
+    assert list(rows.columns) == list(COLUMNS) + list(EXTRA_COLUMNS)
+    assert set(rows["schema"]) == {"cachelib-evaluation/1"} and set(rows["kind"]) == {"retrieval"}
+    assert set(rows["task"]) == {"passkey"} and set(rows["text"]) == {"tiny"}
+    assert set(rows["exact_match"]) <= {0.0, 1.0}
+    # every strategy saw the same prompts
+    by = rows.groupby(["context", "depth", "trial"])
+    assert (by["answer"].nunique() == 1).all() and (by["needle_position"].nunique() == 1).all()
+    std, ring = rows[rows.strategy == "standard"], rows[rows.strategy == strategies[1]]
+    assert (std["kept_fraction"] == 1.0).all() and (std["tokens_held"] == std["context"] - 1).all()
+    assert (ring["tokens_held"] == 64).all()
+    assert list(ring["kept_fraction"]) == [64 / c for c in ring["context"]]
+    assert (ring["bytes_allocated"] < std["bytes_allocated"].to_numpy()).all()
+    # the file round trip keeps them, extras included (a pass key reads back as a number)
+    back = load_evaluation(save_evaluation(ev, tmp_path / "r.csv")).retrieval
+    assert list(back["strategy"]) == list(rows["strategy"]) and list(back["answer"].astype(str)) == list(rows["answer"])
+    for col in ("depth", "trial", "exact_match", "key_token_accuracy", "needle_position"):
+        assert list(back[col].astype(float)) == list(rows[col].astype(float))
+
+
+def test_copy_task_and_torch_run_through_the_same_api(load_model):
+    model = load_model("tiny-llama", "torch")
+    rows = retrieval(model, ["standard"], contexts=[200], depths=[0.5], trials=1, task="copy", texts=[TEXT]).retrieval
+    assert list(rows["task"]) == ["copy"] and list(rows["backend"]) == ["torch"]
+    assert len(rows["answer"][0].split()) == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"depths": [1.5]}, r"depth 1.5 is outside 0..1"),
+        ({"depths": [-0.1]}, r"depth -0.1 is outside 0..1"),
+        ({"depths": [math.nan]}, r"depth nan is outside 0..1"),
+        ({"depths": ["deep"]}, r"depth must be a number in 0..1"),
+        ({"task": "needle"}, r"unknown task 'needle'; allowed: passkey, copy"),
+        ({"contexts": [0]}, r"context 0 must be >= 2"),
+        ({"contexts": []}, r"give at least one value for contexts"),
+        ({"trials": 0}, r"trials 0 must be >= 1"),
+        ({"strategies": ["rotating:max_size=8,keep=8"]}, r"keep=8 must be < max_size=8"),
+    ],
+)
+def test_bad_input_is_refused_before_the_model_loads(kwargs, message):
+    args = {"strategies": ["standard"], "contexts": [1024], "depths": [0.5], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        retrieval("no-such-model", args.pop("strategies"), **args)  # would fail to load if reached
+
+
+def test_a_context_beyond_the_models_limit_or_too_short_for_the_question_is_refused(tiny):
+    with pytest.raises(ValueError, match=r"context 5000 is beyond .* limit of 4096 positions \(allowed: 1..4096\)"):
+        retrieval(tiny, ["standard"], contexts=[1024, 5000], depths=[0.5], texts=[TEXT])
+    with pytest.raises(ValueError, match=r"context 40 is too short for the passkey task: it needs at least \d+ tokens"):
+        retrieval(tiny, ["standard"], contexts=[40], depths=[0.5], texts=[TEXT])
+
+
+# --- the bundled model ---------------------------------------------------------------------------
+# Measured (docs/retrieval.md): SmolLM2-135M-Instruct on MLX with a full cache found the pass key
+# in every trial at 1k-4k tokens; at 2,048 tokens and depth 0.6 (the needle ~800 tokens before the
+# question) a ring of 1,024 (keep=4) keeps it and answered 2/2, a ring of 256 has evicted it and
+# answered 0/2. The fixture runs trial 0 of those (3 prefills of 2,048 tokens).
+RING_SMALL, RING_LARGE = "rotating:max_size=256,keep=4", "rotating:max_size=1024,keep=4"
+
+
+@pytest.fixture(scope="module")
+def bundled_2k(smollm2_mlx):
+    """One trial of three strategies at 2,048 tokens, the needle at depth 0.6 (3 prefills)."""
+    ev = retrieval(smollm2_mlx, ["standard", RING_SMALL, RING_LARGE], contexts=[2048], depths=[0.6], trials=1)
+    return ev.retrieval.set_index("strategy")
+
+
+@pytest.mark.bundled
+@pytest.mark.slow
+def test_bundled_full_cache_finds_the_pass_key_at_2048_tokens(bundled_2k):
+    row = bundled_2k.loc["standard"]
+    assert row["exact_match"] == 1.0, f"full cache answered {row['predicted']!r} for {row['answer']!r}"
+    assert row["context"] == 2048 and row["kept_fraction"] == 1.0
+
+
+@pytest.mark.bundled
+@pytest.mark.slow
+def test_bundled_ring_of_256_that_evicted_the_needle_fails_where_a_ring_of_1024_answers(bundled_2k):
+    small, large = bundled_2k.loc[RING_SMALL], bundled_2k.loc[RING_LARGE]
+    assert 2048 - small["needle_position"] > 256 > 0  # evicted from the small ring ...
+    assert 2048 - large["needle_position"] < 1024 - 4  # ... still in the large ring's window
+    assert small["exact_match"] < large["exact_match"]
+    assert small["key_token_accuracy"] < large["key_token_accuracy"]
+    assert (small["kept_fraction"], large["kept_fraction"]) == (256 / 2048, 1024 / 2048)
