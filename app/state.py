@@ -3,7 +3,6 @@ the session's live and current runs (under the keys of :class:`app.keys.Keys`)."
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -16,6 +15,7 @@ import streamlit as st
 from cachelib.core.units import human_bytes
 from cachelib.models import LoadedModel, available_devices, load
 from cachelib.profile import Profile, ProfileFile, load_profile, read_meta, save_profile
+from cachelib.profile.store import meta_list
 from cachelib.profile.tables import read_table
 from cachelib.spec import Spec
 
@@ -154,21 +154,13 @@ def listing(files: list[ProfileFile]) -> pd.DataFrame:
                 reason=m.get("reason", ""),
                 model=m.get("model", ""),
                 backend=m.get("backend", ""),
-                strategies=", ".join(_json_list(m.get("strategies", ""))),
+                strategies=", ".join(meta_list(m.get("strategies", ""))),
                 steps=m.get("steps_completed", ""),
                 created=m.get("created", ""),
             )
         rows.append(row)
     cols = ["profile", "size", "status", "reason", "model", "backend", "strategies", "steps", "created"]
     return pd.DataFrame(rows, columns=cols)
-
-
-def _json_list(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return [text] if text else []
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -11,7 +11,6 @@ cleanly (exit 130 and 143): its profile is closed, marked incomplete, and the li
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
@@ -26,6 +25,7 @@ from . import retrieval as retrieval_cli
 from . import plan as plan_cli
 from .args import finite_float, int_range, positive_int
 from ..profile import Probes, default_profile_name, list_profiles, read_meta, run_profile, summarize
+from ..profile.store import meta_list
 from ..profile.run import RunInterrupted
 from ..profile.text import read_text_file
 from ..spec import GROUP_SIZES, QUANT_BITS, STRATEGIES, parse_spec, spec_from_mlx_flags
@@ -228,21 +228,13 @@ def _profiles(args) -> int:
         except (ValueError, OSError) as e:
             rows.append((f.name, "not a profile", "", "", str(e)))
             continue
-        rows.append((f.name, m.get("status", ""), m.get("model", ""), ", ".join(_json_list(m.get("strategies", ""))),
+        rows.append((f.name, m.get("status", ""), m.get("model", ""), ", ".join(meta_list(m.get("strategies", ""))),
                      m.get("reason", "")))  # fmt: skip
     width = max(len(r[0]) for r in rows)
     for name, status, model, strategies, reason in rows:
         line = f"{name:<{width}}  {status:<13} {model} {strategies}".rstrip()
         print(line + (f"  ({reason})" if reason else ""))
     return 0
-
-
-def _json_list(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return [text] if text else []
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
 class _Progress:

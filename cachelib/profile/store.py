@@ -629,6 +629,16 @@ class ProfileFile:
         return self.name.removesuffix(".csv")
 
 
+def meta_list(text: str) -> list[str]:
+    """A list-valued metadata cell (``strategies``, ``specs``: JSON lists) as strings; a cell that
+    is not JSON is one item."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return [text] if text else []
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
 def list_profiles(folder: str | os.PathLike) -> list[ProfileFile]:
     """``FOLDER/*.csv`` and the runs of sweep folders ``FOLDER/*/*.csv`` (not their index), by
     name, each folder's partial files (``.NAME.csv.RUNID.partial``: a run still going, or one
