@@ -396,7 +396,10 @@ def quality_figure(info: QualityInfo) -> go.Figure:
     fig.update_xaxes(type="log", title_text="context (tokens); dashed: planned", row=1, col=1)
     fig.update_xaxes(type="log", title_text="kept fraction; dotted: planned strategies", row=1, col=2)
     fig.update_yaxes(title_text="mean KL (nats)", rangemode="tozero")
-    fig.update_layout(height=340, margin={"t": 40, "b": 10}, legend={"orientation": "h", "y": -0.3})
+    fig.update_layout(
+        title={"text": f"Quality evidence ({info.backend}): mean KL against context and kept fraction", "x": 0},
+        height=360, margin={"t": 70, "b": 10}, legend={"orientation": "h", "y": -0.3},
+    )  # fmt: skip
     return fig
 
 

@@ -5,6 +5,7 @@ the planner library and ``python -m cachelib plan`` give for the same inputs."""
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 import json
 import re
 import shlex
@@ -41,7 +42,8 @@ def figures(at) -> dict[str, dict]:
     out = {}
     for fig in plotly_figures(at):
         title = fig["layout"]["title"]["text"]
-        out["frontier" if title.startswith("Fit frontier") else "memory"] = fig
+        kind = "frontier" if title.startswith("Fit frontier") else "quality" if title.startswith("Quality") else "memory"
+        out[kind] = fig
     return out
 
 
@@ -78,29 +80,43 @@ def traces(fig: dict) -> dict[str, dict]:
 
 def test_default_page_plans_llama_against_24_gb_with_the_librarys_numbers_as_the_cli_prints_them(profiles_dir, capsys):
     at = planner()
-    assert not errors(at) and not at.warning
+    assert not errors(at)
     table = at.dataframe[0].value
     request = PlanRequest(DEFAULT_SPECS, context=32768, prefill_chunk=2048, budget_bytes=24 * GB, reserve_bytes=GB)
     expected = plan(LLAMA, request)
-    assert table["strategy"].tolist() == DEFAULT_SPECS
-    assert table["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in expected]
-    assert table["max batch"].tolist() == [f"{f.max_batch:,}" for f in expected]
-    assert table["sessions"].tolist() == [f"{f.sessions:,}" for f in expected]
-    assert table["max context"].tolist() == ["51,200", "–", "96,512", "131,072", "131,072"]
+    asked = table.iloc[: len(DEFAULT_SPECS)]  # then the candidates the committed evidence speaks for
+    assert asked["strategy"].tolist() == DEFAULT_SPECS
+    assert asked["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in expected]
+    assert asked["max batch"].tolist() == [f"{f.max_batch:,}" for f in expected]
+    assert asked["sessions"].tolist() == [f"{f.sessions:,}" for f in expected]
+    assert asked["max context"].tolist() == ["51,200", "–", "96,512", "131,072", "131,072"]
     assert [f.max_context for f in expected] == [51200, None, 96512, 131072, 131072]
-    assert table["limited by"].tolist() == ["memory", "nothing", "memory", "model length", "model length"]
+    assert asked["limited by"].tolist() == ["memory", "nothing", "memory", "model length", "model length"]
     assert "6.94 GB for the cache" in at.markdown[0].value
 
+    # the recommendation is the library's with the committed evidence and the page's thresholds
+    result = plan_request(LLAMA, replace(request, max_kl=0.1, min_agreement=0.9), load_evidence().points)
+    assert table["strategy"].tolist() == [f.spec for f in result.fits]
+    shown = [s.value for s in at.success] + [w.value for w in at.warning]
+    assert any(result.recommendation.text in text for text in shown)
+
     figs = figures(at)
-    assert set(figs) == {"memory", "frontier"}
+    assert {"memory", "frontier"} <= set(figs)
     frontier = traces(figs["frontier"])
-    assert list(frontier) == DEFAULT_SPECS
+    assert list(frontier)[: len(DEFAULT_SPECS)] == DEFAULT_SPECS
     at_context = frontier["standard"]["x"].index(32768)
     assert frontier["standard"]["y"][at_context] == expected[0].max_batch == 1
     assert frontier["rotating:max_size=4096"]["y"][at_context] == expected[1].max_batch == 8  # the ring stays small
-    assert list(traces(figs["memory"])) == DEFAULT_SPECS
-    assert "No evidence, no recommendation" in at.info[0].value  # the profiles folder is empty
+    assert list(traces(figs["memory"]))[: len(DEFAULT_SPECS)] == DEFAULT_SPECS
     same_as_cli(table, cli_table(at.code[0].value, capsys)[0])
+
+
+def test_with_no_evidence_picked_there_is_no_recommendation(profiles_dir):
+    at = planner()
+    at.multiselect(key="plan_evidence").set_value([]).run()
+    assert not at.exception and not errors(at)
+    assert "No evidence, no recommendation" in at.info[0].value
+    assert at.dataframe[0].value["strategy"].tolist() == DEFAULT_SPECS
 
 
 def test_changing_the_budget_moves_the_frontier_and_the_inputs_survive_a_page_visit(profiles_dir):
@@ -131,10 +147,12 @@ def test_bad_input_shows_the_librarys_message_and_keeps_the_previous_plan(profil
     at = planner()
     shown = at.dataframe[0].value
 
+    charts = len(at.get("plotly_chart"))
+
     def check(message: str) -> None:
         assert not at.exception
         assert errors(at) == [message]
-        assert at.dataframe[0].value.equals(shown) and len(at.get("plotly_chart")) == 2
+        assert at.dataframe[0].value.equals(shown) and len(at.get("plotly_chart")) == charts
         assert "Showing the last valid plan." in [c.value for c in at.caption]
 
     at.text_area(key="plan_strategies").set_value("standard\nrotating:max_size=0").run()
