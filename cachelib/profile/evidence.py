@@ -164,6 +164,8 @@ def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame
         if spec.lossless:
             continue  # the reference itself: exact by construction
         context = int(context)
+        # the scored tokens come after the prefill: the cache holds context + score_tokens at the end
+        scored = int(rows["score_tokens"].max()) if "score_tokens" in rows and rows["score_tokens"].notna().any() else 0
         accuracy = None
         if found is not None:
             hit = found[(found["model"] == model) & (found["backend"] == backend) & (found["strategy"] == strategy)
@@ -176,7 +178,7 @@ def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame
                 model=str(model),
                 backend=str(backend),
                 context=context,
-                kept_fraction=kept_fraction(spec, context),
+                kept_fraction=kept_fraction(spec, context + scored),
                 samples=len(rows),
                 mean_kl=float(rows["mean_kl"].mean()),
                 top1_agreement=float(rows["top1_agreement"].mean()),
