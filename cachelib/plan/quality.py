@@ -18,7 +18,8 @@ far as it reaches:
   as long as the target (the shortest such), else by its longest measured context, with an
   extrapolation note;
 - evidence of the planned model beats that of another model, and the planned backend beats the
-  other backend, whose use is said.
+  other backend, whose use is said; a bounded strategy uses its own backend's evidence only,
+  because the backends' rings prefill differently.
 
 Where nothing covers the target there is no quality: :func:`measure_command` prints the
 evaluation that would measure it. :func:`recommend` picks the cheapest covered fit that meets the
@@ -137,12 +138,17 @@ def judge(
 
     if bounded:
         mine = family(spec)
-        # a point that evicted (kept < 1) and kept no more of its context than the target will
-        pool = [e for e in evidence if family(e.spec) == mine and e.kept_fraction < 1.0
-                and e.kept_fraction <= target_kept * (1 + 1e-9)]  # fmt: skip
+        # Only the planned backend: rings prefill differently (mlx-lm windows each query of an
+        # overflowing chunk; transformers' mask does not), so their quality does not carry over.
+        # A point that evicted (kept < 1) and kept no more of its context than the target will.
+        same = [e for e in evidence if family(e.spec) == mine and e.backend == backend]
+        pool = [e for e in same if e.kept_fraction < 1.0 and e.kept_fraction <= target_kept * (1 + 1e-9)]
         if not pool:
-            measured = sorted({e.kept_fraction for e in evidence if family(e.spec) == mine})
-            seen = f"; measured kept fractions: {', '.join(f'{k:.1%}' for k in measured)}" if measured else ""
+            measured = sorted({e.kept_fraction for e in same})
+            seen = f"; measured kept fractions on {backend}: {', '.join(f'{k:.1%}' for k in measured)}" if measured else ""
+            others = sorted({e.backend for e in evidence if family(e.spec) == mine and e.backend != backend})
+            if others:
+                seen += f" (measured on {', '.join(others)} too, whose rings prefill differently: not used)"
             reason = (f"not covered by evidence: no run of this strategy kept {target_kept:.2%} of its "
                       f"context or less{seen}")  # fmt: skip
             return Judgement(text, None, reason, measure_command(spec, context, backend))

@@ -67,6 +67,12 @@ def test_the_planned_backend_wins_and_the_other_backend_is_named():
     assert judge(both, "quantized:bits=8", backend="mlx", context=4096).quality.mean_kl == 0.005
 
 
+def test_ring_evidence_does_not_cross_backends():
+    """mlx-lm windows each query of an overflowing prefill chunk; transformers' mask does not."""
+    j = judge(RINGS, "rotating:max_size=4096,keep=4", backend="torch", context=32768)
+    assert j.quality is None and "measured on mlx too" in j.reason and "--backend torch" in j.command
+
+
 def test_lossless_needs_no_evidence():
     assert judge([], "standard", backend="mlx", context=10**6).quality == EXACT
 

@@ -71,7 +71,7 @@ def test_threshold_errors_are_named():
 
 
 def test_plan_cli_judges_by_the_evidence_it_is_given_and_names_it(profiles_dir, capsys):
-    args = ["plan", "--model", "llama-3.1-8b", "--context", "64", "--prefill", "16", "--no-default-evidence",
+    args = ["plan", "--model", "llama-3.1-8b", "--backend", "torch", "--context", "64", "--prefill", "16", "--no-default-evidence",
             "--evidence", str(profiles_dir), "--max-kl", "100"]  # fmt: skip
     assert main(args) == 0
     captured = capsys.readouterr()
