@@ -166,7 +166,7 @@ def test_default_run_in_a_real_browser_draws_the_charts(app_url, browser, tmp_pa
     # The Planner, with the run just saved as evidence of its two non-baseline strategies.
     page.get_by_role("link", name="Planner").click()
     page.locator(".st-key-plan_frontier .js-plotly-plot").wait_for()
-    page.get_by_text("Also planned because profiles measured them").wait_for()
+    page.get_by_text("Also planned because the evidence speaks for them").wait_for()
     page.wait_for_timeout(1000)
     assert page.locator("[data-testid='stException']").count() == 0
     traces = _traces_per_chart(page)

@@ -170,7 +170,8 @@ def test_a_killed_worker_fails_its_point_after_one_retry_and_a_rerun_completes_o
     assert started.count(victim) == 2 and rows[victim]["attempts"] == "2"
     assert rows[victim]["error"].startswith("KilledWorker")
     # an exception is retried once too, then recorded, and the other points went on
-    assert rows[too_small]["attempts"] == "2" and "StaticKVCache" in rows[too_small]["error"]
+    # refused before anything is allocated, by the planner's prediction, naming the strategy's knob
+    assert rows[too_small]["attempts"] == "2" and "static: max_len=8" in rows[too_small]["error"]
     assert not (out / f"{victim}.csv").exists() and not (out / f"{too_small}.csv").exists()
     done_before = (out / rows[ok]["file"]).stat().st_mtime_ns
     index_before = load_index(out).set_index("point")
