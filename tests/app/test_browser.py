@@ -163,15 +163,17 @@ def test_default_run_in_a_real_browser_draws_the_charts(app_url, browser, tmp_pa
     page.wait_for_timeout(1000)
     _shoot(page, tmp_path, "profiles")
 
-    # The Planner, with the run just saved as evidence of its two non-baseline strategies.
+    # The Planner, judged by the committed evidence (a run saved on the Live page is not evidence
+    # unless picked): memory and frontier with the 5 asked strategies and the evidence's
+    # candidates, and the quality-evidence chart.
     page.get_by_role("link", name="Planner").click()
     page.locator(".st-key-plan_frontier .js-plotly-plot").wait_for()
+    page.locator(".st-key-plan_quality .js-plotly-plot").wait_for()
     page.get_by_text("Also planned because the evidence speaks for them").wait_for()
     page.wait_for_timeout(1000)
     assert page.locator("[data-testid='stException']").count() == 0
     traces = _traces_per_chart(page)
-    # 6 strategies on each chart: the 5 asked, and the run's ring (its 4-bit strategy is the asked quantized:bits=4)
-    assert len(traces) == 2 and min(traces) >= 6, traces
+    assert len(traces) == 3 and min(traces[:2]) > 5, traces
     _shoot(page, tmp_path, "planner")
 
     # A page's own URL, opened directly (a bookmark, a reload), runs through main.py's routes.
