@@ -91,8 +91,26 @@ class Input:
         return _slug("-".join(self.content.split()[:4]), 24) or "prompt"
 
 
+def _digest(ident: dict) -> str:
+    """A point's id: what decides its run, hashed."""
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
+
+
+class _Run:
+    """What every kind of point derives from its id and device: its file and its Dask resources."""
+
+    @property
+    def file(self) -> str:
+        return f"{self.id}.csv"
+
+    @property
+    def resources(self) -> dict[str, int]:
+        """The Dask resource this run holds while it runs (none for CPU runs)."""
+        return dict(DEVICE_RESOURCES[self.device])
+
+
 @dataclass(frozen=True)
-class Point:
+class Point(_Run):
     """One profiling run of a sweep: what ``run_profile`` is called with."""
 
     model: str
@@ -130,16 +148,8 @@ class Point:
             "probes": self.probes.to_dict(),
             "memory_limit": self.memory_limit,
         }
-        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
+        return _digest(ident)
 
-    @property
-    def file(self) -> str:
-        return f"{self.id}.csv"
-
-    @property
-    def resources(self) -> dict[str, int]:
-        """The Dask resource this run holds while it runs (none for CPU runs)."""
-        return dict(DEVICE_RESOURCES[self.device])
 
     @property
     def mode(self) -> str:
@@ -165,7 +175,7 @@ class Point:
 
 
 @dataclass(frozen=True)
-class EvaluationPoint:
+class EvaluationPoint(_Run):
     """One evaluation of an evaluation grid: what ``evaluate`` is called with, at one context."""
 
     model: str
@@ -199,15 +209,8 @@ class EvaluationPoint:
             "windows": self.windows,
             "prefill_chunk": self.prefill_chunk,
         }
-        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:8]
+        return _digest(ident)
 
-    @property
-    def file(self) -> str:
-        return f"{self.id}.csv"
-
-    @property
-    def resources(self) -> dict[str, int]:
-        return dict(DEVICE_RESOURCES[self.device])
 
     @property
     def input(self) -> Input:
