@@ -6,8 +6,8 @@ Each figure is built in two steps, as optuna does: ``_*_info(data) -> NamedTuple
 reshapes the numbers (what the tests pin), ``_*_plot(info) -> go.Figure`` only draws.
 
 One colour per strategy everywhere: :func:`app.figures.strategy_colors` maps a run's strategy
-order to the palette, and every figure that draws strategies asks it. The Planner page's figures
-live in :mod:`app.plan_charts`.
+order to the palette, and every figure that draws strategies asks it. The Inspector's slot and
+mask figures live in :mod:`app.inspector_charts`, the Planner page's in :mod:`app.plan_charts`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .figures import PALETTE, empty_figure, strategy_colors
+from .figures import LEGEND_RIGHT, PALETTE, empty_figure, sampling_period, strategy_colors
 
 MIB = 2**20
 KIB = 2**10
 REFERENCE_COLOR = "#7f7f7f"
-EMPTY_SLOT_COLOR = "#e5e5e5"
 
 
 def _floats(s: pd.Series) -> np.ndarray:
@@ -57,6 +56,8 @@ def _two_rows(top: str, bottom: str) -> go.Figure:
 
 # --- total cache memory vs step ----------------------------------------------------------------
 
+SMALL_MULTIPLES_FROM = 7  # strategies shown: from this many, one panel per strategy (lines overlap)
+
 
 class _Series(NamedTuple):
     strategy: str
@@ -66,69 +67,166 @@ class _Series(NamedTuple):
 
 
 class MemoryInfo(NamedTuple):
-    series: list[_Series]  # values: "used", "allocated" in bytes
+    series: list[_Series]  # values: "used", "allocated" in bytes, at the steps the memory probe recorded
     references: dict[str, tuple[np.ndarray, np.ndarray]]  # label -> (step, bytes) of a full cache
+    every: int | None  # the memory probe's sampling period, read from the recorded steps
 
 
-def _memory_info(steps: pd.DataFrame, strategies: Sequence[str], reference: pd.DataFrame | None) -> MemoryInfo:
-    colors = strategy_colors(strategies)
-    series = [
-        _Series(
-            s,
-            colors[s],
-            _floats(part["step"]),
-            {"used": _floats(part["cache_bytes_used"]), "allocated": _floats(part["cache_bytes_allocated"])},
-        )
-        for s, part in _ordered(steps, strategies)
-    ]
+def _memory_info(
+    steps: pd.DataFrame, strategies: Sequence[str], reference: pd.DataFrame | None,
+    colors: dict[str, str] | None = None,
+) -> MemoryInfo:  # fmt: skip
+    colors = colors or strategy_colors(strategies)
+    series = []
+    for s, part in _ordered(steps, strategies):
+        # A sampled memory probe leaves the other steps empty: keep the recorded ones, so the
+        # line joins the samples instead of breaking at every gap.
+        used, allocated = _floats(part["cache_bytes_used"]), _floats(part["cache_bytes_allocated"])
+        keep = np.isfinite(used) | np.isfinite(allocated)
+        if keep.any():
+            step = _floats(part["step"])[keep]
+            values = {"used": used[keep], "allocated": allocated[keep]}
+            series.append(_Series(s, colors.get(s, PALETTE[0]), step, values))
     refs = {}
     if reference is not None and len(reference):
         labels = reference["label"] if "label" in reference else pd.Series("full cache", index=reference.index)
         for label, part in reference.groupby(labels, sort=False):
             part = part.sort_values("step")
             refs[str(label)] = (_floats(part["step"]), _floats(part["bytes"]))
-    return MemoryInfo(series, refs)
+    periods = [p for p in (sampling_period(s.step) for s in series) if p is not None]
+    return MemoryInfo(series, refs, max(periods) if periods else None)
+
+
+def sampled_note(every: int | None, probe: str) -> str:
+    """A title's note, e.g. " · memory recorded every 4 steps" (empty when the probe recorded every step)."""
+    return f" · {probe} recorded every {every} steps" if every and every > 1 else ""
+
+
+def _memory_traces(info: MemoryInfo, s: _Series, *, legend: bool, **axes) -> list[go.Scatter]:
+    mode = "lines+markers" if (info.every or 1) > 1 else "lines"
+    out = []
+    for kind, dash in (("used", "solid"), ("allocated", "dash")):
+        y = s.values[kind]
+        out.append(
+            go.Scatter(
+                x=s.step, y=y / MIB, name=s.strategy, legendgroup=s.strategy, mode=mode,
+                showlegend=legend and kind == "used", marker={"size": 4},
+                line={"color": s.color, "dash": dash, "width": 2 if kind == "used" else 1.5},
+                customdata=y, meta=kind,
+                hovertemplate=f"{s.strategy}<br>step %{{x}}<br>{kind} %{{customdata:,.0f}} B<extra></extra>",
+                **axes,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _reference_traces(info: MemoryInfo, *, legend: bool, **axes) -> list[go.Scatter]:
+    return [
+        go.Scatter(
+            x=x, y=y / MIB, name=label, legendgroup=label, mode="lines", showlegend=legend,
+            line={"color": REFERENCE_COLOR, "dash": "dot", "width": 2}, meta="reference",
+            customdata=y, hovertemplate="step %{x}<br>full cache %{customdata:,.0f} B<extra></extra>",
+            **axes,
+        )
+        for label, (x, y) in info.references.items()
+    ]  # fmt: skip
+
+
+def _memory_title(info: MemoryInfo, multiples: bool) -> dict:
+    """Two lines (a half-width chart cuts one long line off): what it is, then how to read it."""
+    head = ("Cache memory per strategy" if multiples else "Cache memory") + sampled_note(info.every, "memory")
+    key = "used (solid), allocated (dashed)" + (", full cache (grey dots)" if multiples else "")
+    return {"text": f"{head}<br><sup>{key}</sup>"}
 
 
 def _memory_plot(info: MemoryInfo) -> go.Figure:
-    fig = go.Figure()
-    for label, (x, y) in info.references.items():
-        fig.add_trace(
-            go.Scatter(
-                x=x, y=y / MIB, name=label, mode="lines",
-                line={"color": REFERENCE_COLOR, "dash": "dot", "width": 2},
-                customdata=y, hovertemplate="step %{x}<br>full cache %{customdata:,.0f} B<extra></extra>",
-            )
-        )  # fmt: skip
+    fig = go.Figure(_reference_traces(info, legend=True))
     for s in info.series:
-        for kind, dash in (("used", "solid"), ("allocated", "dash")):
-            y = s.values[kind]
-            fig.add_trace(
-                go.Scatter(
-                    x=s.step, y=y / MIB, name=f"{s.strategy} · {kind}", legendgroup=s.strategy, mode="lines",
-                    line={"color": s.color, "dash": dash, "width": 2 if kind == "used" else 1.5},
-                    customdata=y,
-                    hovertemplate=f"{s.strategy}<br>step %{{x}}<br>{kind} %{{customdata:,.0f}} B<extra></extra>",
-                )
-            )  # fmt: skip
+        fig.add_traces(_memory_traces(info, s, legend=True))
     fig.update_layout(
-        title="Cache memory: bytes used (solid) and allocated (dashed)",
+        title=_memory_title(info, False),
+        margin={"t": 80},
         xaxis_title="step",
         yaxis_title="MiB",
-        legend={"orientation": "h", "y": -0.25},
+        legend=LEGEND_RIGHT,
         height=460,
     )
     return fig
 
 
+def _panel_title(label: str, width: int = 30) -> str:
+    """A strategy label for a small panel: broken after its name when it is long."""
+    if len(label) <= width:
+        return label
+    head, sep, tail = label.rpartition(" / ")
+    if sep:
+        return f"{head}<br>{_panel_title(tail, width)}"
+    name, sep, knobs = label.partition(":")
+    return f"{name}:<br>{knobs}" if sep else label
+
+
+def _memory_multiples_plot(info: MemoryInfo, columns: int = 2) -> go.Figure:
+    """One small panel per strategy on shared axes, each with the full-cache reference."""
+    n = len(info.series)
+    rows = -(-n // columns)
+    panel, gap = 150, 46  # pixels: a panel's height, and the room above it for its title
+    plot_height = rows * panel + (rows - 1) * gap
+    gap_x = 0.08
+    fig = go.Figure()
+    layout: dict = {}
+    annotations = []
+
+    def frac(v: float) -> float:
+        return round(min(1.0, max(0.0, v)), 6)
+
+    for i, s in enumerate(info.series):
+        r, c = divmod(i, columns)
+        ax = "" if i == 0 else str(i + 1)
+        x0 = frac(c * (1.0 + gap_x) / columns)
+        x1 = frac(x0 + (1.0 - gap_x * (columns - 1)) / columns)
+        y1 = frac(1.0 - r * (panel + gap) / plot_height)
+        y0 = frac(y1 - panel / plot_height)
+        layout[f"xaxis{ax}"] = {
+            "domain": [x0, x1], "anchor": f"y{ax}", "matches": "x" if i else None,
+            "showticklabels": i + columns >= n, "title": {"text": "step"} if i + columns >= n else None,
+        }  # fmt: skip
+        layout[f"yaxis{ax}"] = {
+            "domain": [y0, y1], "anchor": f"x{ax}", "matches": "y" if i else None, "showticklabels": c == 0,
+            "title": {"text": "MiB"} if c == 0 else None, "rangemode": "tozero",
+        }  # fmt: skip
+        axes = {"xaxis": f"x{ax}", "yaxis": f"y{ax}"}
+        fig.add_traces(_reference_traces(info, legend=False, **axes))
+        fig.add_traces(_memory_traces(info, s, legend=False, **axes))
+        annotations.append(
+            {"text": _panel_title(s.strategy), "x": (x0 + x1) / 2, "y": y1, "xref": "paper", "yref": "paper",
+             "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 11, "color": s.color}}
+        )  # fmt: skip
+    fig.update_layout(
+        **layout,
+        annotations=annotations,
+        title=_memory_title(info, True),
+        showlegend=False,  # each panel is titled by its strategy, in its colour
+        height=plot_height + 110 + 70,
+        margin={"t": 110, "b": 70},
+    )  # fmt: skip
+    return fig
+
+
 def cache_memory_figure(
-    steps: pd.DataFrame, strategies: Sequence[str], reference: pd.DataFrame | None = None
-) -> go.Figure:
+    steps: pd.DataFrame, strategies: Sequence[str], reference: pd.DataFrame | None = None,
+    colors: dict[str, str] | None = None, small_multiples: bool | None = None,
+) -> go.Figure:  # fmt: skip
     """Total cache bytes used and allocated per strategy vs step; ``reference`` (columns ``step``,
-    ``bytes`` and optionally ``label``, one line per label) draws the full-precision full cache."""
+    ``bytes`` and optionally ``label``, one line per label) draws the full-precision full cache.
+    ``colors`` (default: by the order of ``strategies``) keeps a subset in the run's colours;
+    ``small_multiples`` draws one panel per strategy (default: from SMALL_MULTIPLES_FROM of them)."""
     if not len(steps):
         return empty_figure("Cache memory", "no steps recorded yet")
-    return _memory_plot(_memory_info(steps, strategies, reference))
+    info = _memory_info(steps, strategies, reference, colors)
+    if not info.series:
+        return empty_figure("Cache memory", "no cache bytes recorded (the memory probe was off)")
+    many = len(info.series) >= SMALL_MULTIPLES_FROM if small_multiples is None else small_multiples
+    return _memory_multiples_plot(info) if many and len(info.series) > 1 else _memory_plot(info)
 
 
 # --- per-layer memory heatmap --------------------------------------------------------------------
@@ -199,8 +297,10 @@ class QualityInfo(NamedTuple):
     series: list[_Series]  # values: "kl" (nats), "agreement" (running share of agreeing steps, 0..1)
 
 
-def _quality_info(steps: pd.DataFrame, strategies: Sequence[str], baselines: set[str]) -> QualityInfo:
-    colors = strategy_colors(strategies)
+def _quality_info(
+    steps: pd.DataFrame, strategies: Sequence[str], baselines: set[str], colors: dict[str, str] | None = None
+) -> QualityInfo:
+    colors = colors or strategy_colors(strategies)
     series = []
     for s, part in _ordered(steps, strategies):
         if s in baselines:
@@ -210,7 +310,11 @@ def _quality_info(steps: pd.DataFrame, strategies: Sequence[str], baselines: set
         seen = np.cumsum(~np.isnan(agree))
         running = np.cumsum(np.nan_to_num(agree)) / np.maximum(seen, 1)
         running[seen == 0] = np.nan
-        series.append(_Series(s, colors[s], _floats(part["step"]), {"kl": _floats(part["kl"]), "agreement": running}))
+        series.append(
+            _Series(
+                s, colors.get(s, PALETTE[0]), _floats(part["step"]), {"kl": _floats(part["kl"]), "agreement": running}
+            )
+        )
     return QualityInfo(series)
 
 
@@ -238,16 +342,19 @@ def _quality_plot(info: QualityInfo) -> go.Figure:
         yaxis_title="nats",
         yaxis2={"title": {"text": "%"}, "range": [0, 101]},
         height=480,
-        legend={"orientation": "h", "y": -0.15},
+        legend=LEGEND_RIGHT,
     )
     return fig
 
 
-def quality_figure(steps: pd.DataFrame, strategies: Sequence[str], baselines: Sequence[str] | None = None) -> go.Figure:
+def quality_figure(
+    steps: pd.DataFrame, strategies: Sequence[str], baselines: Sequence[str] | None = None,
+    colors: dict[str, str] | None = None,
+) -> go.Figure:  # fmt: skip
     """KL and running top-1 agreement vs step for every strategy but the baseline(s)
-    (default: the first strategy)."""
+    (default: the first strategy); ``colors`` as in :func:`cache_memory_figure`."""
     base = set(baselines) if baselines is not None else set(strategies[:1])
-    info = _quality_info(steps, strategies, base) if len(steps) else QualityInfo([])
+    info = _quality_info(steps, strategies, base, colors) if len(steps) else QualityInfo([])
     if not info.series:
         why = "only the baseline ran, or the quality probe was off: nothing to compare"
         return empty_figure("Quality vs the baseline", why)
@@ -266,13 +373,14 @@ PROCESS_COUNTERS = {"device_active_bytes": "device active memory", "rss_bytes": 
 PROCESS_COLORS = {"device_active_bytes": "#444444", "rss_bytes": "#aaaaaa"}
 
 
-def _speed_info(steps: pd.DataFrame, strategies: Sequence[str]) -> SpeedInfo:
-    colors = strategy_colors(strategies)
-    decode = steps[steps["phase"] == "decode"]
+def _speed_info(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str, str] | None = None) -> SpeedInfo:
+    colors = colors or strategy_colors(strategies)
+    # Only the steps the system probe timed: a sampled probe's lines join its samples.
+    rate = "tokens_per_second"
+    decode = steps[(steps["phase"] == "decode") & steps[rate].notna()]
     series = [
-        _Series(s, colors[s], _floats(part["step"]), {"tokens_per_second": _floats(part["tokens_per_second"])})
+        _Series(s, colors.get(s, PALETTE[0]), _floats(part["step"]), {"tokens_per_second": _floats(part[rate])})
         for s, part in _ordered(decode, strategies)
-        if part["tokens_per_second"].notna().any()
     ]
     process = {}
     for col in PROCESS_COUNTERS:
@@ -309,203 +417,18 @@ def _speed_plot(info: SpeedInfo) -> go.Figure:
         yaxis={"title": {"text": "tokens/s"}, "rangemode": "tozero"},
         yaxis2_title="MiB",
         height=480,
-        legend={"orientation": "h", "y": -0.15},
+        legend=LEGEND_RIGHT,
     )
     return fig
 
 
-def speed_figure(steps: pd.DataFrame, strategies: Sequence[str]) -> go.Figure:
-    """Decode tokens/s per strategy vs step, and the process's device/RSS memory vs step."""
-    info = _speed_info(steps, strategies) if len(steps) else SpeedInfo([], {})
+def speed_figure(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str, str] | None = None) -> go.Figure:
+    """Decode tokens/s per strategy vs step, and the process's device/RSS memory vs step (the
+    process counters are the process's, whichever strategies are shown)."""
+    info = _speed_info(steps, strategies, colors) if len(steps) else SpeedInfo([], {})
     if not info.series and not info.process:
         return empty_figure("Speed and memory of the process", "no timings recorded (the system probe was off)")
     return _speed_plot(info)
-
-
-# --- inspector: the slots of one layer cache --------------------------------------------------------
-
-
-class RingInfo(NamedTuple):
-    strategy: str
-    step: int
-    layer: int
-    layout: str  # "ring" (from the slots table) or "linear" (derived from the layers row)
-    positions: np.ndarray  # (capacity,) absolute position per slot, -1 empty
-    width: int  # slots per drawn row
-    write_index: int | None
-    keep: int
-    evicted: int
-    offset: int
-
-
-def slot_grid_width(capacity: int) -> int:
-    return max(1, min(capacity, 32 if capacity <= 512 else 64))
-
-
-def _ring_info(slots: pd.DataFrame, layers: pd.DataFrame, strategy: str, step: int, layer: int) -> RingInfo | None:
-    lrow = layers[(layers["strategy"] == strategy) & (layers["step"] == step) & (layers["layer"] == layer)]
-    srow = slots[(slots["strategy"] == strategy) & (slots["step"] == step) & (slots["layer"] == layer)]
-    lr = lrow.iloc[0] if len(lrow) else None
-    if len(srow):
-        r = srow.iloc[0]
-        text = str(r["positions"]).strip()
-        positions = np.array([int(p) for p in text.split()] if text else [], dtype=np.int64)
-        write_index = None if pd.isna(r["write_index"]) else int(r["write_index"])
-        keep = 0 if pd.isna(r["keep"]) else int(r["keep"])
-        layout = "ring"
-    elif lr is not None:
-        # Append-only layouts: the held tokens fill the first slots, ending at the newest position.
-        capacity, held, offset = int(lr["capacity"]), int(lr["tokens_held"]), int(lr["offset"])
-        positions = np.full(capacity, -1, dtype=np.int64)
-        positions[: min(held, capacity)] = np.arange(offset - held, offset - held + min(held, capacity))
-        write_index = None if pd.isna(lr["write_index"]) else int(lr["write_index"])
-        keep = 0 if pd.isna(lr["keep"]) else int(lr["keep"])
-        layout = "linear"
-    else:
-        return None
-    held = positions[positions >= 0]
-    offset = int(lr["offset"]) if lr is not None and pd.notna(lr["offset"]) else int(held.max() + 1 if len(held) else 0)
-    evicted = int(lr["evicted"]) if lr is not None and pd.notna(lr["evicted"]) else max(0, offset - len(held))
-    width = slot_grid_width(len(positions))
-    return RingInfo(strategy, step, layer, layout, positions, width, write_index, keep, evicted, offset)
-
-
-def _ring_plot(info: RingInfo) -> go.Figure:
-    cap, w = len(info.positions), info.width
-    rows = -(-cap // w) if cap else 0
-    grid = np.full(rows * w, np.nan)
-    grid[:cap] = np.where(info.positions >= 0, info.positions, np.nan)
-    idx = np.arange(rows * w)
-    slot_text = np.where(idx < cap, idx, -1).reshape(rows, w)
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid.reshape(rows, w), x=np.arange(w), y=np.arange(rows), customdata=slot_text,
-            colorscale="Viridis", zmin=0, zmax=max(info.offset - 1, 1), xgap=1, ygap=1,
-            colorbar={"title": "position"}, name="slots",
-            hovertemplate="slot %{customdata}<br>position %{z}<extra></extra>",
-            text=grid.reshape(rows, w) if cap <= 128 else None, texttemplate="%{text:.0f}" if cap <= 128 else None,
-        )
-    )  # fmt: skip
-    if info.keep:
-        k = np.arange(min(info.keep, cap))
-        fig.add_trace(
-            go.Scatter(
-                x=k % w, y=k // w, mode="markers", name=f"keep region ({info.keep} sink slots)",
-                marker={"symbol": "square-open", "size": 18, "color": "#D55E00", "line": {"width": 2}},
-                hoverinfo="skip",
-            )
-        )  # fmt: skip
-    if info.write_index is not None:
-        wi = info.write_index
-        past_end = wi >= cap
-        shown = min(wi, max(cap - 1, 0))
-        label = f"write pointer → slot {wi}" + (" (past the end: the next write wraps or grows)" if past_end else "")
-        fig.add_trace(
-            go.Scatter(
-                x=[shown % w + (0.5 if past_end else 0)], y=[shown // w - 0.45], mode="markers", name=label,
-                marker={"symbol": "triangle-down", "size": 14, "color": "#CC0000"}, hoverinfo="name",
-            )
-        )  # fmt: skip
-    held = int((info.positions >= 0).sum())
-    fig.update_layout(
-        title=(
-            f"{info.strategy} · layer {info.layer} · step {info.step}: {held} of {cap} slots hold tokens, "
-            f"keep {info.keep}, evicted {info.evicted}"
-        ),
-        xaxis={"title": "slot (column)", "showgrid": False, "zeroline": False, "dtick": 4 if w <= 32 else 8},
-        yaxis={
-            "title": "slots", "autorange": "reversed", "showgrid": False, "zeroline": False,
-            "tickvals": list(range(rows)), "ticktext": [f"{r * w}–{min(cap, (r + 1) * w) - 1}" for r in range(rows)],
-        },
-        plot_bgcolor=EMPTY_SLOT_COLOR,
-        legend={"orientation": "h", "y": -0.35 if rows <= 4 else -0.12},
-        height=min(900, 200 + 40 * rows),
-    )  # fmt: skip
-    return fig
-
-
-def ring_figure(slots: pd.DataFrame, layers: pd.DataFrame, strategy: str, step: int, layer: int) -> go.Figure:
-    """The slots of one layer cache at one step, coloured by the absolute position each holds:
-    ring caches from the ``slots`` table, append-only caches from their ``layers`` row."""
-    info = _ring_info(slots, layers, strategy, step, layer)
-    if info is None:
-        return empty_figure("Slots", f"nothing recorded for {strategy} at step {step}, layer {layer}")
-    return _ring_plot(info)
-
-
-# --- inspector: attention masks -------------------------------------------------------------------
-
-
-class MaskInfo(NamedTuple):
-    strategy: str
-    step: int
-    layer: int
-    order: str  # "slot" or "temporal"
-    visible: np.ndarray  # (queries, keys) bool
-    query_positions: np.ndarray  # (queries,)
-    key_positions: np.ndarray  # (keys,) absolute position per column, -1 for an empty slot
-    key_slots: np.ndarray  # (keys,) slot index per column
-    color: str
-
-
-def _mask_info(masks: pd.DataFrame, strategies: Sequence[str], strategy: str, step: int, layer: int, order: str):
-    if order not in ("slot", "temporal"):
-        raise ValueError(f"order must be 'slot' or 'temporal', got {order!r}")
-    rows = masks[(masks["strategy"] == strategy) & (masks["step"] == step) & (masks["layer"] == layer)]
-    if not len(rows):
-        return None
-    rows = rows.sort_values("query")
-    visible = np.array([[c == "1" for c in str(m)] for m in rows["mask"]], dtype=bool).reshape(len(rows), -1)
-    text = str(rows.iloc[0]["key_positions"]).strip()
-    keys = np.array([int(p) for p in text.split()] if text else [], dtype=np.int64)[: visible.shape[1]]
-    slots = np.arange(len(keys))
-    visible = visible[:, : len(keys)]
-    if order == "temporal":
-        # Columns by the position each key holds; empty slots hold nothing and drop out.
-        sel = np.flatnonzero(keys >= 0)
-        sel = sel[np.argsort(keys[sel], kind="stable")]
-        visible, keys, slots = visible[:, sel], keys[sel], slots[sel]
-    return MaskInfo(
-        strategy, step, layer, order, visible, _floats(rows["query_position"]).astype(np.int64), keys, slots,
-        strategy_colors(strategies).get(strategy, PALETTE[0]),
-    )  # fmt: skip
-
-
-def _mask_plot(info: MaskInfo) -> go.Figure:
-    q, k = info.visible.shape
-    x = info.key_slots if info.order == "slot" else info.key_positions
-    keys_text = np.broadcast_to(info.key_positions, (q, k))
-    slots_text = np.broadcast_to(info.key_slots, (q, k))
-    fig = go.Figure(
-        go.Heatmap(
-            z=info.visible.astype(np.int8), x=x, y=info.query_positions, zmin=0, zmax=1,
-            colorscale=[[0, "#f2f2f2"], [1, info.color]], showscale=False, xgap=0.5, ygap=0.5,
-            customdata=np.dstack([keys_text, slots_text]),
-            hovertemplate="query position %{y}<br>key slot %{customdata[1]} holds position %{customdata[0]}"
-            "<br>visible: %{z}<extra></extra>",
-        )
-    )  # fmt: skip
-    seen = int(info.visible[-1].sum()) if q else 0
-    where = "key slot (the order the cache returns keys)" if info.order == "slot" else "key position (temporal order)"
-    fig.update_layout(
-        title=f"mask, {info.order} order · step {info.step} · layer {info.layer}: last query sees {seen} of {k} keys",
-        xaxis_title=where,
-        yaxis_title="query position",
-        height=max(220, min(520, 120 + 8 * q)),
-    )
-    fig.update_yaxes(autorange="reversed", type="category" if q <= 1 else "linear")
-    return fig
-
-
-def mask_figure(
-    masks: pd.DataFrame, strategies: Sequence[str], strategy: str, step: int, layer: int, order: str = "slot"
-) -> go.Figure:
-    """The boolean attention mask (query x key) a layer cache produced at one step, with the keys
-    in slot order or sorted by the position they hold (temporal order)."""
-    info = _mask_info(masks, strategies, strategy, step, layer, order)
-    if info is None:
-        return empty_figure("Attention mask", f"no mask recorded for {strategy} at step {step}, layer {layer}")
-    return _mask_plot(info)
 
 
 # --- inspector: quantization error ------------------------------------------------------------------
@@ -527,8 +450,12 @@ def quant_error_heatmap(layers: pd.DataFrame, strategy: str, column: str = "key_
     if not len(part):
         return empty_figure(f"{strategy}: {ERROR_COLUMNS[column]}", NO_QUANT_ERROR)
     z, steps, layer_ids = _grid(part, column)
-    info = HeatmapInfo(f"{strategy}: {ERROR_COLUMNS[column]} per layer and step", z, steps, layer_ids, None, "")
-    return _heatmap_plot(info, colorscale="Magma")
+    # Two lines: a long strategy label and the error's name do not fit a half-width chart in one.
+    title = f"{strategy}<br><sup>{ERROR_COLUMNS[column]} per layer and step</sup>"
+    info = HeatmapInfo(title, z, steps, layer_ids, None, "")
+    fig = _heatmap_plot(info, colorscale="Magma")
+    fig.update_layout(margin={"t": 80})
+    return fig
 
 
 class ErrorBarsInfo(NamedTuple):
@@ -566,12 +493,13 @@ def quant_error_bars(layers: pd.DataFrame, strategies: Sequence[str], strategy: 
     )
     note = "" if info.step == step else f" (nearest recorded step to {step})"
     fig.update_layout(
-        title=f"{strategy}: relative RMS error per layer at step {info.step}{note}",
+        title={"text": f"{strategy}<br><sup>relative RMS error per layer at step {info.step}{note}</sup>"},
+        margin={"t": 80},
         xaxis_title="layer",
         yaxis_title="‖x − deq(q(x))‖ / ‖x‖",
         barmode="group",
         height=360,
-        legend={"orientation": "h", "y": -0.2},
+        legend=LEGEND_RIGHT,
     )
     return fig
 

@@ -14,8 +14,8 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import pandas as pd
 
-from cachelib.plan import Arch, kv_bytes_per_token
 from cachelib.profile import Profile, summarize, verdict
+from cachelib.profile.summary import full_cache_bytes_per_token
 
 TABLES = ("steps", "layers", "slots", "masks")
 REFERENCE_LABEL = "full cache (exact fit)"
@@ -127,7 +127,7 @@ def full_cache_reference(meta: dict, steps: pd.DataFrame, baseline: str) -> pd.D
     """Bytes a full-precision cache holding exactly every token so far would take, per step:
     the planner's bytes per token of the recorded geometry x tokens. None when the profile lacks
     the geometry (e.g. a recurrent model)."""
-    per_token = _full_bytes_per_token(meta)
+    per_token = full_cache_bytes_per_token(meta)
     if per_token is None or not len(steps):
         return None
     rows = steps[steps["strategy"] == baseline]
@@ -144,62 +144,68 @@ def full_cache_reference(meta: dict, steps: pd.DataFrame, baseline: str) -> pd.D
     )
 
 
-def _full_bytes_per_token(meta: dict) -> int | None:
-    """:func:`cachelib.plan.kv_bytes_per_token` of the cache geometry a profile records: every
-    layer an attention layer of that many KV heads and head size, in the run's dtype."""
-    try:
-        layers, heads, dim = (int(meta.get(k) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
-    except (TypeError, ValueError):
-        return None
-    if min(layers, heads, dim) < 1:
-        return None
-    # Query heads and hidden size are not recorded and do not enter the cache's bytes.
-    arch = Arch(
-        name=str(meta.get("model", "")), model_type=str(meta.get("architecture", "")), num_layers=layers,
-        hidden_size=heads * dim, num_heads=heads, num_kv_heads=heads, head_dim=dim, layer_kinds=("full",) * layers,
-    )  # fmt: skip
-    try:
-        return kv_bytes_per_token(arch, str(meta.get("dtype", "")))
-    except ValueError:  # a dtype the planner does not know
-        return None
-
-
 SUMMARY_DISPLAY = {
     "strategy": "strategy",
     "steps": "steps",
     "peak_mib": "peak MiB allocated",
-    "bytes_per_token": "bytes/token",
+    "used_mib": "MiB used",
+    "tokens_held": "tokens held",
+    "bytes_per_token": "bytes/token held",
+    "memory_saved": "saved vs full cache",
     "mean_kl": "mean KL (nats)",
     "top1_agreement": "top-1 agreement",
     "decode_tokens_per_second": "tokens/s",
-    "verdict": "in plain words",
 }
+SUMMARY_COLUMNS = [*SUMMARY_DISPLAY, "saved_against", "tokens", "memory_step", "verdict"]
 
 
 def summary_table(profile: Profile, steps: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per strategy: peak bytes, bytes/token, mean KL, agreement, tokens/s, and the verdict
-    ("saved 62% memory for 0.013 nats mean KL ...") against the baseline."""
-    if steps is not None:
-        # summarize() reads only the steps table and the metadata: give it the snapshot's.
-        probe = Profile(profile.meta)
-        probe.add("steps", steps.to_dict("records"))
-        profile = probe
-    table = summarize(profile)
+    """Per strategy: peak bytes allocated, bytes used, tokens held and bytes per token held at
+    the last memory sample, memory saved against the full cache in the run's dtype at that step
+    (:mod:`cachelib.profile.summary` defines both), mean KL, agreement, tokens/s, and the verdict
+    ("saved 62% memory vs a float32 full cache at 104 tokens, for 0.013 nats mean KL ...")."""
+    table = summarize(profile, steps)
     if not len(table):
-        return pd.DataFrame(columns=list(SUMMARY_DISPLAY))
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+
+    def num(col: str) -> pd.Series:
+        return pd.to_numeric(table[col], errors="coerce")
+
     out = pd.DataFrame(
         {
             "strategy": table["strategy"],
             "steps": table["steps"],
-            "peak_mib": pd.to_numeric(table["peak_bytes_allocated"], errors="coerce") / 2**20,
-            "bytes_per_token": pd.to_numeric(table["bytes_per_token"], errors="coerce"),
-            "mean_kl": pd.to_numeric(table["mean_kl"], errors="coerce"),
-            "top1_agreement": pd.to_numeric(table["top1_agreement"], errors="coerce"),
-            "decode_tokens_per_second": pd.to_numeric(table["decode_tokens_per_second"], errors="coerce"),
+            "peak_mib": num("peak_bytes_allocated") / 2**20,
+            "used_mib": num("bytes_used") / 2**20,
+            "tokens_held": num("tokens_held"),
+            "bytes_per_token": num("bytes_per_token"),
+            "memory_saved": num("memory_saved"),
+            "mean_kl": num("mean_kl"),
+            "top1_agreement": num("top1_agreement"),
+            "decode_tokens_per_second": num("decode_tokens_per_second"),
+            "saved_against": table["saved_against"],
+            "tokens": num("tokens"),
+            "memory_step": num("memory_step"),
             "verdict": [verdict(r, profile.baseline) for _, r in table.iterrows()],
         }
     )
     return out.reset_index(drop=True)
+
+
+def measured_on(summary: pd.DataFrame) -> str:
+    """What the summary's memory numbers were measured against, in one sentence."""
+    against = sorted({str(a) for a in summary.get("saved_against", pd.Series(dtype=object)).dropna() if a})
+    if not against:
+        return "MiB used, tokens held and bytes/token held: at each strategy's last memory sample; allocated MiB is the peak."
+    what = " / ".join(
+        "the baseline's bytes used (the profile lacks the cache geometry)" if a == "baseline"
+        else f"a {a} holding every token so far in every layer" for a in against
+    )  # fmt: skip
+    return (
+        "MiB used, tokens held and bytes/token held (bytes used / tokens held) are read at each strategy's last "
+        f"memory sample; saved = 1 - bytes used / the bytes used at that step by {what}. "
+        "Peak MiB allocated includes reserved, unfilled space."
+    )
 
 
 def combine(views: Sequence[RunView]) -> RunView:
@@ -237,7 +243,7 @@ def combine(views: Sequence[RunView]) -> RunView:
         status=status,
         reason="; ".join(reasons),
         tables=LazyTables(relabelled),
-        summary=pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=list(SUMMARY_DISPLAY)),
+        summary=pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=SUMMARY_COLUMNS),
         reference=_merge_references(references),
         size_bytes=sum(v.size_bytes or 0 for v in views) or None,
     )

@@ -25,6 +25,7 @@ class Keys:
     EVAL_TEXT = "eval_text"
     MAX_TOKENS = "max_tokens"
     FREE_RUNNING = "free_running"
+    ONE_BY_ONE = "one_by_one"
     MEMORY_LIMIT = "memory_limit"
     STRATEGY_ROWS = "strategy_rows"  # row ids, in order; row 0 is the baseline
     STRATEGY_NEXT = "_strategy_next"  # the id the next row gets
@@ -33,7 +34,8 @@ class Keys:
     STOP = "stop"
 
     # Profiles
-    DOWNLOAD_CURRENT = "download_current"
+    DOWNLOAD_CURRENT = "download_current"  # prefix of the current run's CSV, Parquet and report buttons
+    DOWNLOAD_REPORT = "download_report"  # the HTML report of the loaded comparison
     SAVE_NAME = "save_name"
     UPLOAD = "upload"
     UPLOADED = "_uploaded"  # "upload: NAME" -> (file id, RunView)
@@ -48,6 +50,7 @@ class Keys:
     INSP_PLAYING = "insp_playing"  # whether it plays
     INSP_STEP = "insp_step"
     INSP_ERROR = "insp_error"
+    INSP_SPAN = "insp_span"  # decode steps in the run-matrix block
 
     # Planner (its input widgets are keyed "plan_*", by app.views.planner.DEFAULTS)
     PLANNER_LAST = "planner_last"  # the last valid plan, shown again under an error
@@ -76,6 +79,16 @@ class Keys:
     @staticmethod
     def layer_value(grid: str) -> str:
         return f"{grid}_layer_value"
+
+    @staticmethod
+    def shown(grid: str) -> str:
+        """The strategy picker of the chart grid ``grid``: which strategies its charts draw."""
+        return f"{grid}_shown"
+
+    @staticmethod
+    def layout(grid: str) -> str:
+        """The memory chart's layout choice (one chart, or one panel per strategy) in ``grid``."""
+        return f"{grid}_layout"
 
     @staticmethod
     def read_table(grid: str, table: str) -> str:

@@ -9,6 +9,7 @@ same model object at once.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class RunOptions:
     text: str | None = None
     max_tokens: int = 64
     free_running: bool = False
+    one_by_one: bool = False  # True: every strategy by its own forward (default: one strategy batch)
     probes: Probes = field(default_factory=Probes)
     memory_limit: int | None = None  # bytes
 
@@ -109,6 +111,7 @@ class LiveRun:
                 text=o.text,
                 max_tokens=o.max_tokens,
                 free_running=o.free_running,
+                one_by_one=o.one_by_one,
                 probes=o.probes,
                 memory_limit=o.memory_limit,
                 out=self.out,
@@ -202,7 +205,20 @@ class LiveRun:
         if len(self.refreshes) > 1:
             gaps = pd.Series(self.refreshes).diff().dropna()
             parts.append(f"charts refreshed {len(self.refreshes)} times, every {gaps.mean():.2f} s")
+        if self.profile is not None and self.profile.meta.get("batch"):
+            parts.append(batch_text(self.profile.meta))
         return " · ".join(parts)
+
+
+def batch_text(meta: dict) -> str:
+    """How a profile's strategies ran: one strategy batch (which rows) or one by one, and which
+    ran on their own (from the metadata ``batch``, ``batched``, ``batch_notes``)."""
+    batched = json.loads(meta.get("batched") or "[]")
+    notes = json.loads(meta.get("batch_notes") or "{}")
+    text = f"{len(batched)} strategies in one batch, one forward per step" if batched else "one by one"
+    if notes:
+        text += "; on its own: " + ", ".join(notes)
+    return text
 
 
 def _session_alive(session_id: str) -> bool:

@@ -10,7 +10,7 @@ import streamlit as st
 from cachelib.core.units import human_bytes
 
 from . import charts
-from .data import SUMMARY_DISPLAY, RunView
+from .data import SUMMARY_DISPLAY, RunView, measured_on, probes_of
 from .keys import Keys
 from .plain import md
 
@@ -27,20 +27,29 @@ def status(view: RunView) -> None:
 
 
 def summary(view: RunView) -> None:
+    """The summary table, what its memory numbers were measured against, and each strategy's
+    verdict in plain words as text under it (a table cell would cut it off)."""
     table = view.summary
     if not len(table):
         return
     colors = charts.strategy_colors(view.strategies)
-    shown = table.rename(columns=SUMMARY_DISPLAY)
+    shown = table[[c for c in SUMMARY_DISPLAY if c in table]].rename(columns=SUMMARY_DISPLAY)
     styled = view.figure(("summary",), lambda: _styled(shown, colors))
     st.dataframe(styled, hide_index=True, width="stretch")
+    st.caption(md(measured_on(table)))
+    lines = [f"- **{md(s)}** — {md(v)}" for s, v in zip(table["strategy"], table["verdict"]) if v != "baseline"]
+    if lines:
+        st.markdown("**In plain words**\n\n" + "\n".join(lines))
 
 
 def _styled(shown, colors: dict[str, str]):
     return shown.style.format(
         {
             "peak MiB allocated": "{:,.2f}",
-            "bytes/token": "{:,.0f}",
+            "MiB used": "{:,.2f}",
+            "tokens held": "{:,.0f}",
+            "bytes/token held": "{:,.0f}",
+            "saved vs full cache": "{:.0%}",
             "mean KL (nats)": "{:.4g}",
             "top-1 agreement": "{:.1%}",
             "tokens/s": "{:.1f}",
@@ -53,12 +62,20 @@ def charts_grid(view: RunView, key: str) -> None:
     """Memory, quality, per-layer memory and speed charts of ``view``, plus the summary table."""
     status(view)
     summary(view)
+    shown, multiples = strategy_picker(view, key)
+    colors = charts.strategy_colors(view.strategies)  # the run's colours, whichever are shown
+    picked = tuple(shown)
     left, right = st.columns(2)
     with left:
-        fig = view.figure("memory", lambda: charts.cache_memory_figure(view.steps, view.strategies, view.reference))
+        fig = view.figure(
+            ("memory", picked, multiples),
+            lambda: charts.cache_memory_figure(view.steps, shown, view.reference, colors, multiples),
+        )
         st.plotly_chart(fig, key=f"{key}_memory", config=PLOTLY_CONFIG)
     with right:
-        fig = view.figure("quality", lambda: charts.quality_figure(view.steps, view.strategies, view.baselines))
+        fig = view.figure(
+            ("quality", picked), lambda: charts.quality_figure(view.steps, shown, view.baselines, colors)
+        )
         st.plotly_chart(fig, key=f"{key}_quality", config=PLOTLY_CONFIG)
     left, right = st.columns(2)
     with left:
@@ -76,8 +93,52 @@ def charts_grid(view: RunView, key: str) -> None:
             )
             st.plotly_chart(fig, key=f"{key}_layers", config=PLOTLY_CONFIG)
     with right:
-        fig = view.figure("speed", lambda: charts.speed_figure(view.steps, view.strategies))
+        fig = view.figure(("speed", picked), lambda: charts.speed_figure(view.steps, shown, colors))
         st.plotly_chart(fig, key=f"{key}_speed", config=PLOTLY_CONFIG)
+    if note := sampling_note(view):
+        st.caption(note)
+
+
+LAYOUTS = {"auto": None, "one chart": False, "one panel per strategy": True}
+
+
+def strategy_picker(view: RunView, key: str) -> tuple[list[str], bool | None]:
+    """Which strategies the charts draw (all by default; an empty choice draws all), and the
+    memory chart's layout (auto: one panel per strategy from charts.SMALL_MULTIPLES_FROM)."""
+    options = list(view.strategies)
+    if len(options) <= 2:
+        return options, None
+    k = Keys.shown(key)
+    if k in st.session_state:  # the run changed under a kept choice: drop what it no longer has
+        st.session_state[k] = [s for s in st.session_state[k] if s in options]
+    a, b = st.columns([4, 2], vertical_alignment="bottom")
+    chosen = a.multiselect(
+        "Strategies shown", options, default=options if k not in st.session_state else None, key=k,
+        help="the charts draw these; each strategy keeps its colour whichever are shown",
+    )  # fmt: skip
+    layout = b.selectbox(
+        "Memory chart", list(LAYOUTS), key=Keys.layout(key),
+        help=f"auto: one panel per strategy from {charts.SMALL_MULTIPLES_FROM} strategies shown, where lines overlap",
+    )  # fmt: skip
+    if not chosen:
+        st.caption("No strategy picked: the charts show all of them.")
+    return [s for s in options if s in chosen] or options, LAYOUTS[layout]
+
+
+CHARTED_PROBES = ("memory", "quality", "system")  # the probes whose rows these charts draw
+
+
+def sampling_note(view: RunView) -> str:
+    """Which of the charted probes recorded only every k-th step, and how the charts draw that."""
+    probes = probes_of(view.meta)
+    sampled = {k: probes[k] for k in CHARTED_PROBES if isinstance(probes.get(k), int) and probes[k] > 1}
+    if not sampled:
+        return ""
+    what = ", ".join(f"{k} every {v} steps" for k, v in sampled.items())
+    return (
+        f"Sampled probes in this run: {what} (and the last step). Lines join the recorded steps "
+        "and mark each one; nothing is drawn for the steps in between."
+    )
 
 
 def table_when_asked(view: RunView, table: str, key: str, what: str) -> pd.DataFrame | None:

@@ -6,7 +6,7 @@ curves :mod:`cachelib.plan.curves` samples over a range of contexts (each point 
 any byte rule (those live in :mod:`cachelib.plan`). Figures are built as in :mod:`app.charts`:
 ``_*_info(data) -> NamedTuple`` picks the numbers (what the tests pin), ``_*_plot(info)`` draws.
 
-Bytes are shown in SI units ("GB" = 10^9 bytes), the unit of the budget and of the CLI.
+Bytes are shown in binary units (GiB = 2^30 bytes), the unit of the budget and of the CLI.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from cachelib.core.units import GB, human_bytes
+from cachelib.core.units import GiB as GB, human_gib as human_bytes  # the planner counts device memory in GiB
 from cachelib.plan import Fit
 from cachelib.plan.quality import Evidence
 from cachelib.spec import parse_spec
@@ -104,7 +104,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
         budget = info.cache_budget
         fig.add_hline(
             y=budget / GB, line={"color": BUDGET_COLOR, "dash": "dash", "width": 2},
-            annotation_text=f"cache budget {human_bytes(budget)}", annotation_position="top left",
+            annotation_text=f"left for cache + activations {human_bytes(budget)}", annotation_position="top left",
         )  # fmt: skip
         if info.max_context:
             colors = {c.strategy: c.color for c in info.curves}
@@ -126,7 +126,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
             "subtitle": {"text": "solid: allocated at the end of the run · dotted: peak during it"},
         },
         xaxis={"title": "context (tokens)", "type": "log" if log else "linear"},
-        yaxis={"title": "GB (10^9 bytes)", "type": "log" if log else "linear", "rangemode": "tozero"},
+        yaxis={"title": "GiB (2^30 bytes)", "type": "log" if log else "linear", "rangemode": "tozero"},
         legend={"orientation": "h", "y": -0.22},
         height=500,
     )
@@ -227,7 +227,7 @@ def plan_frontier_figure(
 
 # --- tables and words ------------------------------------------------------------------------------
 
-BYTE_COLUMNS = ("allocated", "used", "peak", "per token", "host", "headroom", "budget needed")
+BYTE_COLUMNS = ("allocated", "all devices", "used", "peak", "per token", "host", "activations", "headroom", "budget needed")
 
 
 def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
@@ -237,13 +237,17 @@ def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
     budgeted = any(f.budget_bytes is not None for f in fits)
     measured = any(f.quality is not None for f in fits)
     offloaded = any(f.cache.host_bytes for f in fits)
+    spread = any(f.cache.devices > 1 for f in fits)
     rows = []
     for f in fits:
         c = f.cache
-        row = {"strategy": f.spec, "allocated": c.bytes_allocated, "used": c.bytes_used, "peak": c.peak_bytes,
-               "per token": c.bytes_per_token}  # fmt: skip
+        row = {"strategy": f.spec, "allocated": c.bytes_allocated}
+        if spread:  # one device's bytes, then the cache over every device of the deployment
+            row["all devices"] = c.total_bytes
+        row.update({"used": c.bytes_used, "peak": c.peak_bytes, "per token": c.bytes_per_token})
         if offloaded:
             row["host"] = c.host_bytes
+        row["activations"] = f.activation_bytes
         if measured:
             q = f.quality
             row.update({"mean KL": q and q.mean_kl, "top-1": q and q.top1_agreement, "measured on": q and q.model})
@@ -255,7 +259,7 @@ def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
             })  # fmt: skip
         rows.append(row)
     table = pd.DataFrame(rows)
-    for col in ("allocated", "used", "peak", "host", "headroom", "budget needed", "max context", "max batch",
+    for col in ("allocated", "all devices", "used", "peak", "host", "activations", "headroom", "budget needed", "max context", "max batch",
                 "sessions"):  # fmt: skip
         if col in table:
             table[col] = table[col].astype("Int64")

@@ -3,11 +3,14 @@ the session's live and current runs (under the keys of :class:`app.keys.Keys`)."
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import tempfile
 import threading
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import streamlit as st
@@ -16,6 +19,7 @@ from cachelib.core.units import human_bytes
 from cachelib.models import LoadedModel, available_devices, load
 from cachelib.profile import Profile, ProfileFile, load_profile, read_meta, save_profile
 from cachelib.profile.store import meta_list
+from cachelib.profile.report import ReportRun, decoder_for, report_html
 from cachelib.profile.tables import read_table
 from cachelib.spec import Spec
 
@@ -34,10 +38,59 @@ def profiles_dir() -> Path:
 # --- cached resources --------------------------------------------------------------------------
 
 
-@st.cache_resource(show_spinner=False, max_entries=4)
-def loaded_model(name: str, backend: str, device: str | None) -> LoadedModel:
-    """One model object per (name, backend, device), shared by every session."""
-    return load(name, backend, device)
+class ModelShelf:
+    """The loaded models of this server process, one per (name, backend, device), shared by every
+    session and page, the most recently used ``max_entries`` kept. A model is loaded once even
+    when two sessions ask at the same moment (the second waits for the first)."""
+
+    def __init__(self, max_entries: int = 4):
+        self.max_entries = max_entries
+        self._models: OrderedDict[tuple, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+        self._loading: dict[tuple, threading.Lock] = {}
+        self.loads = 0  # how many times a model was actually loaded (not taken from the shelf)
+
+    def has(self, key: tuple) -> bool:
+        return key in self._models
+
+    def get(self, key: tuple, progress: Callable[[str, float], None] | None = None) -> LoadedModel:
+        with self._lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:
+            with self._lock:
+                if key in self._models:
+                    return self._models[key]
+            try:
+                model = load(*key, progress=progress)
+            finally:
+                with self._lock:
+                    self._loading.pop(key, None)
+            with self._lock:
+                self.loads += 1
+                self._models[key] = model
+                while len(self._models) > self.max_entries:
+                    self._models.popitem(last=False)
+            return model
+
+
+@st.cache_resource(show_spinner=False)
+def model_shelf() -> ModelShelf:
+    return ModelShelf()
+
+
+def loaded_model(
+    name: str, backend: str, device: str | None, progress: Callable[[str, float], None] | None = None
+) -> LoadedModel:
+    """One model object per (name, backend, device), shared by every session and page, loaded
+    on first use (``progress(stage, fraction)`` hears how the load goes; :func:`cachelib.models.load`)."""
+    return model_shelf().get((name, backend, device), progress)
+
+
+def model_is_loaded(name: str, backend: str, device: str | None) -> bool:
+    return model_shelf().has((name, backend, device))
 
 
 @st.cache_resource(show_spinner=False)
@@ -129,6 +182,59 @@ def meta_of_file(path: Path) -> dict[str, str]:
     """:func:`cachelib.profile.read_meta`, once per version of the file."""
     s = path.stat()
     return _meta_of_file(str(path), s.st_mtime_ns, s.st_size)
+
+
+# --- exports: a profile as CSV or Parquet, a comparison as one HTML page ------------------------
+
+EXPORT_FORMATS = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
+
+
+def export_bytes(source: Path | bytes, fmt: str, name: str = "profile") -> bytes:
+    """A profile (a file, or an upload's bytes) as ``fmt`` (csv or parquet). A CSV file is sent
+    as it is; Parquet is written by :func:`cachelib.profile.save_profile` from the loaded profile."""
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; use one of: {', '.join(EXPORT_FORMATS)}")
+    if isinstance(source, Path):
+        s = source.stat()
+        return _export_file(str(source), s.st_mtime_ns, s.st_size, fmt)
+    if fmt == "csv":
+        return source
+    return _as_parquet(load_profile(source, name=name))
+
+
+@functools.lru_cache(maxsize=4)  # download callables run outside the script thread: no st.cache here
+def _export_file(path: str, mtime_ns: int, size: int, fmt: str) -> bytes:
+    if fmt == "csv" and path.lower().endswith(".csv"):
+        return Path(path).read_bytes()
+    profile = load_profile(path, name=Path(path).name)
+    return _as_parquet(profile) if fmt == "parquet" else _as_csv(profile)
+
+
+def _as_parquet(profile: Profile) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        return save_profile(profile, Path(tmp) / "profile.parquet").read_bytes()
+
+
+def _as_csv(profile: Profile) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        return save_profile(profile, Path(tmp) / "profile.csv").read_bytes()
+
+
+def report_bytes(views: dict[str, RunView], title: str | None = None) -> bytes:
+    """The HTML report (:func:`cachelib.profile.report.report_html`) of the views, each with its
+    own metadata and steps table, and its generated text where the model's tokenizer is here."""
+    runs = [ReportRun(name, v.meta, v.steps) for name, v in views.items() if v.meta]
+    return report_html(runs, title=title, decode=[decoder_of(r.meta) for r in runs]).encode("utf-8")
+
+
+def decoder_of(meta: dict):
+    """``ids -> text`` with the profile's own tokenizer (kept per model source), or None."""
+    return _decoder(str(meta.get("model_source", "") or ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _decoder(source: str):
+    return decoder_for({"model_source": source}) if source else None
 
 
 # --- the profile folder: its listing, saving under a name -----------------------------------------

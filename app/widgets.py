@@ -70,13 +70,18 @@ def input_settings() -> RunOptions:
             help="every strategy is fed this text; its first tokens are the prompt",
         )  # fmt: skip
     max_tokens = st.slider("Tokens to decode", 1, MAX_TOKENS, DEFAULT_TOKENS, key=Keys.MAX_TOKENS)
+    one_by_one = st.checkbox(
+        "One by one", key=Keys.ONE_BY_ONE,
+        help="advance every strategy by its own forward pass; by default the strategies are the rows of "
+        "one batch, one forward per step (the profile's rows and bytes are the same)",
+    )  # fmt: skip
     if kind != "chat prompt":
-        return RunOptions(text=text, max_tokens=max_tokens)
+        return RunOptions(text=text, max_tokens=max_tokens, one_by_one=one_by_one)
     free_running = st.checkbox(
         "Free-running", key=Keys.FREE_RUNNING,
         help="each strategy feeds its own greedy tokens instead of the baseline's",
     )  # fmt: skip
-    return RunOptions(prompt=prompt, max_tokens=max_tokens, free_running=free_running)
+    return RunOptions(prompt=prompt, max_tokens=max_tokens, free_running=free_running, one_by_one=one_by_one)
 
 
 def probe_settings() -> tuple[Probes, str | None]:

@@ -4,16 +4,27 @@ Each backend runs in its own process (so resident memory is that backend's alone
 model, warms up once, then decodes the same chat prompt ``--runs`` times with the model's own
 cache; prefill tokens/s and decode tokens/s are quoted as medians.
 
+``--cold-load`` instead times a cold load of the bundled model (a fresh process each, imports
+included) three ways per backend: with the on-disk weights cache off, the first load with the
+cache on (it parses and dequantizes the GGUF and writes the cache) and the second (it reads the
+cache). A temporary cache folder keeps the user's own; the converted tokenizer is shared.
+
     python bench/bench_models.py [--backend mlx torch] [--runs 5] [--tokens 128] [--weights auto]
+    python bench/bench_models.py --cold-load [--runs 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -48,14 +59,54 @@ def measure(backend: str, runs: int, tokens: int, weights: str) -> dict:
     }
 
 
+def cold_load(backend: str) -> dict:
+    """One cold load in this (fresh) process: seconds from before importing cachelib to the model."""
+    start = time.perf_counter()
+    from cachelib.models import load
+
+    loaded = load("smollm2", backend)
+    return {"seconds": time.perf_counter() - start, "weights": loaded.info.weight_format}
+
+
+def cold_loads(backends: list[str], runs: int) -> None:
+    from cachelib.models.home import cache_dir
+
+    print(f"cold load of the bundled model, fresh process each (imports included), median of {runs}; {os.cpu_count()} CPU cores")
+    print(f"{'backend':<7} {'cache off s':>11} {'first s':>8} {'second s':>9}  weights")
+    for backend in backends:
+        times: dict[str, list[float]] = {"off": [], "first": [], "second": []}
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as home:
+                if (cache_dir() / "tokenizers").is_dir():  # the tokenizer conversion is not what is measured
+                    shutil.copytree(cache_dir() / "tokenizers", Path(home) / "tokenizers")
+                for kind in times:
+                    env = {**os.environ, "CACHELIB_HOME": home, "CACHELIB_WEIGHTS_CACHE": "0" if kind == "off" else "1"}
+                    cmd = [sys.executable, __file__, "--child-cold", "--backend", backend]
+                    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+                    r = json.loads(out.strip().splitlines()[-1])
+                    times[kind].append(r["seconds"])
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{backend:<7} {med['off']:11.2f} {med['first']:8.2f} {med['second']:9.2f}  {r['weights']} "
+              f"(second/off = {med['second'] / med['off']:.2f})", flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", nargs="+", default=["mlx", "torch"], choices=["mlx", "torch"])
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=None, help="decode runs (default 5); cold loads per kind (default 3)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--weights", default="auto", choices=["auto", "quantized", "dequantized"])
+    ap.add_argument("--cold-load", action="store_true", help="time cold loads with and without the weights cache")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-cold", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_cold:
+        print(json.dumps(cold_load(args.backend[0])))
+        return
+    if args.cold_load:
+        cold_loads(args.backend, args.runs or 3)
+        return
+    args.runs = args.runs or 5
     if args.child:
         print(json.dumps(measure(args.backend[0], args.runs, args.tokens, args.weights)))
         return

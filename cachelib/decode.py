@@ -84,6 +84,64 @@ class Runner:
             return np.array(out.astype(self._mx.float32), copy=False)
         return out.float().cpu().numpy()
 
+    # --- a strategy batch: k whole-model caches, one per batch row, one forward per step ----
+
+    def batch_problem(self, cache) -> str | None:
+        """Why ``cache`` (a whole-model cache of this model) cannot be a row of a strategy
+        batch, or None when it can."""
+        if self.backend == "mlx":
+            from .mlx.rows import batch_problem
+
+            return batch_problem(cache)
+        from .torch.rows import batch_problem
+
+        return batch_problem(cache, self.loaded.model.config.get_text_config(decoder=True))
+
+    def rows_cache(self, caches: list) -> Any:
+        """The cache of a forward whose row ``i`` advances ``caches[i]`` (each must pass
+        :meth:`batch_problem`); give it to :meth:`step_rows`."""
+        if self.backend == "mlx":
+            from .mlx.rows import make_rows_cache
+
+            return make_rows_cache(caches)
+        from .torch.rows import RowsCache
+
+        return RowsCache(caches, self.loaded.model.config.get_text_config(decoder=True))
+
+    def step_rows(self, rows, ids: list[list[int]]) -> np.ndarray:
+        """Forward ``ids[i]`` through row ``i`` (every row the same number of tokens) and return
+        the float32 logits of each row's last position, shape (rows, vocab)."""
+        if len({len(r) for r in ids}) != 1:
+            raise ValueError(f"step_rows: every row takes the same number of tokens, got {[len(r) for r in ids]}")
+        if self.backend == "mlx":
+            mx = self._mx
+            out = self.loaded.model(mx.array(ids), cache=rows)[:, -1, :]
+            mx.eval(out)
+            return np.array(out.astype(mx.float32), copy=False)
+        torch = self._torch
+        with torch.inference_mode():
+            x = torch.tensor(ids, dtype=torch.long, device=self._device)
+            mask = rows.attention_mask(x.shape[1], x.device)
+            out = self.loaded.model(input_ids=x, cache=rows, attention_mask=mask, use_cache=True, logits_to_keep=1).logits[:, -1]
+        return out.float().cpu().numpy()
+
+    def advance_rows(self, rows, ids: list[list[int]]) -> None:
+        """Forward ``ids[i]`` through row ``i`` computing no logits (a prefill chunk, as mlx-lm's
+        prefill: the caches are evaluated, the logits never are)."""
+        if len({len(r) for r in ids}) != 1:
+            raise ValueError(f"advance_rows: every row takes the same number of tokens, got {[len(r) for r in ids]}")
+        if self.backend == "mlx":
+            mx = self._mx
+            self.loaded.model(mx.array(ids), cache=rows)
+            mx.eval([c.state for layer in rows for c in layer.rows])
+            mx.clear_cache()
+            return
+        torch = self._torch
+        with torch.inference_mode():
+            x = torch.tensor(ids, dtype=torch.long, device=self._device)
+            mask = rows.attention_mask(x.shape[1], x.device)
+            self.loaded.model(input_ids=x, cache=rows, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
     def synchronize(self) -> None:
         if self.backend == "mlx":
             self._mx.synchronize()

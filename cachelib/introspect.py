@@ -21,7 +21,7 @@ import numpy as np
 from .core.masks import visible_held
 from .core.ring import ring_slot_positions
 
-Layout = Literal["linear", "ring", "recurrent", "none"]
+Layout = Literal["linear", "ring", "selected", "recurrent", "none"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,9 @@ class CacheView:
     quantized_tokens: int = 0  # tokens stored quantized (the rest, if any, at full precision)
     dtype: str = ""  # element type of the stored keys (or of the scales for quantized storage)
     quant_error: QuantError | None = field(default=None, compare=False)
+    # "selected" layout (importance caches): absolute position per (KV head, slot) of batch row 0
+    head_positions: np.ndarray | None = field(default=None, compare=False)
+    score_seconds: float = field(default=0.0, compare=False)  # spent scoring keys this step
 
     @property
     def evicted(self) -> int:
@@ -80,6 +83,10 @@ class CacheView:
         """
         if self.layout == "ring":
             return ring_slot_positions(self.offset, self.write_index, self.keep, self.capacity)
+        if self.layout == "selected":  # each KV head keeps its own positions: head 0's here
+            if self.head_positions is None:
+                return np.full((self.capacity,), -1, dtype=np.int64)
+            return np.asarray(self.head_positions[0], dtype=np.int64)
         if self.layout == "linear":
             if self.left_padding:
                 rows = [

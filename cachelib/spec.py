@@ -179,6 +179,20 @@ def _check_ring(spec: Spec) -> None:
         raise SpecError("rotating: a quantized ring needs bits=, or both key_bits= and value_bits=", quant[0])
 
 
+def _budget() -> Knob:
+    return Knob("budget", "tokens each full-attention layer keeps (a budget above the context evicts nothing)",
+                required=True, min=1, max=INDEX_MAX)
+
+
+def _check_budget(spec: Spec, knob: str) -> None:
+    budget, inner = spec.get("budget"), spec.get(knob)
+    if inner >= budget:
+        raise SpecError(
+            f"{spec.name}: budget={budget} must be greater than {knob}={inner} (those tokens are always kept); "
+            f"allowed budget: {inner + 1}..{INDEX_MAX}, or a {knob} of at most {budget - 1}", "budget"
+        )
+
+
 def _sliding_window(spec: Spec, backend: str) -> LayerCache:
     if backend == "mlx":  # mlx-lm's sliding layers: a ring without sinks
         return LayerCache("RotatingKVCache", "full", (("max_size", spec.get("window")), ("keep", 0)))
@@ -300,6 +314,53 @@ STRATEGIES: dict[str, Strategy] = {
             plan_sliding=_offloaded_sliding,
             torch="cachelib.torch.cache:build_offloaded",
             lossless=True,
+        ),
+        # Importance-based eviction (docs/importance.md): a token budget per full-attention layer.
+        Strategy(
+            "knorm",
+            "keeps the `budget` keys of lowest L2 norm, evicting every step (no attention needed)",
+            (_budget(),),
+            plan=_layer("knorm", "budget"),
+            mlx="cachelib.mlx.importance:build_importance",
+            torch="cachelib.torch.importance:build_importance",
+            window="budget",
+        ),
+        Strategy(
+            "snapkv",
+            "keeps `budget` prompt tokens chosen once by an observation window's attention (SnapKV)",
+            (
+                _budget(),
+                Knob("window", "last prompt queries whose attention scores the keys (always kept)", 16, min=1, max=INDEX_MAX),
+                Knob("kernel", "width of the pooling kernel over key positions", 5, choices=(1, 3, 5, 7, 9, 11, 13, 15)),
+                Knob("max_pool", "1: max pooling instead of average pooling", 0, choices=(0, 1)),
+            ),
+            plan=_layer("snapkv", "budget"),
+            mlx="cachelib.mlx.importance:build_importance",
+            torch="cachelib.torch.importance:build_importance",
+            window="budget",
+            check=lambda spec: _check_budget(spec, "window"),
+        ),
+        Strategy(
+            "tova",
+            "keeps `budget` tokens, evicting the one the current query attends to least, every step (TOVA)",
+            (_budget(),),
+            plan=_layer("tova", "budget"),
+            mlx="cachelib.mlx.importance:build_importance",
+            torch="cachelib.torch.importance:build_importance",
+            window="budget",
+        ),
+        Strategy(
+            "h2o",
+            "keeps `budget` tokens: heavy hitters of accumulated attention plus the `recent` newest (H2O)",
+            (
+                _budget(),
+                Knob("recent", "newest tokens never evicted", 8, min=0, max=INDEX_MAX),
+            ),
+            plan=_layer("h2o", "budget"),
+            mlx="cachelib.mlx.importance:build_importance",
+            torch="cachelib.torch.importance:build_importance",
+            window="budget",
+            check=lambda spec: _check_budget(spec, "recent"),
         ),
     )
 }

@@ -144,11 +144,11 @@ BEFORE_LOAD = [
     Case(7, "--sample-every nan", _profile("--sample-every", "nan"), "--sample-every", "integer"),
     Case(7, "--quantized-kv-start -1", _profile("--kv-bits", "4", "--quantized-kv-start", "-1"), "--quantized-kv-start", ">= 0"),
     Case(7, "--kv-bits 7", _profile("--kv-bits", "7"), "--kv-bits", "choose from"),
-    Case(7, "plan --budget-gb inf", _plan("--budget-gb", "inf"), "--budget-gb", "finite"),
-    Case(7, "plan --budget-gb nan", _plan("--budget-gb", "nan"), "--budget-gb", "finite"),
-    Case(7, "plan --weights-gb inf", _plan("--budget-gb", "10", "--weights-gb", "inf"), "--weights-gb", "finite"),
-    Case(7, "plan --reserve-gb -1", _plan("--reserve-gb", "-1"), "--reserve-gb", ">= 0"),
-    Case(7, "plan --weight-bits inf", _plan("--weight-bits", "inf"), "--weight-bits", "finite"),
+    Case(7, "plan --budget inf", _plan("--budget", "inf"), "--budget", "finite"),
+    Case(7, "plan --budget nan", _plan("--budget", "nan"), "--budget", "finite"),
+    Case(7, "plan --weights-memory inf", _plan("--budget", "10", "--weights-memory", "inf"), "--weights-memory", "finite"),
+    Case(7, "plan --reserve -1", _plan("--reserve", "-1"), "--reserve", ">= 0"),
+    Case(7, "plan --weights-dtype inf", _plan("--weights-dtype", "inf"), "--weights-dtype", "must be > 0 and <= 64"),
     Case(7, "plan --prefill-chunk 0", _plan("--prefill-chunk", "0"), "--prefill-chunk", ">= 1"),
     Case(7, "plan --prefill -1", _plan("--prefill", "-1"), "--prefill", ">= 0"),
     Case(7, "plan --context 0", ("plan", "--model", "smollm2", "--context", "0"), "--context", ">= 1"),
@@ -292,13 +292,13 @@ def test_6_the_default_guard_stops_a_run_that_outgrows_the_prediction(load_model
         (lambda: parse_memory_limit(float("inf")), "memory_limit"),
         (lambda: parse_memory_limit(float("nan")), "memory_limit"),
         (lambda: parse_memory_limit(-1), "memory_limit"),
-        (lambda: __import__("cachelib.plan.request", fromlist=["x"]).gb_to_bytes("budget-gb", float("inf")), "--budget-gb"),
+        (lambda: __import__("cachelib.plan.request", fromlist=["x"]).memory_bytes("--budget", float("inf")), "--budget"),
         (lambda: _request(budget_bytes=float("inf")), "budget_bytes"),
         (lambda: _request(weights_bytes=float("nan")), "weights_bytes"),
         (lambda: _request(max_kl=float("nan")), "--max-kl"),
         (lambda: _request(min_agreement=2.0), "--min-agreement"),
         (lambda: _request(prefill_chunk=0), "--prefill-chunk"),
-        (lambda: _request(weight_bits=math.inf), "--weight-bits"),
+        (lambda: _request(weights_dtype=math.inf), "weights bits per parameter"),
         (lambda: _request(context=float("inf")), "--context"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
@@ -489,8 +489,8 @@ def test_14_plan_csv_neutralises_a_folder_name_and_keeps_numbers(tmp_path, capsy
         "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 100, "intermediate_size": 128,
     }))  # fmt: skip
     out = tmp_path / "plan.csv"
-    code, err, _ = run_cli(["plan", "--model", str(folder / "config.json"), "--context", "1000", "--budget-gb", "0.0011",
-                            "--weights-gb", "0.001", "--no-default-evidence", "--csv", str(out)], capsys)  # fmt: skip
+    code, err, _ = run_cli(["plan", "--model", str(folder / "config.json"), "--context", "1000", "--budget", "0.0011GB",
+                            "--weights-memory", "0.001GB", "--no-default-evidence", "--csv", str(out)], capsys)  # fmt: skip
     assert code == 0, err
     row = next(csv.DictReader(out.open(newline="")))
     assert row["model"] == "'" + folder.name
@@ -707,7 +707,7 @@ def test_10_plan_at_a_huge_context_answers_in_seconds_and_warns_of_the_models_li
     before = snapshot(tmp_path)
     started = time.monotonic()
     code, err, out = run_cli(["plan", "--model", "llama-3.1-8b", "--context", str(context), "--prefill-chunk", "2048",
-                              "--budget-gb", "24", "--no-default-evidence"], capsys)  # fmt: skip
+                              "--budget", "24", "--no-default-evidence"], capsys)  # fmt: skip
     assert code == 0, err
     assert time.monotonic() - started < 20
     assert err == [f"warning: context {context:,} is past llama-3.1-8b's limit of 131,072 tokens "

@@ -24,6 +24,10 @@ EXAMPLES = {
     "static": "static:max_len=256",
     "sliding": "sliding:window=64",
     "offloaded": "offloaded",
+    "knorm": "knorm:budget=256",
+    "snapkv": "snapkv:budget=256,window=32",
+    "tova": "tova:budget=256",
+    "h2o": "h2o:budget=256,recent=32",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, inspector_charts, state
 from app.data import RunView, nearest_at_or_before
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
@@ -37,7 +37,7 @@ view = sources[source]
 try:  # a large profile's per-layer, slot and mask tables are read when a page first needs them
     with st.spinner("Reading the per-layer, slot and mask tables…"):
         for table in ("layers", "slots", "masks"):
-            view.tables[table]
+            _ = view.tables[table]  # read it now (a bare expression would be drawn: Streamlit magic)
 except ValueError as e:  # a malformed table: one line naming the file, line and column
     st.error(md(e))
     st.stop()
@@ -80,13 +80,19 @@ def step_panel() -> None:
 
     slot_steps = view.steps_recorded(strategy, "slots")
     ring_step = nearest_at_or_before(slot_steps, step) if slot_steps else step
-    st.plotly_chart(
-        charts.ring_figure(view.slots, view.layers, strategy, ring_step, layer), key="insp_ring", config=PLOTLY_CONFIG
-    )
+    fig = inspector_charts.ring_figure(view.slots, view.layers, strategy, ring_step, layer)
+    st.plotly_chart(fig, key="insp_ring", config=PLOTLY_CONFIG)
     if ring_step != step:
         st.caption(f"Slots are sampled; showing step {ring_step}, the last recorded at or before {step}.")
 
     st.subheader("Attention mask")
+    st.caption(
+        "Each key is **visible** to the query, **masked by causality** (a later position), **held, masked** "
+        "(the cache holds it but the mask hides it) or **evicted** (the cache no longer holds it). Slot order "
+        "is the order the cache hands keys to attention; temporal order lays out every position up to the "
+        "query's, so a ring's evicted positions show as evicted. Hovering a key names its slot and its "
+        "position in both views."
+    )
     mask_steps = view.steps_recorded(strategy, "masks")
     if not mask_steps:
         st.caption("No masks recorded for this strategy (the masks probe was off).")
@@ -98,9 +104,24 @@ def step_panel() -> None:
         for col, order in ((left, "slot"), (right, "temporal")):
             with col:
                 st.plotly_chart(
-                    charts.mask_figure(view.masks, view.strategies, strategy, mask_step, layer, order),
+                    inspector_charts.mask_figure(view.masks, strategy, mask_step, layer, order),
                     key=f"insp_mask_{order}", config=PLOTLY_CONFIG,
                 )  # fmt: skip
+
+    st.subheader("What the cache holds over the run")
+    span = st.select_slider(
+        "Rows in the block", [16, 32, 64, 128, 256], value=inspector_charts.RUN_SPAN, key=Keys.INSP_SPAN,
+        help="how many recorded decode steps the block shows, ending at the chosen one",
+    )  # fmt: skip
+    tables = (view.steps, view.layers, view.slots, view.masks)
+    fig = inspector_charts.mask_run_figure(*tables, strategy, layer, step, span)
+    st.plotly_chart(fig, key="insp_mask_run", config=PLOTLY_CONFIG)
+    held_from = "its slot table (ring probe)" if (view.slots["strategy"] == strategy).any() else "its per-layer rows"
+    st.caption(
+        f"One row per recorded decode step: what {md(strategy)} held, from {held_from}; the rows are only the "
+        "steps that probe recorded. At steps with a recorded mask, visibility is the mask's; at the others a "
+        "decode query is drawn seeing every key the cache holds."
+    )
 
     st.subheader("Quantization error")
     column = st.radio(

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from app import panels, state, widgets
+from app import panels, state, streams, widgets
 from app.keys import Keys
 from app.live import LiveRun, REFRESH_SECONDS
 from app.plain import md
@@ -47,12 +47,22 @@ def start() -> None:
     if not model["name"]:
         raise ValueError("give the path of a model folder (config.json + safetensors)")
     limit = parse_memory_limit(memory_limit)
-    with st.spinner(f"Loading {model['name']} on {model['backend']}/{model['device']}…"):
-        loaded = state.loaded_model(model["name"], model["backend"], model["device"])
+    loaded = load_model(model["name"], model["backend"], model["device"])
     name = default_profile_name(model["name"].rstrip("/").split("/")[-1], specs)
     while (state.profiles_dir() / f"{name}.csv").exists():
         name += "-b"
     state.start_run(loaded, specs, name, replace(options, probes=probes, memory_limit=limit))
+
+
+def load_model(name: str, backend: str, device: str):
+    """The shared model (:func:`state.loaded_model`); a first load shows its stages as it goes."""
+    if state.model_is_loaded(name, backend, device):
+        return state.loaded_model(name, backend, device)
+    with st.status(f"Loading {name} on {backend}/{device}…", expanded=True) as box:
+        bar = st.progress(0.0, text="starting")
+        loaded = state.loaded_model(name, backend, device, progress=lambda stage, f: bar.progress(min(f, 1.0), text=stage))
+        box.update(label=f"Loaded {name} in {loaded.info.load_seconds:.1f} s", state="complete", expanded=False)
+    return loaded
 
 
 run_col, note_col = st.columns([1, 5], vertical_alignment="center")
@@ -77,7 +87,6 @@ def live_panel(run: LiveRun) -> None:
         st.rerun()  # the final redraw, outside the polling fragment
     done = max(run.step + 1, 0)
     st.progress(done / max(run.total, 1), text=run.rate_text())
-    st.button("Stop", key=Keys.STOP, on_click=run.stop, help="stop after the current step; keeps what was recorded")
     if run.waiting:
         st.info("Waiting for another session's run to finish…")
     start = time.perf_counter()
@@ -92,6 +101,13 @@ def live_panel(run: LiveRun) -> None:
 
 
 if running:
+    # Stop lives outside the polling fragment: a button redrawn every tick loses clicks (the
+    # browser's element is replaced under the pointer), and a full rerun interrupts the fragment.
+    stopping = run.stop_event.is_set()
+    st.button(
+        "Stopping…" if stopping else "Stop", key=Keys.STOP, on_click=run.stop, disabled=stopping,
+        help="stop after the current step; keeps what was recorded",
+    )  # fmt: skip
     st.fragment(run_every=REFRESH_SECONDS)(live_panel)(run)
 else:
     if run is not None and run.error:
@@ -103,5 +119,7 @@ else:
         if run is not None and run.first_step_at is not None and run.final is profile:
             st.caption(run.rate_text())
         panels.charts_grid(view, key="current")
+        with st.expander("Generated text", expanded=view.meta.get("mode") == "free-running"):
+            streams.generated_text(view, state.decoder_of(view.meta))
     elif not clicked:
         st.info("Press **Run** to decode with the strategies above (defaults: the bundled SmolLM2, 64 tokens).")

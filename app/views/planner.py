@@ -16,11 +16,15 @@ from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
 from app.plain import md
-from cachelib.core.units import DTYPE_BYTES, human_bytes
+from cachelib.core.units import DTYPE_BYTES, human_gib as human_bytes
 from cachelib.plan import (
-    Arch, Fit, PlanRequest, PlanResult, Quality, chart_range, context_grid, frontier_curves, gb_to_bytes,
+    Arch, Fit, PlanRequest, PlanResult, Quality, chart_range, context_grid, frontier_curves, memory_bytes,
     memory_curves, plan_request, preset_names, resolve_model,
 )  # fmt: skip
+from cachelib.plan.device import WEIGHT_FORMATS
+from cachelib.plan.request import DEVICES
+from cachelib.plan.runtimes import describe_layout, runtime_names
+from cachelib.cli.plan import SESSIONS_TEXT
 from cachelib.profile.evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence
 from cachelib.spec import STRATEGIES
 
@@ -30,7 +34,8 @@ DEFAULTS: dict[str, Any] = {  # widget key -> first value
     "plan_model": "llama-3.1-8b", "plan_config": "", "plan_backend": "mlx", "plan_dtype": "float16",
     "plan_context": 32768, "plan_batch": 1, "plan_prefill": None, "plan_prefill_chunk": 2048,
     "plan_strategies": "standard\nrotating:max_size=4096\nquantized:bits=8\nquantized:bits=4\nkivi",
-    "plan_budget": 24.0, "plan_weights": None, "plan_weight_bits": 16.0, "plan_reserve": 1.0,
+    "plan_runtime": "none", "plan_tp": 1, "plan_pp": 1, "plan_kv_format": "dtype", "plan_device": "gpu",
+    "plan_budget": 24.0, "plan_weights": None, "plan_weights_dtype": "published", "plan_reserve": 1.0,
     "plan_max_kl": 0.1, "plan_min_agreement": 0.9, "plan_range": None, "plan_log": False, "plan_measure": "max_batch",
     "plan_evidence": [COMMITTED],
 }  # fmt: skip
@@ -104,12 +109,16 @@ def compute(v: dict[str, Any]) -> Planned:
     if not model:
         raise ValueError("give the path of a config.json (or of the folder holding it)")
     arch = resolve_model(model)
-    request = PlanRequest(  # GB read into bytes here, at the edge, as the CLI reads its flags
+    runtime = None if v["plan_runtime"] == "none" else v["plan_runtime"]
+    request = PlanRequest(  # GiB read into bytes here, at the edge, as the CLI reads its flags
         plan_charts.parse_strategies(v["plan_strategies"]), context=int(v["plan_context"]),
         batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"], prefill=v["plan_prefill"],
-        prefill_chunk=v["plan_prefill_chunk"], weights_bytes=gb_to_bytes("weights-gb", v["plan_weights"]),
-        budget_bytes=gb_to_bytes("budget-gb", v["plan_budget"]),
-        reserve_bytes=gb_to_bytes("reserve-gb", v["plan_reserve"]) or 0, weight_bits=v["plan_weight_bits"],
+        prefill_chunk=v["plan_prefill_chunk"], weights_bytes=memory_bytes("weights (GiB)", v["plan_weights"]),
+        budget_bytes=memory_bytes("budget (GiB)", v["plan_budget"]),
+        reserve_bytes=memory_bytes("reserve (GiB)", v["plan_reserve"]) or 0,
+        weights_dtype=None if v["plan_weights_dtype"] == "published" else v["plan_weights_dtype"],
+        runtime=runtime, tp=int(v["plan_tp"]), pp=int(v["plan_pp"]),
+        kv_format=None if v["plan_kv_format"] == "dtype" else v["plan_kv_format"], device=v["plan_device"],
         max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"],
     )  # fmt: skip
     chosen = list(v["plan_evidence"])
@@ -157,6 +166,20 @@ def inputs() -> dict[str, Any]:
         st.radio("Backend", ["mlx", "torch"], key="plan_backend", horizontal=True, help=rules)
         st.selectbox("K/V dtype", list(DTYPE_BYTES), key="plan_dtype")
 
+        st.subheader("Deployment")
+        st.selectbox("Runtime", ["none", *runtime_names()], key="plan_runtime",
+                     help="none: cachelib's caches on the backend above; a runtime plans its own layouts, blocks, "
+                     "prompt chunks and defaults (its backend replaces the one above)")  # fmt: skip
+        left, right = st.columns(2)
+        _number("Tensor parallel", "plan_tp", "devices the heads are split over (vllm, transformers)", where=left,
+                min_value=1, step=1)  # fmt: skip
+        _number("Pipeline stages", "plan_pp", "stages the layers are split over (vllm, llama.cpp)", where=right,
+                min_value=1, step=1)  # fmt: skip
+        st.selectbox("KV format", ["dtype", "fp8", "q8_0", "q4_0"], key="plan_kv_format",
+                     help="the runtime's KV storage: fp8 (vllm), q8_0 / q4_0 (llama.cpp); dtype: the K/V dtype")  # fmt: skip
+        st.radio("Forward runs on", list(DEVICES), key="plan_device", horizontal=True,
+                 help="on the cpu MLX materialises the attention scores, which the activations then count")  # fmt: skip
+
         st.subheader("Workload")
         _number(
             "Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", min_value=1, step=1024
@@ -176,13 +199,14 @@ def inputs() -> dict[str, Any]:
         st.text_area("One spec per line", key="plan_strategies", height=150, help=grammar)
 
         st.subheader("Memory")
-        budget = "device memory for weights + reserve + cache; 1 GB = 10^9 bytes"
-        _number("Budget (GB)", "plan_budget", budget, min_value=0.0, step=1.0, placeholder="none")
-        weights = "measured weight bytes; empty: counted from the parameters"
-        _number("Weights (GB)", "plan_weights", weights, min_value=0.0, step=0.5, placeholder="params x weight bits")
-        bits = "bits per weight when counting (e.g. 4.5 for 4-bit weights with group scales)"
-        _number("Weight bits", "plan_weight_bits", bits, min_value=0.5, step=0.5)
-        _number("Reserve (GB)", "plan_reserve", "kept free for activations and the runtime", min_value=0.0, step=0.5)
+        budget = ("one device's memory for weights + cache + activations + runtime overhead + reserve, in GiB "
+                  "(2^30 bytes: a \"24 GB\" GPU holds 24 GiB)")
+        _number("Budget (GiB)", "plan_budget", budget, min_value=0.0, step=1.0, placeholder="none")
+        weights = "the weights one device holds, as measured, in GiB; empty: counted from the parameters"
+        _number("Weights (GiB)", "plan_weights", weights, min_value=0.0, step=0.5, placeholder="params x precision")
+        st.selectbox("Weights dtype", ["published", *WEIGHT_FORMATS], key="plan_weights_dtype",
+                     help="precision the weights are counted at; published: the checkpoint's config.json dtype")  # fmt: skip
+        _number("Reserve (GiB)", "plan_reserve", "kept free on each device beyond what is counted", min_value=0.0, step=0.5)
 
         st.subheader("Quality")
         kl = "measured KL(full cache ‖ strategy), mean over decode steps"
@@ -208,27 +232,38 @@ def header(p: Planned) -> None:
     too_long = arch.context_warning(v["plan_context"])
     if too_long:
         st.warning(too_long)
-    prompt = v["plan_context"] if v["plan_prefill"] is None else min(v["plan_prefill"], v["plan_context"])
-    feed = f"in chunks of {v['plan_prefill_chunk']:,}" if v["plan_prefill_chunk"] else "in one update"
-    lines = [
-        f"**{md(arch.describe())}**",  # the model's name may come from a folder name
-        f"{v['plan_backend']} {v['plan_dtype']}, batch {v['plan_batch']}, context {v['plan_context']:,} "
-        f"(prompt {prompt:,} {feed}, then {v['plan_context'] - prompt:,} decode steps)",
-    ]
     r = p.result
+    request = r.request
+    prompt = v["plan_context"] if v["plan_prefill"] is None else min(v["plan_prefill"], v["plan_context"])
+    feed = f"in chunks of {request.chunk:,}" if request.chunk else "in one update"
+    d = request.deployment
+    lines = [
+        f"**{md(describe_layout(arch, d, request.backend))}**",  # the model's name may come from a folder name
+        f"{d.describe() if d else request.backend} {v['plan_dtype']}, batch {v['plan_batch']}, "
+        f"context {v['plan_context']:,} (prompt {prompt:,} {feed}, then {v['plan_context'] - prompt:,} decode steps)",
+    ]
     if r.weights_bytes is not None:
-        how = (
-            "given" if v["plan_weights"] is not None else f"{arch.num_params:,} params x {v['plan_weight_bits']:g} bits"
-        )
-        lines.append(f"weights {human_bytes(r.weights_bytes)} ({how})")
+        lines.append(f"weights {human_bytes(r.weights_bytes)} per device ({r.fits[0].device.weights_note})")
     if r.cache_budget is not None:
         lines.append(
-            f"budget {human_bytes(r.request.budget_bytes)} − reserve {human_bytes(r.request.reserve_bytes)}"
-            f" − weights = **{human_bytes(r.cache_budget)} for the cache**"
+            f"budget {human_bytes(request.budget_bytes)} − reserve {human_bytes(request.reserve_bytes)}"
+            f" − overhead {human_bytes(r.fits[0].overhead_bytes)} − weights = "
+            f"**{human_bytes(r.cache_budget)} for the cache and activations**"
         )
     st.markdown(" · ".join(lines))
+    st.caption("Memory in GiB (2^30 bytes), per device. " + SESSIONS_TEXT[0].upper() + SESSIONS_TEXT[1:] + ".")
+
     with st.expander("The same plan from the command line"):
         st.code(p.command, language="bash", wrap_lines=True)
+
+
+def counted(p: Planned) -> None:
+    """What "fits" counts on one device, term by term, for the first strategy."""
+    first = p.result.fits[0]
+    with st.expander(f"What \"fits\" counts, per device, for {first.spec}"):
+        st.dataframe(pd.DataFrame([{"term": name, "bytes": human_bytes(n), "from": note}
+                                   for name, n, note in first.device.terms()]),
+                     hide_index=True, width="stretch", key="plan_terms")  # fmt: skip
 
 
 def recommendation(p: Planned) -> None:
@@ -317,5 +352,6 @@ header(planned)
 recommendation(planned)
 table = plan_charts.plan_table(planned.fits)
 st.dataframe(plan_charts.styled_plan_table(table, [f.spec for f in planned.fits]), hide_index=True, width="stretch")
+counted(planned)
 charts(planned)
 evidence(planned)

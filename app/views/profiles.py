@@ -1,10 +1,11 @@
-"""Profiles: list saved runs, upload CSVs, compare several with the same charts, save and download."""
+"""Profiles: list saved runs, upload CSVs, compare several with the same charts, save, and download
+any of them as CSV, Parquet or an HTML report."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app import panels, state
+from app import panels, state, streams
 from app.keys import Keys
 from app.plain import md
 from cachelib.profile import list_profiles
@@ -12,6 +13,24 @@ from cachelib.sweep import load_index
 
 st.title("Profiles")
 st.caption(f"Profiles in {md(state.profiles_dir())} (and its sweep folders), or uploaded CSV files.")
+
+
+def downloads(name: str, source, views: dict, key: str) -> None:
+    """Download buttons for one profile: CSV, Parquet, and the HTML report of ``views``. Each
+    file is made when its button is pressed (a Parquet file or a report takes seconds)."""
+    a, b, c = st.columns(3)
+    for col, fmt in ((a, "csv"), (b, "parquet")):
+        col.download_button(
+            f"Download {'CSV' if fmt == 'csv' else 'Parquet'}", data=lambda fmt=fmt: state.export_bytes(source, fmt, name),
+            file_name=f"{name.replace('/', '-')}.{fmt}", mime=state.EXPORT_FORMATS[fmt], key=f"{key}_{fmt}",
+            width="stretch",
+        )  # fmt: skip
+    c.download_button(
+        "HTML report", data=lambda: state.report_bytes(views), file_name=f"{name.replace('/', '-')}-report.html",
+        mime="text/html", key=f"{key}_report", width="stretch",
+        help="the summary table and the figures in one file that opens offline (plotly.js inlined)",
+    )  # fmt: skip
+
 
 # --- the current run ---------------------------------------------------------------------------
 
@@ -21,13 +40,10 @@ if (cur := state.current()) is not None:
     st.markdown(panels.describe(view))
     panels.status(view)
     path = profile.path
-    left, right = st.columns([2, 3], vertical_alignment="bottom")
+    left, right = st.columns([3, 2], vertical_alignment="bottom")
     with left:
         if path:
-            st.download_button(
-                "Download CSV", data=path.read_bytes, file_name=f"{view.name}.csv",
-                mime="text/csv", key=Keys.DOWNLOAD_CURRENT,
-            )  # fmt: skip
+            downloads(view.name, path, {view.name: view}, Keys.DOWNLOAD_CURRENT)
     with right:
         with st.form("save_as", border=False):
             a, b = st.columns([3, 1], vertical_alignment="bottom")
@@ -60,7 +76,7 @@ else:
     st.caption("No profiles saved yet.")
 
 uploads = st.file_uploader("Upload profile CSVs", type=["csv"], accept_multiple_files=True, key=Keys.UPLOAD)
-uploaded: dict = st.session_state.setdefault(Keys.UPLOADED, {})  # "upload: NAME" -> (file id, RunView)
+uploaded: dict = st.session_state.setdefault(Keys.UPLOADED, {})  # "upload: NAME" -> (file id, RunView, bytes)
 fresh = []
 for upload in uploads or []:
     label = f"upload: {upload.name}"
@@ -68,12 +84,12 @@ for upload in uploads or []:
         continue  # parsed already: keep the same view (and the figures drawn from it)
     try:
         view = state.view_of_upload(upload.getvalue(), upload.name)
-    except ValueError as e:
+    except ValueError as e:  # not a profile, another schema version: one line; the page goes on
         st.error(md(e))
         continue
     if label not in uploaded:
         fresh.append(label)
-    uploaded[label] = (upload.file_id, view)
+    uploaded[label] = (upload.file_id, view, upload.getvalue())
 
 # Widget state is dropped on other pages: restore the selection from a plain key.
 options = [*by_name, *uploaded]
@@ -83,13 +99,15 @@ st.session_state[Keys.COMPARE] = [n for n in st.session_state[Keys.COMPARE] if n
 chosen = st.multiselect("Compare", options, key=Keys.COMPARE, placeholder="choose profiles to load")
 st.session_state[Keys.COMPARE_KEPT] = chosen
 
-views = {}
+views, sources = {}, {}
 for name in chosen:
     if name in uploaded:
-        views[name.removeprefix("upload: ").removesuffix(".csv")] = uploaded[name][1]
+        label = name.removeprefix("upload: ").removesuffix(".csv")
+        views[label], sources[label] = uploaded[name][1], uploaded[name][2]
         continue
     try:
         views[by_name[name].label] = state.view_of_file(by_name[name])
+        sources[by_name[name].label] = by_name[name].path
     except ValueError as e:  # a malformed profile: one line naming the file, line and column; the page goes on
         st.error(md(e))
     except OSError as e:
@@ -98,6 +116,16 @@ st.session_state[Keys.LOADED] = views
 
 if views:
     st.subheader("Comparison" if len(views) > 1 else next(iter(views)))
-    for name, v in views.items():
+    for i, (name, v) in enumerate(views.items()):
         st.markdown(panels.describe(v))
+        downloads(name, sources[name], {name: v}, f"download_{i}")
+    if len(views) > 1:
+        st.download_button(
+            "HTML report of the comparison", data=lambda: state.report_bytes(views),
+            file_name="comparison-report.html", mime="text/html", key=Keys.DOWNLOAD_REPORT,
+            help="every loaded profile's summary and the figures in one file that opens offline",
+        )  # fmt: skip
     panels.charts_grid(state.combined(views), key="compare")
+    for name, v in views.items():
+        with st.expander(f"Generated text · {md(name)}"):
+            streams.generated_text(v, state.decoder_of(v.meta))

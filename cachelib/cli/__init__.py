@@ -1,6 +1,6 @@
 """``python -m cachelib``: the command line over the same API the app uses.
 
-Subcommands: ``profile`` (record a run), ``evaluate`` (long-context quality against the full
+Subcommands: ``profile`` (record a run), ``report`` (profiles as one HTML file), ``evaluate`` (long-context quality against the full
 cache), ``plan`` (capacity planner), ``sweep`` (grids of runs on Dask), ``strategies`` and
 ``models`` (what is available), ``profiles`` (a folder's profiles, incomplete ones and unclosed
 partial files included). Bad input — a bad value, a path that cannot be read or written — exits
@@ -11,6 +11,7 @@ cleanly (exit 130 and 143): its profile is closed, marked incomplete, and the li
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ from typing import Iterator, Sequence
 from ..core.units import INDEX_MAX
 from ..models import BACKENDS, available_devices, model_names
 from . import evaluate as evaluate_cli
+from . import report as report_cli
 from . import retrieval as retrieval_cli
 from . import plan as plan_cli
 from .args import finite_float, int_range, positive_int
@@ -94,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval_cli.add_arguments(p)
     p.set_defaults(func=retrieval_cli.run)
 
+    p = sub.add_parser("report", help="a comparison of profiles as one self-contained HTML file (opens offline)")
+    report_cli.add_arguments(p)
+    p.set_defaults(func=report_cli.run)
+
     p = sub.add_parser("sweep", help="run a grid of profiles (TOML) locally or on a Dask cluster")
     sweep_cli.add_arguments(p)
     p.set_defaults(func=sweep_cli.run)
@@ -122,6 +128,10 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--text-file", type=Path, help="an evaluation text; every strategy is fed its tokens")
     p.add_argument("--max-tokens", type=int_range(1, INDEX_MAX), default=64, help="steps to run (the prefill is step 0)")
     p.add_argument("--free-running", action="store_true", help="each strategy feeds its own greedy tokens")
+    p.add_argument(
+        "--one-by-one", action="store_true",
+        help="advance every strategy by its own forward pass (default: the strategies are the rows of one batch)",
+    )  # fmt: skip
     p.add_argument("--sample-every", type=positive_int, default=None, help="sample masks and quantization error every K steps")
     p.add_argument("--probes", default="", help="probe periods, e.g. memory=1,masks=0 ('none' for all off)")
     p.add_argument(
@@ -166,6 +176,7 @@ def _profile(args) -> int:
                 text=text,
                 max_tokens=args.max_tokens,
                 free_running=args.free_running,
+                one_by_one=args.one_by_one,
                 probes=probes,
                 memory_limit=limit,
                 out=out,
@@ -180,6 +191,8 @@ def _profile(args) -> int:
     if bar:
         bar.done()
     print(format_summary(summarize(profile)))
+    for label, why in (json.loads(profile.meta["batch_notes"]) if profile.meta.get("batch_notes") else {}).items():
+        print(f"ran on its own: {label}: {why}")
     print(_where_written(profile, out))
     return 0
 
@@ -255,14 +268,24 @@ class _Progress:
 
 
 def format_summary(summary) -> str:
-    """One line per strategy: peak cache bytes, mean KL, top-1 agreement, tokens/s."""
-    lines = [f"{'strategy':<44} {'peak cache':>12} {'mean KL':>10} {'top-1':>7} {'tok/s':>8}"]
+    """One line per strategy: peak cache bytes allocated, bytes per token held, memory saved
+    against the full cache in the run's dtype (:mod:`cachelib.profile.summary`), mean KL,
+    top-1 agreement, tokens/s; then what "saved" was measured against."""
+    lines = [f"{'strategy':<44} {'peak alloc':>12} {'B/token':>8} {'saved':>6} {'mean KL':>10} {'top-1':>7} {'tok/s':>8}"]
     for _, r in summary.iterrows():
         peak = f"{r['peak_bytes_allocated'] / 2**20:,.2f} MiB" if r["peak_bytes_allocated"] is not None else "-"
+        per_token = f"{r['bytes_per_token']:,.0f}" if r["bytes_per_token"] is not None else "-"
+        saved = f"{r['memory_saved']:.0%}" if r["memory_saved"] is not None and r["memory_saved"] == r["memory_saved"] else "-"
         kl = f"{r['mean_kl']:.4g}" if r["mean_kl"] is not None else "-"
         agree = f"{r['top1_agreement']:.1%}" if r["top1_agreement"] is not None else "-"
         tps = f"{r['decode_tokens_per_second']:.1f}" if r["decode_tokens_per_second"] is not None else "-"
-        lines.append(f"{r['strategy']:<44} {peak:>12} {kl:>10} {agree:>7} {tps:>8}")
+        lines.append(f"{r['strategy']:<44} {peak:>12} {per_token:>8} {saved:>6} {kl:>10} {agree:>7} {tps:>8}")
+    against = sorted({str(a) for a in summary["saved_against"] if isinstance(a, str) and a})
+    tokens = sorted({int(n) for n in summary["tokens"] if n is not None and n == n})
+    if against:
+        at = f" at {', '.join(f'{n:,}' for n in tokens)} tokens" if tokens else ""
+        what = " or ".join("the baseline" if a == "baseline" else f"a {a}" for a in against)
+        lines.append(f"B/token = bytes used / tokens held; saved = 1 - bytes used / bytes used by {what}{at}")
     return "\n".join(lines)
 
 

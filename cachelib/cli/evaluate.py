@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", action="append", type=Path, default=None, metavar="FILE",
                    help="an evaluation text (repeat; default: every assets/corpus/*.txt)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, metavar="FILE.csv", help="write the evaluation here (CSV)")
+    p.add_argument("--one-by-one", action="store_true",
+                   help="one strategy's cache at a time (default: a window's strategies are the rows of one batch)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             out=args.out,
             on_progress=bar.update if bar else None,
+            one_by_one=args.one_by_one,
         )
     except EvaluationInterrupted as e:
         if bar:
@@ -79,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if bar:
         bar.done()
     print(format_summary(evaluation.summary()))
+    for strategy, why in evaluation.notes.items():
+        print(f"ran on its own: {strategy}: {why}")
     if evaluation.path is not None:
         print(f"evaluation: {evaluation.path}")
     return 0

@@ -2,8 +2,8 @@
 table (and a CSV with ``--csv``).
 
 ``add_arguments(parser)`` declares the flags; ``run(args)`` prints the table and returns the exit
-code: 0, or 2 with one line on stderr for bad input. Bytes are printed in SI units ("GB" =
-10^9 bytes, the unit of ``--budget-gb``); the CSV holds raw byte counts.
+code: 0, or 2 with one line on stderr for bad input. Memory is read and printed in GiB (2^30
+bytes; ``--budget 24`` is 24 GiB, ``24GB`` is 24 x 10^9 bytes); the CSV holds raw byte counts.
 """
 
 from __future__ import annotations
@@ -14,25 +14,36 @@ import sys
 from pathlib import Path
 
 from ..core.cells import escape_cell
-from ..core.units import DTYPE_BYTES, human_bytes
+from ..core.units import DTYPE_BYTES, human_gib as human_bytes, parse_memory
 from .args import finite_float, non_negative_int, positive_int
 from ..plan.quality import describe
 from ..profile.evidence import DEFAULT_EVIDENCE, load_evidence
 from ..plan.accounting import account
 from ..plan.presets import preset_names, resolve_model
-from ..plan.request import PlanRequest, PlanResult, gb_to_bytes, plan_request
+from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request, solve_sessions
+from ..plan.runtimes import describe_layout, runtime_names
+from ..plan.device import WEIGHT_FORMATS
 from ..plan.solver import Fit
 
 CSV_COLUMNS = (
     "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",
     "bytes_allocated", "bytes_used", "peak_bytes", "max_resident_bytes", "device_bytes", "host_bytes",
-    "bytes_per_token", "weights_bytes", "reserve_bytes", "budget_bytes", "budget_needed", "headroom_bytes",
+    "bytes_per_token", "weights_bytes", "activation_bytes", "overhead_bytes", "reserve_bytes", "budget_bytes", "budget_needed", "headroom_bytes",
     "fits", "max_context", "context_limit", "max_batch", "sessions", "mean_kl", "top1_agreement", "quality_model",
     "quality_source", "quality_context", "quality_kept_fraction", "mean_kl_ci95", "quality_note",
 )  # fmt: skip
 
 
-GB_VALUE = finite_float(0.0, 1e9)  # GB: up to an exabyte, which is more than any machine
+def memory_size(text: str) -> int:
+    """An argparse type: a memory size in bytes (a bare number is GiB; see parse_memory)."""
+    try:
+        return parse_memory(text, "size")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("size ").removeprefix("size: ")) from None
+
+
+memory_size.__name__ = "size"
+SIZE_HELP = "a bare number is GiB (2^30 bytes); or say the unit: 24GiB, 24GB (10^9 bytes), 512MiB"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,20 +57,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--strategy", action="append", metavar="SPEC",
         help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: standard)",
     )  # fmt: skip
-    parser.add_argument("--backend", choices=("mlx", "torch"), default="mlx", help="cache library (default mlx)")
+    parser.add_argument("--backend", choices=("mlx", "torch"), default="mlx",
+                        help="cachelib's caches on this library (default mlx); --runtime implies its own")  # fmt: skip
+    parser.add_argument("--runtime", choices=runtime_names(),
+                        help="plan as this runtime allocates (its layouts, blocks, prompt chunks, defaults)")  # fmt: skip
+    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel devices (default 1)")
+    parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel stages (default 1)")
+    parser.add_argument("--kv-format", choices=("fp8", "q8_0", "q4_0"),
+                        help="the runtime's KV storage: fp8 (vllm), q8_0 / q4_0 (llama.cpp -ctk/-ctv)")  # fmt: skip
+    parser.add_argument("--device", choices=DEVICES, default="gpu",
+                        help="where the forward runs (default gpu); on the cpu MLX materialises attention scores")  # fmt: skip
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float16", help="K/V dtype (default float16)")
     parser.add_argument("--prefill", type=non_negative_int, help="prompt tokens (default: the whole context); the rest is decoded")
     parser.add_argument(
         "--prefill-chunk", type=positive_int,
         help="feed the prompt in chunks of this many tokens (mlx-lm's generate uses 2048; default: one update)",
     )  # fmt: skip
-    parser.add_argument("--budget-gb", type=GB_VALUE, help="device memory budget in GB (10^9 bytes)")
-    parser.add_argument(
-        "--weights-gb", type=GB_VALUE, help="measured weight bytes in GB (default: params x --weight-bits)"
-    )
-    parser.add_argument("--weight-bits", type=finite_float(0.0, 64.0, min_open=True), default=16,
-                        help="bits per weight when counting (default 16)")  # fmt: skip
-    parser.add_argument("--reserve-gb", type=GB_VALUE, default=0.0, help="kept free for activations/runtime (default 0)")
+    parser.add_argument("--budget", type=memory_size, metavar="SIZE",
+                        help=f"memory of one device: weights + cache + activations + overhead + reserve; {SIZE_HELP}")  # fmt: skip
+    parser.add_argument("--weights-memory", type=memory_size, metavar="SIZE",
+                        help=f"the weights one device holds, as measured (default: counted); {SIZE_HELP}")  # fmt: skip
+    parser.add_argument("--weights-dtype", metavar="DTYPE",
+                        help=f"precision to count the weights at: {', '.join(WEIGHT_FORMATS)}, or bits per parameter "
+                        "(e.g. 4.5); default: the model's published dtype")  # fmt: skip
+    parser.add_argument("--reserve", type=memory_size, default=0, metavar="SIZE",
+                        help=f"kept free on each device beyond what is counted (default 0); {SIZE_HELP}")  # fmt: skip
+    parser.add_argument("--sessions", type=positive_int, help="concurrent sessions of --context tokens --solve must fit")
+    parser.add_argument("--solve", choices=SOLVE,
+                        help="search for the largest max_kv_size (mlx-lm's --max-kv-size ring) or the most KV bits "
+                        "that fit --sessions sessions of --context tokens in --budget")  # fmt: skip
     parser.add_argument("--layers", action="store_true", help="also print each strategy's per-layer caches")
     parser.add_argument(
         "--evidence", type=Path, action="append", metavar="PATH",
@@ -86,13 +112,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    """The planning request the flags make: GB read into bytes here, at the edge."""
+    """The planning request the flags make (memory already read into bytes by the flags)."""
     return PlanRequest(
         args.strategy or ["standard"], context=args.context, batch=args.batch, backend=args.backend,
         dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk,
-        weights_bytes=gb_to_bytes("weights-gb", args.weights_gb), budget_bytes=gb_to_bytes("budget-gb", args.budget_gb),
-        reserve_bytes=gb_to_bytes("reserve-gb", args.reserve_gb) or 0, weight_bits=args.weight_bits,
-        max_kl=args.max_kl, min_agreement=args.min_agreement,
+        weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
+        weights_dtype=args.weights_dtype, runtime=args.runtime, tp=args.tp, pp=args.pp, kv_format=args.kv_format,
+        device=args.device, sessions=args.sessions, solve=args.solve, max_kl=args.max_kl,
+        min_agreement=args.min_agreement,
     )  # fmt: skip
 
 
@@ -115,6 +142,8 @@ def _run(args: argparse.Namespace) -> None:
     if too_long:
         print(f"warning: {too_long}", file=sys.stderr)
     print(_header(result))
+    if request.solve is not None:
+        print(solve_sessions(arch, request).text)
     print(format_table(fits, budgeted=request.budget_bytes is not None))
     if evidence is not None:
         print(f"evidence: {len(evidence.points)} measured point(s) from {len(evidence.files)} file(s) "
@@ -147,20 +176,31 @@ def _run(args: argparse.Namespace) -> None:
 
 def _header(result: PlanResult) -> str:
     arch, r = result.arch, result.request
-    weights, budget = result.weights_bytes, r.budget_bytes
     prompt = r.context if r.prefill is None else r.prefill
-    feed = f"in chunks of {r.prefill_chunk}" if r.prefill_chunk else "in one update"
+    chunk = r.chunk
+    feed = f"in chunks of {chunk}" if chunk else "in one update"
+    d = r.deployment
     lines = [
-        arch.describe(),
-        f"{r.backend} {r.dtype}, batch {r.batch}, context {r.context} "
+        describe_layout(arch, d, r.backend),  # the layers as the runtime builds them
+        f"{d.describe() if d else r.backend} {r.dtype}, batch {r.batch}, context {r.context} "
         f"(prompt {prompt} {feed}, then {r.context - prompt} decode steps)",
     ]
-    if weights is not None:
-        how = "given" if r.weights_bytes is not None else f"{arch.num_params:,} params x {r.weight_bits:g} bits"
-        lines.append(f"weights {human_bytes(weights)} ({how})")
-    if budget is not None:
-        lines.append(f"budget {human_bytes(budget)}, reserve {human_bytes(r.reserve_bytes)}")
+    if result.weights_bytes is not None and result.fits:
+        f = result.fits[0]
+        lines.append(f"memory per device (GiB = 2^30 bytes), counted for {f.spec}:")
+        for name, n, note in f.device.terms():
+            lines.append(f"  {name:<17} {human_bytes(n):>11}  {note}")
+        lines.append(f"  {'total':<17} {human_bytes(f.device.total):>11}"
+                     + (f"  of a {human_bytes(r.budget_bytes)} budget" if r.budget_bytes is not None else ""))  # fmt: skip
+    lines.append(SESSIONS_TEXT)
     return "\n".join(lines)
+
+
+SESSIONS_TEXT = (
+    "max batch: sequences in one batch that fit (each row's cache and activations); sessions: independent "
+    "conversations of this context served concurrently (one prefills while the others hold their cache), "
+    "so sessions can exceed the max batch"
+)
 
 
 def _limit_text(fit: Fit) -> str:
@@ -174,8 +214,12 @@ def _limit_text(fit: Fit) -> str:
 
 
 def format_table(fits: list[Fit], budgeted: bool) -> str:
-    """The plan as an aligned text table, one row per strategy."""
-    head = ["strategy", "allocated", "used", "peak", "per token", "host"]
+    """The plan as an aligned text table, one row per strategy: one device's bytes (GiB), and
+    the cache over every device of the deployment ("all devices") when there are several."""
+    head = ["strategy", "allocated", "used", "peak", "per token", "host", "activations"]
+    spread = any(f.cache.devices > 1 for f in fits)
+    if spread:
+        head.insert(2, "all devices")
     measured = any(f.quality is not None for f in fits)
     if measured:
         head += ["mean KL", "top-1"]
@@ -185,7 +229,10 @@ def format_table(fits: list[Fit], budgeted: bool) -> str:
     for f in fits:
         c = f.cache
         row = [f.spec, human_bytes(c.bytes_allocated), human_bytes(c.bytes_used), human_bytes(c.peak_bytes),
-               human_bytes(c.bytes_per_token), human_bytes(c.host_bytes) if c.host_bytes else "-"]  # fmt: skip
+               human_bytes(c.bytes_per_token), human_bytes(c.host_bytes) if c.host_bytes else "-",
+               human_bytes(f.activation_bytes)]  # fmt: skip
+        if spread:
+            row.insert(2, human_bytes(c.total_bytes))
         if measured:
             q = f.quality
             row += [f"{q.mean_kl:.4g}" if q else "not covered", f"{q.top1_agreement:.1%}" if q else "-"]
@@ -237,7 +284,8 @@ def write_csv(path: Path, fits: list[Fit], model: str) -> None:
                 "bytes_allocated": c.bytes_allocated, "bytes_used": c.bytes_used, "peak_bytes": c.peak_bytes,
                 "max_resident_bytes": c.max_resident_bytes, "device_bytes": c.device_bytes,
                 "host_bytes": c.host_bytes, "bytes_per_token": round(c.bytes_per_token, 3),
-                "weights_bytes": _blank(f.weights_bytes), "reserve_bytes": f.reserve_bytes,
+                "weights_bytes": _blank(f.weights_bytes), "activation_bytes": f.activation_bytes,
+                "overhead_bytes": f.overhead_bytes, "reserve_bytes": f.reserve_bytes,
                 "budget_bytes": _blank(f.budget_bytes), "budget_needed": _blank(f.budget_needed),
                 "headroom_bytes": _blank(f.headroom_bytes), "fits": _blank(f.fits),
                 "max_context": _blank(f.max_context), "context_limit": f.context_limit,

@@ -65,6 +65,10 @@ def rule_for(cache: LayerCache, token_bytes: int, quantized_bytes: int | None, s
         return R.DynamicSliding(token_bytes, cache.knob("window"))
     if kind == "StaticSlidingWindowLayer":
         return R.StaticSliding(token_bytes, cache.knob("max_cache_len"), cache.knob("window"))
+    if kind in ("knorm", "tova", "h2o"):  # importance caches (cachelib.core.importance)
+        return R.BudgetEachStep(token_bytes, cache.knob("budget"), kind=kind)
+    if kind == "snapkv":
+        return R.BudgetOnce(token_bytes, cache.knob("budget"), kind=kind)
     if kind in ("ArraysCache", "LinearAttentionLayer"):
         return R.RecurrentState(state_bytes, kind=kind)
     raise ValueError(f"no byte rule for cache class {kind!r}")

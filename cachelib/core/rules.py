@@ -672,3 +672,261 @@ class RecurrentState(Rule):
 
     def cycle_key(self, n: int):
         return (self.started,)
+
+
+# ---------------------------------------------------------------------------------------------
+# runtimes' own storage formats and allocators
+
+# KV storage formats by name: (bytes, elements) of one block. fp8 (vLLM ``kv_cache_dtype="fp8"``):
+# one byte per element, per-tensor scales kept outside the cache (``AttentionSpec``). llama.cpp
+# ``-ctk/-ctv`` (ggml-common.h): ``block_q8_0`` = an fp16 scale + 32 int8 = 34 bytes per 32
+# elements; ``block_q4_0`` = an fp16 scale + 16 bytes of 4-bit codes = 18 bytes per 32.
+KV_FORMATS: dict[str, tuple[int, int]] = {"fp8": (1, 1), "q8_0": (34, 32), "q4_0": (18, 32)}
+
+
+def format_bytes(elements: int, kv_format: str) -> int:
+    """Bytes ``elements`` values take in ``kv_format`` (a whole number of its blocks)."""
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"unknown KV format {kv_format!r}; allowed: {', '.join(KV_FORMATS)}")
+    size, per = KV_FORMATS[kv_format]
+    if elements % per:
+        raise ValueError(f"{kv_format} stores blocks of {per} elements; {elements} is not a multiple of {per}")
+    return elements // per * size
+
+
+def _blocks(n: int, block: int) -> int:
+    return -(-n // block)
+
+
+class Paged(Rule):
+    """vLLM's paged allocation of a full-attention layer (``FullAttentionSpec``, the
+    ``FullAttentionManager``): a sequence holds ``ceil(tokens / block_size)`` blocks of the
+    preallocated pool; a new block is taken when a token passes the last one. No copies."""
+
+    kind = "PagedBlocks"
+
+    def __init__(self, token_bytes: int, block_size: int, max_slots: int | None = None, kind: str | None = None):
+        super().__init__(token_bytes)
+        self.block = block_size
+        self.max_slots = max_slots  # a cap on the slots (None: none)
+        self.bounded = max_slots is not None
+        if kind:
+            self.kind = kind
+
+    @property
+    def capacity(self) -> int:
+        slots = _blocks(self.offset, self.block) * self.block
+        return slots if self.max_slots is None else min(slots, self.max_slots)
+
+    @property
+    def tokens_held(self) -> int:
+        return min(self.offset, self.capacity)
+
+    def _capped(self) -> bool:
+        return self.max_slots is not None and self.capacity == self.max_slots
+
+    def update(self, n: int) -> int:
+        self.offset += n
+        return self.bytes_allocated
+
+    def regular_steps(self) -> int:
+        if self._capped():
+            return UNBOUNDED
+        return self.capacity - self.offset  # updates that fit the blocks held
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self._capped()
+
+    def cycle_key(self, n: int):
+        return ("capped",) if self._capped() else (self.offset % self.block,)
+
+
+class PagedSliding(Rule):
+    """vLLM's paged allocation of a sliding-window layer (``SlidingWindowManager``): before a
+    step schedules ``n`` tokens at ``offset``, the blocks wholly before token ``offset - window
+    + 1`` go back to the pool (``remove_skipped_blocks``), then blocks up to ``offset + n`` are
+    taken; so a sequence holds at most ``ceil((window - 1 + n) / block_size) + 1`` blocks
+    (``SlidingWindowSpec.max_memory_usage_bytes``)."""
+
+    kind = "PagedSlidingWindow"
+    bounded = True
+
+    def __init__(self, token_bytes: int, window: int, block_size: int):
+        super().__init__(token_bytes)
+        self.window, self.block = window, block_size
+        self.first_block = 0  # the first block still held
+
+    @property
+    def capacity(self) -> int:
+        return (_blocks(self.offset, self.block) - self.first_block) * self.block
+
+    @property
+    def tokens_held(self) -> int:
+        return self.offset - self.first_block * self.block
+
+    def update(self, n: int) -> int:
+        skipped = max(0, self.offset - self.window + 1)
+        self.first_block = max(self.first_block, skipped // self.block)
+        self.offset += n
+        return self.bytes_allocated
+
+    def _steady(self) -> bool:
+        return self.offset >= self.window + self.block
+
+    def cycle_key(self, n: int):
+        if not self._steady():
+            return None
+        return self.offset % self.block, self.offset // self.block - self.first_block
+
+
+class Preallocated(Rule):
+    """llama.cpp's ``llama_kv_cache``: ``slots`` cells allocated when the context is created and
+    written in place. ``limit``: the context the cells serve (a longer run is refused, as
+    llama.cpp refuses to decode past ``n_ctx``); None: the cells are reused as a window (the SWA
+    cache of ``llama_kv_cache_iswa``)."""
+
+    kind = "llama_kv_cache"
+    bounded = True
+
+    def __init__(self, token_bytes: int, slots: int, limit: int | None = None, kind: str | None = None):
+        super().__init__(token_bytes)
+        self.slots, self.limit = slots, limit
+        if kind:
+            self.kind = kind
+
+    @property
+    def capacity(self) -> int:
+        return self.slots
+
+    @property
+    def tokens_held(self) -> int:
+        return min(self.offset, self.slots)
+
+    def update(self, n: int) -> int:
+        if self.limit is not None and self.offset + n > self.limit:
+            raise ValueError(
+                f"llama.cpp: a context of {self.limit} tokens (-c) is allocated and {self.offset} are held; "
+                f"{n} more do not fit (context {self.offset + n} > {self.limit}); raise -c"
+            )
+        self.offset += n
+        return self.bytes_allocated
+
+    def regular_steps(self) -> int:
+        return UNBOUNDED if self.limit is None else self.limit - self.offset
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+    def settled(self) -> bool:
+        return True
+
+    def cycle_key(self, n: int):
+        return ()
+
+    def cycle_horizon(self, n: int) -> int:
+        return UNBOUNDED if self.limit is None else max(0, (self.limit - self.offset) // n)
+
+
+class BudgetEachStep(Rule):
+    """The importance caches that evict every step (``knorm``, ``tova``, ``h2o``; both backends,
+    :mod:`cachelib.core.importance`): an update of ``n`` tokens first gathers the kept ``budget
+    - 1`` tokens (one-token updates) or ``budget`` (longer ones) into new arrays while the old
+    ones live, then concatenates the ``n`` new ones (old + new)."""
+
+    kind = "BudgetEachStep"
+    bounded = True
+
+    def __init__(self, token_bytes: int, budget: int, kind: str | None = None):
+        super().__init__(token_bytes)
+        self.budget = budget
+        self.held = 0
+        if kind:
+            self.kind = kind
+
+    @property
+    def capacity(self) -> int:
+        return self.held
+
+    @property
+    def tokens_held(self) -> int:
+        return self.held
+
+    def update(self, n: int) -> int:
+        tb = self.token_bytes
+        keep = self.budget - 1 if n == 1 else self.budget
+        peak = self.held * tb
+        if self.held > keep:
+            peak = (self.held + keep) * tb
+            self.held = keep
+        peak = max(peak, (2 * self.held + n) * tb if self.held else n * tb)
+        self.held += n
+        self.offset += n
+        return peak
+
+    def regular_steps(self) -> int:
+        if self.held == self.budget:
+            return UNBOUNDED
+        return max(0, self.budget - self.held) if self.held < self.budget else 0
+
+    def skip(self, k: int) -> None:
+        if self.held < self.budget:
+            self.held += k
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self.held == self.budget
+
+    def cycle_key(self, n: int):
+        return (self.held,)
+
+
+class BudgetOnce(Rule):
+    """The importance caches that compress once (``snapkv``): updates concatenate (old + new);
+    the first one-token update first gathers ``budget`` of the held tokens into new arrays when
+    more are held, and from then on nothing is evicted."""
+
+    kind = "BudgetOnce"
+
+    def __init__(self, token_bytes: int, budget: int, kind: str | None = None):
+        super().__init__(token_bytes)
+        self.budget = budget
+        self.held = 0
+        self.done = False
+        if kind:
+            self.kind = kind
+
+    @property
+    def capacity(self) -> int:
+        return self.held
+
+    @property
+    def tokens_held(self) -> int:
+        return self.held
+
+    def update(self, n: int) -> int:
+        tb = self.token_bytes
+        peak = self.held * tb
+        if not self.done and n == 1:
+            self.done = True
+            if self.held > self.budget:
+                peak = (self.held + self.budget) * tb
+                self.held = self.budget
+        peak = max(peak, (2 * self.held + n) * tb if self.held else n * tb)
+        self.held += n
+        self.offset += n
+        return peak
+
+    def regular_steps(self) -> int:
+        return UNBOUNDED if self.done else 0
+
+    def skip(self, k: int) -> None:
+        self.held += k
+        self.offset += k
+
+    def cycle_key(self, n: int):
+        if not self.done and n == 1:
+            return None  # the compression is ahead
+        return (self.done,)

@@ -8,6 +8,7 @@ duck typing: this layer sits below the profiler and does not import it.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import mlx.core as mx
@@ -17,6 +18,8 @@ from ..core.masks import visible
 from ..introspect import CacheView
 from ..spec import Spec
 from .factory import introspect, make_cache
+from .hooks import capture
+from .importance import ImportanceKVCache
 
 
 class MLXProbe:
@@ -42,7 +45,7 @@ class MLXProbe:
         views taken before it. Layers without a token axis (recurrent state) give None."""
         out: list[Any] = []
         for layer, view in zip(cache, views):
-            if view.layout not in ("linear", "ring"):
+            if view.layout not in ("linear", "ring", "selected"):
                 out.append(None)
             elif hasattr(layer, "make_mask"):
                 out.append(("array", layer.make_mask(n_queries, return_array=True)))
@@ -70,6 +73,13 @@ class MLXProbe:
                     m = m > -1e30  # additive masks: finite = visible
                 out.append(np.broadcast_to(m, (n_queries, m.shape[-1])).copy())
         return out
+
+    def capture(self, cache: list):
+        """The attention-capture hook around a step, when the cache has importance layers
+        (they score keys with the step's queries); a no-op context otherwise."""
+        if any(isinstance(c, ImportanceKVCache) for c in cache):
+            return capture(self.model)
+        return nullcontext()
 
     def reset_peak(self) -> None:
         mx.reset_peak_memory()

@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import folder as _folder
 from . import gguf as _gguf
@@ -81,6 +81,7 @@ def load(
     device: str | None = None,
     dtype: str = "float32",
     weights: str = "auto",
+    progress: Callable[[str, float], None] | None = None,
 ) -> LoadedModel:
     """Load a model + tokenizer for ``backend`` on ``device`` (default: the best available).
 
@@ -88,7 +89,14 @@ def load(
     MLX quantized weights; ``"dequantized"`` expands them to ``dtype``; ``"auto"`` (default) keeps
     them quantized on a GPU and dequantizes on the CPU, where MLX's quantized kernels prefill
     ~20x and decode ~2x slower than float32 with OpenBLAS (measured, see README). PyTorch always
-    runs the GGUF dequantized. The weight values are the same either way.
+    runs the GGUF dequantized. The weight values are the same either way. The bundled model's
+    weights, as loaded, are cached on disk (:mod:`cachelib.models.weights_cache`), so only the
+    first load on a machine parses and dequantizes the GGUF.
+
+    ``progress(stage, fraction)``, when given, is called as loading goes: ``stage`` says what it
+    is doing (``"loading the tokenizer"``, ``"reading the GGUF"``, ``"dequantizing"``,
+    ``"reading cached weights"``, ``"building the model"``, ...), ``fraction`` how far it is
+    (0 to 1, ending with ``("loaded", 1.0)``).
     """
     check_backend(backend)
     _quiet_transformers()
@@ -100,17 +108,24 @@ def load(
     start = time.perf_counter()
     name = str(name_or_path)
     if name == BUNDLED:
-        loaded = _load_bundled(backend, device, dtype, weights)
+        loaded = _load_bundled(backend, device, dtype, weights, progress or _no_progress)
     elif name in _presets.PRESETS:
-        loaded = _load_folder(_presets.preset_folder(name), backend, device, dtype, name=name)
+        loaded = _load_folder(_presets.preset_folder(name), backend, device, dtype, name, progress or _no_progress)
     elif os.sep in name or name.startswith(".") or Path(name).exists():
-        loaded = _load_folder(Path(name).expanduser(), backend, device, dtype, name=Path(name).name)
+        path = Path(name).expanduser()
+        loaded = _load_folder(path, backend, device, dtype, path.name, progress or _no_progress)
     else:
         raise ValueError(
             f"unknown model {name!r}; use one of: {', '.join(model_names())}, or a path to a model folder"
         )
     info = ModelInfo(**{**asdict(loaded.info), "load_seconds": round(time.perf_counter() - start, 3)})
+    if progress is not None:
+        progress("loaded", 1.0)
     return LoadedModel(loaded.model, loaded.tokenizer, info)
+
+
+def _no_progress(stage: str, fraction: float) -> None:
+    pass
 
 
 def _quiet_transformers() -> None:
@@ -162,13 +177,18 @@ def _info(config: dict, *, name, source, backend, device, dtype, weight_bytes, w
     )
 
 
-def _load_bundled(backend: str, device: str, dtype: str, weights: str) -> LoadedModel:
+def _load_bundled(backend: str, device: str, dtype: str, weights: str, progress) -> LoadedModel:
     path = _gguf.bundled_path()
+    progress("loading the tokenizer", 0.0)
     tokenizer = _gguf.load_tokenizer(str(path))
+
+    def weights_progress(stage: str, fraction: float) -> None:  # the weights take 10-95%
+        progress(stage, 0.1 + 0.85 * fraction)
+
     if backend == "mlx":
         activate_mlx_device(device)
         quantized = weights == "quantized" or (weights == "auto" and device != "cpu")
-        model, config, quant = _gguf.build_mlx(path, dtype, quantized)
+        model, config, quant = _gguf.build_mlx(path, dtype, quantized, weights_progress)
         if quantized:
             bits = sorted({q["bits"] for q in quant.values()})
             fmt = "GGUF Q4_1/Q8_0 as MLX affine " + "/".join(f"{b}-bit" for b in bits)
@@ -178,7 +198,7 @@ def _load_bundled(backend: str, device: str, dtype: str, weights: str) -> Loaded
     else:
         if weights == "quantized":
             raise ValueError("weights='quantized' is for MLX; PyTorch runs the GGUF dequantized (use 'auto')")
-        model, config = _gguf.build_torch(path, dtype, device)
+        model, config = _gguf.build_torch(path, dtype, device, weights_progress)
         fmt = f"GGUF Q4_1/Q8_0 dequantized to {dtype}"
     info = _info(
         config,
@@ -194,8 +214,9 @@ def _load_bundled(backend: str, device: str, dtype: str, weights: str) -> Loaded
     return LoadedModel(model, tokenizer, info)
 
 
-def _load_folder(path: Path, backend: str, device: str, dtype: str, name: str) -> LoadedModel:
+def _load_folder(path: Path, backend: str, device: str, dtype: str, name: str, progress) -> LoadedModel:
     config = _folder.read_folder_config(path)
+    progress("reading the weights", 0.1)
     if backend == "mlx":
         activate_mlx_device(device)
         model, config = _folder.build_mlx(path, dtype)
@@ -203,6 +224,7 @@ def _load_folder(path: Path, backend: str, device: str, dtype: str, name: str) -
     else:
         model, config = _folder.build_torch(path, dtype, device)
         fmt = dtype
+    progress("loading the tokenizer", 0.9)
     tokenizer = _folder.load_tokenizer(path)
     info = _info(
         config,

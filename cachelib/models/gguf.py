@@ -14,8 +14,12 @@ import functools
 import importlib.util
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+
+from . import weights_cache
+from .home import cache_dir
 
 BUNDLED_NAME = "smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,15 +38,6 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-def cache_dir() -> Path:
-    """Where cachelib keeps what it derives from the bundled model: converted tokenizers, and the
-    preset model folders (:mod:`.presets` builds on this module, so the folder is defined here)."""
-    root = os.environ.get("CACHELIB_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cachelib"
-    )
-    return Path(root)
 
 
 def bundled_path() -> Path:
@@ -103,7 +98,7 @@ def read_config(path: str) -> dict:
         "rms_norm_eps": float(field("llama.attention.layer_norm_rms_epsilon")),
         "rope_theta": float(field("llama.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(field("llama.context_length")),
-        "vocab_size": int(field("llama.vocab_size", len(field("tokenizer.ggml.tokens")))),
+        "vocab_size": int(field("llama.vocab_size") or len(field("tokenizer.ggml.tokens", ()))),
         "tie_word_embeddings": not has_output,
         "bos_token_id": int(field("tokenizer.ggml.bos_token_id", 1)),
         "eos_token_id": int(field("tokenizer.ggml.eos_token_id", 2)),
@@ -133,13 +128,64 @@ def _heads_for(name: str, config: dict) -> int | None:
 
 # --- MLX ------------------------------------------------------------------------------------
 
+Progress = Callable[[str, float], None]
 
-def build_mlx(path: Path, dtype: str, quantized: bool = True):
+
+def _no_progress(stage: str, fraction: float) -> None:
+    pass
+
+
+def build_mlx(path: Path, dtype: str, quantized: bool = True, progress: Progress | None = None):
     """An mlx-lm llama model holding the GGUF's weights: as MLX quantized weights, or (with
-    ``quantized=False``) dequantized to ``dtype``."""
+    ``quantized=False``) dequantized to ``dtype``. The weights as loaded are kept in the weights
+    cache (:mod:`.weights_cache`); ``progress(stage, fraction)`` hears how far it got."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.utils import _get_classes
+
+    progress = progress or _no_progress
+    variant = f"{'quantized' if quantized else 'dequantized'}-{dtype}"
+
+    def make(weights, config, quant):
+        progress("building the model", 0.85)
+        model_cls, args_cls = _get_classes(config)
+        model = model_cls(args_cls.from_dict(config))
+        if quantized:
+            nn.quantize(model, class_predicate=lambda p, m: quant.get(p, False))
+        model.load_weights(list(weights.items()), strict=True)
+        model.eval()
+        mx.eval(model.parameters())
+        return model, config, quant
+
+    cached, hit = _cache_lookup(path, "mlx", variant, progress)
+    if hit is not None:
+        try:
+            return make(mx.load(str(cached)), dict(hit["config"]), dict(hit["quant"]))
+        except Exception:  # a file that does not build after all: rebuild it from the GGUF
+            weights_cache.discard(cached)
+    progress("reading the GGUF", 0.05)
+    config, weights, quant = _mlx_weights(path, dtype, quantized, progress)
+    if cached is not None:
+        progress("writing the weights cache", 0.75)
+        nbytes = sum(v.nbytes for v in weights.values())
+        meta = weights_cache.metadata(path, "mlx", variant, config=config, quant=quant)
+        weights_cache.store(cached, lambda tmp: mx.save_safetensors(str(tmp), weights, metadata=meta), nbytes)
+    return make(weights, config, quant)
+
+
+def _cache_lookup(path: Path, backend: str, variant: str, progress: Progress):
+    """(where the cached weights go or None when the cache is off, their metadata on a hit)."""
+    if not weights_cache.enabled():
+        return None, None
+    progress("checking the weights cache", 0.0)
+    cached, hit = weights_cache.lookup(path, backend, variant)
+    if hit is not None:
+        progress("reading cached weights", 0.05)
+    return cached, hit
+
+
+def _mlx_weights(path: Path, dtype: str, quantized: bool, progress: Progress):
+    import mlx.core as mx
 
     config = dict(read_config(str(path)))
     raw = mx.load(str(path))
@@ -160,39 +206,73 @@ def build_mlx(path: Path, dtype: str, quantized: bool = True):
             bits = packed * 32 // (value.shape[-1] * GGUF_GROUP_SIZE)
             quant[name] = {"group_size": GGUF_GROUP_SIZE, "bits": int(bits)}
     if not quantized:
-        for name, q in quant.items():
+        for i, (name, q) in enumerate(quant.items()):
+            progress("dequantizing", 0.1 + 0.65 * i / len(quant))
             w, s, b = (weights.pop(f"{name}.{part}") for part in ("weight", "scales", "biases"))
             weights[f"{name}.weight"] = mx.dequantize(w, s, b, **q).astype(mx_dtype)
-
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))
-    if quantized:
-        nn.quantize(model, class_predicate=lambda p, m: quant.get(p, False))
-    model.load_weights(list(weights.items()), strict=True)
-    model.eval()
-    mx.eval(model.parameters())
-    return model, config, quant
+            mx.eval(weights[f"{name}.weight"])
+    mx.eval(weights)
+    return config, weights, quant
 
 
 # --- PyTorch --------------------------------------------------------------------------------
 
 
-def build_torch(path: Path, dtype: str, device: str):
-    """A transformers LlamaForCausalLM with the GGUF's weights, dequantized."""
+def build_torch(path: Path, dtype: str, device: str, progress: Progress | None = None):
+    """A transformers LlamaForCausalLM with the GGUF's weights, dequantized (and kept in the
+    weights cache, :mod:`.weights_cache`); ``progress(stage, fraction)`` hears how far it got."""
     import torch
     from accelerate import init_empty_weights
-    from gguf.quants import dequantize
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    progress = progress or _no_progress
+    variant = f"dequantized-{dtype}"
+
+    def make(state, config):
+        progress("building the model", 0.85)
+        hf_config = LlamaConfig(**{k: v for k, v in config.items() if k != "name"})
+        # Parameters on the meta device (no random init of weights about to be replaced); buffers
+        # such as the rotary frequencies are computed for real.
+        with init_empty_weights(include_buffers=False):
+            model = LlamaForCausalLM(hf_config)
+        if config["tie_word_embeddings"]:
+            state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
+        model.load_state_dict(state, strict=True, assign=True)
+        model.tie_weights()
+        model.to(device=device)
+        model.eval()
+        return model, config
+
+    cached, hit = _cache_lookup(path, "torch", variant, progress)
+    if hit is not None:
+        try:
+            from safetensors.torch import load_file
+
+            return make(load_file(str(cached)), dict(hit["config"]))
+        except Exception:  # a file that does not build after all: rebuild it from the GGUF
+            weights_cache.discard(cached)
+    progress("reading the GGUF", 0.05)
+    config, state = _torch_weights(path, getattr(torch, dtype), progress)
+    if cached is not None:
+        from safetensors.torch import save_file
+
+        progress("writing the weights cache", 0.75)
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        meta = weights_cache.metadata(path, "torch", variant, config=config)
+        weights_cache.store(cached, lambda tmp: save_file(state, str(tmp), metadata=meta), nbytes)
+    return make(state, config)
+
+
+def _torch_weights(path: Path, torch_dtype, progress: Progress):
+    """The GGUF's tensors dequantized (gguf's reference dequantizer), by Hugging Face name."""
+    import torch
+    from gguf.quants import dequantize
+
     config = dict(read_config(str(path)))
-    hf_config = LlamaConfig(**{k: v for k, v in config.items() if k != "name"})
-    torch_dtype = getattr(torch, dtype)
-    # Parameters on the meta device (no random init of weights about to be replaced); buffers
-    # such as the rotary frequencies are computed for real.
-    with init_empty_weights(include_buffers=False):
-        model = LlamaForCausalLM(hf_config)
+    tensors = _reader(str(path)).tensors
     state = {}
-    for tensor in _reader(str(path)).tensors:
+    for i, tensor in enumerate(tensors):
+        progress("dequantizing", 0.1 + 0.65 * i / len(tensors))
         name = hf_name(tensor.name)
         array = dequantize(tensor.data, tensor.tensor_type).reshape(
             tuple(int(d) for d in reversed(tensor.shape))
@@ -201,13 +281,7 @@ def build_torch(path: Path, dtype: str, device: str):
         if heads is not None:
             array = unpermute_rows(array, heads)
         state[name] = torch.from_numpy(np.array(array, copy=True)).to(torch_dtype)
-    if config["tie_word_embeddings"]:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    model.to(device=device)
-    model.eval()
-    return model, config
+    return config, state
 
 
 # --- Tokenizer ------------------------------------------------------------------------------

@@ -6,6 +6,11 @@ memory budget.
   Gemma-2/3, DeepSeek-V3, Jamba), the bundled SmolLM2 and the toy presets.
 - :mod:`~cachelib.core.rules`: each cache class's allocation rules, replayed on integers.
 - :mod:`~cachelib.plan.accounting`: which cache each layer gets, step traces, final accounts.
+- :mod:`~cachelib.plan.layouts` and :mod:`~cachelib.plan.runtimes`: which layers slide as each
+  runtime builds its cache; runtimes' defaults (mlx-lm, transformers, vLLM, llama.cpp) and one
+  device's share of a tensor- / pipeline-parallel :class:`Deployment`.
+- :mod:`~cachelib.plan.device`: the whole device's memory: weights at their precision and share,
+  the activation peak, the runtime's overhead.
 - :mod:`~cachelib.plan.solver`: max context / batch / sessions in a budget, and the reverse.
 - :mod:`~cachelib.plan.quality`: the quality price of evidence handed to it, and the recommendation
   (:mod:`cachelib.profile.evidence` reads that evidence from profiles).
@@ -33,10 +38,16 @@ from .accounting import (
 )
 from .arch import Arch, Latent, Recurrent, arch_from_config, arch_from_model_info, count_params, load_config
 from .presets import preset, preset_names, resolve_model
+from .runtimes import RUNTIMES, Deployment, runtime_names
 from .curves import chart_range, context_grid, frontier_curves, memory_curves
-from .request import PlanRequest, PlanResult, gb_to_bytes, plan, plan_request
+from .request import PlanRequest, PlanResult, memory_bytes, plan, plan_request
+from .device import (
+    Activations, DeviceMemory, WeightsFormat, activation_peak, published_weights, run_activation_peak, weights_format,
+    weights_per_device,
+)
 from .solver import (
     GB,
+    GiB,
     NO_LIMIT,
     Fit,
     Quality,
@@ -50,10 +61,13 @@ from .solver import (
 )
 
 __all__ = [
-    "Account", "Arch", "Fit", "GB", "LayerAccount", "LayerCache", "Latent", "NO_LIMIT", "PlanRequest", "PlanResult",
+    "RUNTIMES", "Deployment", "runtime_names",
+    "Activations", "DeviceMemory", "WeightsFormat", "activation_peak", "published_weights", "run_activation_peak",
+    "weights_format", "weights_per_device",
+    "Account", "Arch", "Fit", "GB", "GiB", "LayerAccount", "LayerCache", "Latent", "NO_LIMIT", "PlanRequest", "PlanResult",
     "Quality", "Recurrent", "StepBytes", "Trace", "Update", "account", "arch_from_config", "arch_from_model_info",
     "attach_quality", "budget_needed", "cache_budget", "cache_layout", "chart_range", "context_grid",
-    "count_params", "frontier_curves", "gb_to_bytes", "kv_bytes_per_token", "load_config", "max_batch",
+    "count_params", "frontier_curves", "memory_bytes", "kv_bytes_per_token", "load_config", "max_batch",
     "max_context", "max_sessions", "memory_curves", "plan", "plan_request", "preset", "preset_names",
     "quantized_storage_ratio", "recurrent_state_bytes", "resolve_model", "schedule", "token_bytes", "trace",
     "weight_bytes",

@@ -27,6 +27,14 @@ MLX RotatingKVCache(window, keep=0); torch
 DynamicSlidingWindowLayer(window), StaticSlidingWindowLayer under ``static``, offloaded too
 under ``offloaded`` (transformers' DynamicCache offloads every layer).
 
+Which layers are the model's own sliding-window (or recurrent) layers is the runtime's rule
+(:mod:`cachelib.plan.layouts`): on MLX what mlx-lm's model class builds (Gemma-2 and Mistral:
+every layer full), on torch what transformers' ``DynamicCache(config=...)`` builds. Under a
+:class:`~cachelib.plan.runtimes.Deployment` every count is one device's (its pipeline stage, its
+tensor-parallel rank's KV heads, its KV format), and vLLM / llama.cpp allocate their own caches:
+``PagedBlocks`` / ``PagedSlidingWindow`` (vLLM's blocks), ``llama_kv_cache`` (llama.cpp's cells,
+the whole context at start).
+
 Recurrent layers hold MLX ``ArraysCache`` state (conv ``(B, K-1, C)`` and SSM ``(B, C, N)`` in
 the input dtype) or transformers ``LinearAttentionLayer`` state (conv ``(B, C, K)`` in the input
 dtype, SSM ``(B, C, N)`` in float32, as transformers' Mamba computes it).
@@ -47,6 +55,7 @@ from ..core.layout import LayerCache, rule_for
 from ..core.units import BACKENDS, DTYPE_BYTES, check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
+from .runtimes import Deployment, as_deployment, kv_format_check, largest_stage, stage_arches, stages
 
 CYCLE_KEYS = 4096  # distinct cycle keys a feed remembers before it starts looking afresh
 
@@ -74,15 +83,25 @@ def token_bytes(
     key_bits: int | None = None,
     value_bits: int | None = None,
     group_size: int = 64,
+    kv_format: str | None = None,
 ) -> int:
     """Bytes one token slot takes in one attention layer's cache (keys + values, whole batch).
 
     With ``key_bits``/``value_bits`` that side is stored quantized: ``D * bits / 8`` packed
-    bytes plus ``2 * D / group_size`` scale and bias elements in ``dtype``.
+    bytes plus ``2 * D / group_size`` scale and bias elements in ``dtype``. With ``kv_format``
+    (``fp8``, ``q8_0``, ``q4_0``: :data:`cachelib.core.rules.KV_FORMATS`) each K and V row of
+    ``kv_heads x head_dim`` elements is stored in that format instead of ``dtype``.
     """
     item = check_dtype(dtype)
     if (key_bits is None) != (value_bits is None):
         raise ValueError("give both key_bits and value_bits, or neither")
+    if kv_format is not None:
+        if key_bits is not None:
+            raise ValueError(f"kv_format {kv_format!r} is a storage format of its own; it takes no bits")
+        kv_format_check(arch, kv_format)
+        rows = R.format_bytes(arch.kv_heads * arch.key_dim, kv_format)
+        rows += R.format_bytes(arch.kv_heads * arch.value_dim, kv_format)
+        return batch * rows
     if key_bits is None:
         return batch * arch.kv_heads * (arch.key_dim + arch.value_dim) * item
     _check_group(arch, group_size)
@@ -101,13 +120,26 @@ def kv_bytes_per_token(
     key_bits: int | None = None,
     value_bits: int | None = None,
     group_size: int = 64,
+    kv_format: str | None = None,
+    deployment: Deployment | None = None,
 ) -> int:
     """Bytes one more token costs a full cache, summed over every attention layer (batch 1):
-    the figure model cards quote (Llama-3.1-8B fp16: 131,072)."""
+    the figure model cards quote (Llama-3.1-8B fp16: 131,072; fp8 KV: 65,536). With a
+    ``deployment``: on one device of it (its stage's layers, its rank's KV heads, its
+    ``kv_format``; Llama-3.1-70B at tp=8: 40,960)."""
     kb = key_bits if key_bits is not None else bits
     vb = value_bits if value_bits is not None else bits
-    per_layer = token_bytes(arch, dtype, key_bits=kb, value_bits=vb, group_size=group_size)
+    if deployment is not None:
+        arch = device_arch_of(arch, deployment)
+        kv_format = kv_format or deployment.kv_format
+    per_layer = token_bytes(arch, dtype, key_bits=kb, value_bits=vb, group_size=group_size, kv_format=kv_format)
     return per_layer * arch.attention_layers
+
+
+def device_arch_of(arch: Arch, deployment: Deployment) -> Arch:
+    """The architecture one device of ``deployment`` holds (:func:`cachelib.plan.runtimes.device_arch`)."""
+    stage_list = stage_arches(arch, deployment)
+    return stage_list[largest_stage(stage_list)]
 
 
 def quantized_storage_ratio(bits: int, group_size: int = 64, dtype: str = "float16") -> float:
@@ -127,6 +159,8 @@ def recurrent_state_bytes(arch: Arch, backend: str = "mlx", dtype: str = "float1
         return 0
     if backend == "mlx":  # conv (B, K-1, C), ssm (B, C, N), both in the input dtype
         return batch * rec.channels * ((rec.conv_kernel - 1) + rec.state_size) * item
+    if backend == "ggml":  # llama.cpp llama_memory_recurrent: r (K-1)*C and s N*C, float32
+        return batch * rec.channels * ((rec.conv_kernel - 1) + rec.state_size) * 4
     # transformers: conv (B, C, K) in the input dtype, ssm (B, C, N) in float32
     return batch * rec.channels * (rec.conv_kernel * item + rec.state_size * 4)
 
@@ -141,11 +175,49 @@ def check_backend(spec: Spec, backend: str) -> None:
     spec.check_backend(backend)
 
 
-def cache_layout(arch: Arch, spec: str | Spec, backend: str = "mlx") -> list[LayerCache]:
+def _deployment(deployment: Deployment | None, backend: str) -> Deployment:
+    return as_deployment(deployment, backend)
+
+
+def cache_layout(
+    arch: Arch,
+    spec: str | Spec,
+    backend: str = "mlx",
+    *,
+    deployment: Deployment | None = None,
+    context: int | None = None,
+) -> list[LayerCache]:
     """The cache class of every layer for ``spec`` on ``backend``: the strategy's table entry
-    says what goes on full-attention layers and on the model's own sliding-window layers."""
+    says what goes on full-attention layers and on the model's own sliding-window layers.
+
+    Which layers slide is the runtime's own rule (:mod:`cachelib.plan.layouts`): on ``mlx``
+    mlx-lm's ``make_cache`` (Gemma-2: every layer full), on ``torch`` transformers'
+    ``DynamicCache(config=...)``. With a ``deployment`` (its backend wins over ``backend``) the
+    layers are one device's: the largest pipeline stage's (see :mod:`cachelib.plan.runtimes`);
+    vLLM and llama.cpp allocate their own caches (strategy ``standard`` only): paged blocks, and
+    the whole ``-c`` context (``max_model_len``, else ``context``) at start; with neither, each
+    moment is sized as ``-c`` = the tokens so far would allocate it (what a search over contexts
+    needs).
+    """
     spec = parse_spec(spec)
-    check_backend(spec, backend)
+    d = _deployment(deployment, backend)
+    return _layout(device_arch_of(arch, d), spec, d, context)
+
+
+def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None) -> list[LayerCache]:
+    rt = d.profile
+    if rt is not None and rt.runtime_cache:
+        if spec.name != "standard":
+            raise ValueError(
+                f"runtime {rt.name} allocates its own cache; strategy {spec.name!r} does not apply there "
+                "(use standard, which plans the runtime's own allocation)"
+            )
+        return _runtime_layout(dev, d, context)
+    check_backend(spec, d.backend)
+    return _strategy_layout(dev, spec, d.backend)
+
+
+def _strategy_layout(arch: Arch, spec: Spec, backend: str) -> list[LayerCache]:
     strategy = spec.strategy
     full = strategy.plan(spec, backend)
     if spec.key_bits is not None:
@@ -162,6 +234,40 @@ def cache_layout(arch: Arch, spec: str | Spec, backend: str = "mlx") -> list[Lay
     return [by_type[k] for k in arch.layer_kinds]
 
 
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _runtime_layout(arch: Arch, d: Deployment, context: int | None) -> list[LayerCache]:
+    window = arch.sliding_window or 0
+    if d.runtime == "vllm":
+        if d.max_model_len and context and context > d.max_model_len:
+            raise ValueError(f"vllm: context {context:,} is past max_model_len={d.max_model_len:,}; vLLM refuses "
+                             "such a request (raise max_model_len)")
+        block = d.paged_block
+        by_type = {
+            "full": LayerCache("PagedBlocks", "full", (("block_size", block),)),
+            "sliding": LayerCache("PagedSlidingWindow", "sliding", (("window", window), ("block_size", block))),
+            "recurrent": LayerCache("MambaSpec", "recurrent"),
+        }
+    else:  # llama.cpp
+        n_ctx = d.max_model_len or context
+        swa_cells = _pad(window + d.profile.ubatch, 256)  # llama-kv-cache-iswa.cpp, before min(n_ctx, .)
+        if n_ctx is None:  # each moment as -c = the tokens so far would allocate it
+            by_type = {
+                "full": LayerCache("llama_kv_cache", "full", (("cells_step", 256),)),
+                "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("cells_step", 256), ("max_slots", swa_cells))),
+            }
+        else:
+            cells = _pad(n_ctx, 256)  # llama-context.cpp: GGML_PAD(n_ctx, 256)
+            by_type = {
+                "full": LayerCache("llama_kv_cache", "full", (("slots", cells), ("limit", cells))),
+                "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("slots", min(cells, swa_cells)),)),
+            }
+        by_type["recurrent"] = LayerCache("llama_memory_recurrent", "recurrent")
+    return [by_type[k] for k in arch.layer_kinds]
+
+
 def _model_sliding(backend: str, window: int) -> LayerCache:
     """The cache a model's own sliding-window layer gets: mlx-lm a ring without sinks,
     transformers a sliding-window layer."""
@@ -170,14 +276,38 @@ def _model_sliding(backend: str, window: int) -> LayerCache:
     return LayerCache("DynamicSlidingWindowLayer", "sliding", (("window", window),))
 
 
-def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int) -> R.Rule:
-    fp = token_bytes(arch, dtype, batch=batch)
+_RUNTIME_RULES = {"PagedBlocks", "PagedSlidingWindow", "MambaSpec", "llama_kv_cache", "llama_kv_cache_swa",
+                  "llama_memory_recurrent"}  # fmt: skip
+
+
+def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int, kv_format: str | None = None) -> R.Rule:
+    fp = token_bytes(arch, dtype, batch=batch, kv_format=kv_format)
+    if cache.kind in _RUNTIME_RULES:
+        return _runtime_rule(cache, arch, dtype, batch, fp)
     q = None
     if cache.key_bits is not None:
         q = token_bytes(arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits,
                         group_size=cache.group_size)  # fmt: skip
     state = recurrent_state_bytes(arch, backend, dtype, batch=batch) if cache.layer_type == "recurrent" else 0
     return rule_for(cache, fp, q, state)
+
+
+def _runtime_rule(cache: LayerCache, arch: Arch, dtype: str, batch: int, fp: int) -> R.Rule:
+    kind = cache.kind
+    if kind == "PagedBlocks":
+        return R.Paged(fp, cache.knob("block_size"))
+    if kind == "PagedSlidingWindow":
+        return R.PagedSliding(fp, cache.knob("window"), cache.knob("block_size"))
+    knobs = dict(cache.knobs)
+    if "cells_step" in knobs:  # llama.cpp sized by the context so far: GGML_PAD(tokens, 256) cells
+        return R.Paged(fp, knobs["cells_step"], knobs.get("max_slots"), kind=kind)
+    if kind == "llama_kv_cache":
+        return R.Preallocated(fp, knobs["slots"], knobs["limit"])
+    if kind == "llama_kv_cache_swa":
+        return R.Preallocated(fp, knobs["slots"], None, kind=kind)
+    if kind == "MambaSpec":  # vLLM: conv (K-1, C) and SSM (C, N) state pages in the model dtype
+        return R.RecurrentState(recurrent_state_bytes(arch, "mlx", dtype, batch=batch), kind=kind)
+    return R.RecurrentState(recurrent_state_bytes(arch, "ggml", dtype, batch=batch), kind=kind)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,13 +377,17 @@ class Replay:
     layers share it), the layer order kept for peaks and offloading. :func:`trace`,
     :func:`account` and the solver drive it."""
 
-    def __init__(self, caches: Sequence[LayerCache], arch: Arch, backend: str, dtype: str, batch: int):
+    def __init__(self, caches: Sequence[LayerCache], arch: Arch, backend: str, dtype: str, batch: int,
+                 kv_format: str | None = None):  # fmt: skip
         self.caches = list(caches)
+        self.arch = arch  # the layers' architecture: one device's under a deployment
+        self.first_layer = 0  # the model's index of the first layer here (a pipeline stage's start)
+        self.stage_count = 1  # pipeline stages laid out alike
         groups: dict[LayerCache, int] = {}
         for c in self.caches:
             groups.setdefault(c, len(groups))
         self.group_caches = list(groups)
-        self.rules = [_rule(c, arch, backend, dtype, batch) for c in self.group_caches]
+        self.rules = [_rule(c, arch, backend, dtype, batch, kv_format) for c in self.group_caches]
         self.order = [groups[c] for c in self.caches]
         self.offloaded = [c.offloaded for c in self.caches]
         off = [i for i, o in enumerate(self.offloaded) if o]
@@ -421,12 +555,44 @@ class Replay:
         return jumped
 
 
-def replay(arch: Arch, spec: str | Spec, backend: str = "mlx", *, batch: int = 1, dtype: str = "float16") -> Replay:
-    """An empty :class:`Replay` of the cache ``spec`` builds for ``arch`` on ``backend``."""
+def replay(
+    arch: Arch,
+    spec: str | Spec,
+    backend: str = "mlx",
+    *,
+    batch: int = 1,
+    dtype: str = "float16",
+    deployment: Deployment | None = None,
+    context: int | None = None,
+) -> Replay:
+    """An empty :class:`Replay` of the cache ``spec`` builds for ``arch`` on ``backend``; with a
+    ``deployment``, of one device's cache (the largest pipeline stage, one tensor-parallel rank;
+    ``context``: the run's, for runtimes that allocate it at start)."""
     spec = parse_spec(spec)
     check_dtype(dtype)
     _positive_int("batch", batch)
-    return Replay(cache_layout(arch, spec, backend), arch, backend, dtype, batch)
+    d = _deployment(deployment, backend)
+    return _stage_replays(arch, spec, d, dtype, batch, context)[0]
+
+
+def _stage_replays(arch: Arch, spec: Spec, d: Deployment, dtype: str, batch: int, context: int | None) -> list[Replay]:
+    """Replays of the distinct pipeline stages, the largest first, each with how many stages
+    share its layout (``Replay.stage_count``)."""
+    stage_list = stage_arches(arch, d)
+    starts = [r.start for r in stages(arch, d.pp)]
+    first = largest_stage(stage_list)
+    order = [first] + [i for i in range(len(stage_list)) if i != first]
+    seen: dict[tuple, Replay] = {}
+    for i in order:
+        a = stage_list[i]
+        key = (a.layer_kinds,)
+        if key in seen:
+            seen[key].stage_count += 1
+            continue
+        run = Replay(_layout(a, spec, d, context), a, d.backend, dtype, batch, d.kv_format)
+        run.first_layer = starts[i]
+        seen[key] = run
+    return list(seen.values())
 
 
 @dataclass(frozen=True)
@@ -440,6 +606,7 @@ class Trace:
     batch: int
     layers: tuple[LayerCache, ...]
     steps: tuple[StepBytes, ...]
+    deployment: Deployment | None = None  # steps are one device's bytes under a deployment
 
     @property
     def peak_bytes(self) -> int:
@@ -463,11 +630,16 @@ def trace(
     updates: Iterable[int] | None = None,
     batch: int = 1,
     dtype: str = "float16",
+    deployment: Deployment | None = None,
 ) -> Trace:
     """Bytes after every update of a run: ``context`` tokens as :func:`schedule` splits them, or
-    an explicit list of update sizes (``updates``, e.g. ``[100, 1, 1, 7, 1]``)."""
+    an explicit list of update sizes (``updates``, e.g. ``[100, 1, 1, 7, 1]``).
+
+    With a ``deployment`` (its backend wins over ``backend``) every byte count is one device's:
+    the largest pipeline stage on one tensor-parallel rank; the prompt goes in the runtime's
+    chunks (``deployment.prefill_chunk``) unless ``prefill_chunk`` says otherwise."""
     spec = parse_spec(spec)
-    run = replay(arch, spec, backend, batch=batch, dtype=dtype)
+    d = _deployment(deployment, backend)
     if updates is not None:
         if context is not None or prefill is not None or prefill_chunk is not None:
             raise ValueError("give either updates or context/prefill/prefill_chunk, not both")
@@ -475,9 +647,11 @@ def trace(
     else:
         if context is None:
             raise ValueError("context is required (or give updates)")
-        plan = schedule(context, prefill, prefill_chunk)
+        plan = schedule(context, prefill, prefill_chunk or d.prefill_chunk)
+    total = sum(u.tokens * u.repeat for u in plan)
+    run = replay(arch, spec, backend, batch=batch, dtype=dtype, deployment=deployment, context=total)
     steps = [run.update(u.tokens, u.phase, True) for u in plan for _ in range(u.repeat)]
-    return Trace(arch.name, str(spec), backend, dtype, batch, tuple(run.caches), tuple(steps))
+    return Trace(arch.name, str(spec), d.backend, dtype, batch, tuple(run.caches), tuple(steps), deployment)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,6 +689,15 @@ class Account:
     host_bytes: int  # after the last update, offloaded to the host
     peak_bytes: int  # device: the worst moment of the run, transients included
     max_resident_bytes: int  # device: the most held between updates
+    deployment: Deployment | None = None  # every count above is one device's under a deployment
+    devices: int = 1  # devices the deployment spreads the cache over (tp x pp)
+    total_bytes_allocated: int | None = None  # summed over every device (None: one device, bytes_allocated)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes allocated at the end over every device of the deployment (replicated KV heads
+        counted on each rank that holds them)."""
+        return self.bytes_allocated if self.total_bytes_allocated is None else self.total_bytes_allocated
 
     @property
     def bytes_per_token(self) -> float:
@@ -532,28 +715,48 @@ def account(
     prefill_chunk: int | None = None,
     batch: int = 1,
     dtype: str = "float16",
+    deployment: Deployment | None = None,
 ) -> Account:
     """The cache after a run of ``context`` tokens (see :func:`schedule`), per layer and in
     total, with the run's peak and resident maxima. Equal to the last step of :func:`trace`,
-    computed in time bounded by the updates' cycles (:meth:`Replay.feed`), not by tokens."""
+    computed in time bounded by the updates' cycles (:meth:`Replay.feed`), not by tokens.
+
+    With a ``deployment`` (its backend wins over ``backend``; the prompt goes in its runtime's
+    chunks unless ``prefill_chunk`` is given) the layers and every byte count are one device's:
+    the largest pipeline stage (most layers, then most full-attention layers) on one
+    tensor-parallel rank, which is what must fit in one device's memory. ``total_bytes`` sums
+    every device: each stage's bytes times ``tp`` (KV heads replicated past their count are
+    counted on every rank that holds them), so it is ``bytes_allocated x devices`` only when
+    the stages are alike."""
     spec = parse_spec(spec)
-    run = replay(arch, spec, backend, batch=batch, dtype=dtype)
-    plan = schedule(context, prefill, prefill_chunk)
-    peak = resident = 0
-    for u in plan:
-        p, r = run.feed(u.tokens, u.repeat, u.phase)
-        peak, resident = max(peak, p), max(resident, r)
+    check_dtype(dtype)
+    _positive_int("batch", batch)
+    d = _deployment(deployment, backend)
+    plan = schedule(context, prefill, prefill_chunk or d.prefill_chunk)
+    runs = _stage_replays(arch, spec, d, dtype, batch, context)
+    total = 0
+    for i, run in enumerate(runs):
+        peak = resident = 0
+        for u in plan:
+            p, r = run.feed(u.tokens, u.repeat, u.phase)
+            peak, resident = max(peak, p), max(resident, r)
+        total += run.totals()[0] * run.stage_count * d.tp
+        if i == 0:
+            first = (peak, resident)
+    run = runs[0]
+    peak, resident = first
     alloc, used = run.totals()
     device = run.device_bytes()
     layers = []
     for i, (cache, g) in enumerate(zip(run.caches, run.order)):
         s = run.rules[g].state()
         layers.append(
-            LayerAccount(i, cache.layer_type, s.kind, s.tokens_held, s.capacity, s.bytes_allocated, s.bytes_used,
-                         run.on_device(i))  # fmt: skip
+            LayerAccount(run.first_layer + i, cache.layer_type, s.kind, s.tokens_held, s.capacity, s.bytes_allocated,
+                         s.bytes_used, run.on_device(i))  # fmt: skip
         )
     prefill_tokens = sum(u.tokens * u.repeat for u in plan if u.phase == "prefill")
     return Account(
-        arch.name, str(spec), backend, dtype, batch, context, prefill_tokens, prefill_chunk, tuple(layers),
-        alloc, used, device, alloc - device, peak, resident,
+        arch.name, str(spec), d.backend, dtype, batch, context, prefill_tokens, prefill_chunk or d.prefill_chunk,
+        tuple(layers), alloc, used, device, alloc - device, peak, resident, deployment, d.devices,
+        total if deployment is not None else None,
     )  # fmt: skip

@@ -33,6 +33,7 @@ _LAYER_TYPE_NAMES = {
 # transformers' defaults where a config may omit the window of a model that always slides
 _DEFAULT_WINDOW = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "gemma3": 4096}
 _RECURRENT_TYPES = ("mamba", "falcon_mamba", "jamba")
+_NO_KV_CACHE = ("openai-gpt",)  # transformers' OpenAIGPTModel takes no cache
 
 
 @dataclass(frozen=True)
@@ -207,15 +208,15 @@ def arch_from_config(
     if "num_attention_heads" in values:
         heads = _positive("num_attention_heads", values["num_attention_heads"], where)
         kv_heads = _first(text, "num_key_value_heads", "num_kv_heads", "n_head_kv")
-        if kv_heads is None and text.get("multi_query"):
+        if text.get("multi_query"):  # gpt_bigcode: one K/V head, whatever else the config says
             kv_heads = 1
         kv_heads = _positive("num_key_value_heads", heads if kv_heads is None else kv_heads, where)
-        if heads % kv_heads:
+        if heads % kv_heads and latent is None:  # a latent cache has no key/value heads of its own
             raise ValueError(
                 f"{where}: num_attention_heads={heads} is not divisible by num_key_value_heads={kv_heads}; "
                 "each key/value head must serve a whole number of query heads"
             )
-        head_dim = text.get("head_dim")
+        head_dim = _first(text, "head_dim", "kv_channels")  # jetmoe / chatglm: kv_channels per head
         if latent is not None:
             head_dim = latent.qk_rope_head_dim  # unused for caching; transformers sets it so too
         elif head_dim is None:
@@ -265,6 +266,14 @@ def _with_params(arch: Arch, n: int, note: str) -> Arch:
 def _layer_kinds(text: Mapping, model_type: str, layers: int, where: str) -> tuple[tuple[str, ...], int | None]:
     window = text.get("sliding_window")
     explicit = text.get("layer_types")
+    mixer = sorted(k for k in text if k.startswith(("mamba_", "ssm_")))
+    if mixer and model_type not in _RECURRENT_TYPES:  # e.g. falcon_h1: attention and SSM in each layer
+        raise ValueError(
+            f"{where}: recurrent layers of model_type {model_type!r} (config fields {', '.join(mixer[:3])}) are not "
+            f"modelled by the planner; supported: {', '.join(_RECURRENT_TYPES)}"
+        )
+    if model_type in _NO_KV_CACHE:
+        raise ValueError(f"{where}: transformers' {model_type!r} model keeps no KV cache; nothing to plan")
     if model_type == "jamba":
         period = _positive("attn_layer_period", text.get("attn_layer_period", 8), where)
         offset = int(text.get("attn_layer_offset", 4))

@@ -70,21 +70,29 @@ def memory_curves(arch: Arch, request: PlanRequest, contexts: Sequence[int]) -> 
 
 def frontier_curves(arch: Arch, request: PlanRequest, contexts: Sequence[int]) -> pd.DataFrame:
     """Per strategy of ``request`` and context: the largest batch and the most concurrent
-    sessions (batch 1 each) whose cache fits what the request's budget leaves for it. NaN where
+    sessions (batch 1 each) whose cache and activations fit what the request's budget leaves. NaN where
     the strategy refuses the run. The request's batch plays no part: bytes scale with it."""
     available = request.cache_budget(arch)
     if available is None:
-        raise ValueError("give a memory budget (--budget-gb) to see what fits")
+        raise ValueError("give a memory budget (--budget) to see what fits")
     rows = []
     for spec in request.strategies:
         points = _walk(arch, spec, request, contexts, batch=1)
+        prompt = request.prefill
+        shared = points.get(prompt) if prompt in points else None  # the prompt-only run, when on the grid
+        if prompt is not None and any(n > prompt for n in contexts) and not isinstance(shared, _Point):
+            shared = _walk(arch, spec, request, [prompt], batch=1)[prompt]
         for n in contexts:
             p = points[n]
             if isinstance(p, ValueError):
                 most = sessions = np.nan
             else:
-                most = batch_count(p.peak_bytes, available)
-                sessions = session_count(p.peak_bytes, p.max_resident_bytes, available)
+                before = shared.peak_bytes if prompt is not None and n > prompt and isinstance(shared, _Point) else None
+                extra = request.forward_bytes(arch, spec, context=n, batch=1, run_peak=p.peak_bytes,
+                                              prompt_peak=before)[0]  # fmt: skip
+                row = p.peak_bytes + extra  # as plan counts it
+                most = batch_count(row, available)
+                sessions = session_count(row, p.max_resident_bytes, available)
             rows.append({"strategy": str(spec), "context": n, "max_batch": most, "sessions": sessions})
     return pd.DataFrame(rows, columns=["strategy", "context", "max_batch", "sessions"]).astype(
         {"context": "int64", "max_batch": "float64", "sessions": "float64"}
@@ -141,11 +149,12 @@ def _walk(arch: Arch, spec: Spec, request: PlanRequest, contexts: Sequence[int],
     targets = sorted(set(contexts))
     if not targets:
         return {}
-    prefill, chunk = request.prefill, request.prefill_chunk or None
+    prefill, chunk = request.prefill, request.chunk or None
     try:
         end = targets[-1]
         schedule(end, None if prefill is None else min(prefill, end), chunk)  # the checks account makes
-        empty = _Run(replay(arch, spec, request.backend, batch=batch, dtype=request.dtype))
+        empty = _Run(replay(arch, spec, request.backend, batch=batch, dtype=request.dtype,
+                            deployment=request.deployment))  # fmt: skip
     except ValueError as e:
         return {n: e for n in targets}
     whole = empty.copy()  # the prompt's whole chunks fed so far, shared by every longer run

@@ -1,39 +1,42 @@
-"""One planning request and its answers: :class:`PlanRequest` (strategies, a workload, a memory
-budget and quality thresholds), :func:`plan` (each strategy's :class:`~cachelib.plan.solver.Fit`)
-and :func:`plan_request` (the fits, every measured strategy as a candidate too, and the
+"""One planning request and its answers: :class:`PlanRequest` (strategies, a workload, a
+deployment, a memory budget per device and quality thresholds), :func:`plan` (each strategy's
+:class:`~cachelib.plan.solver.Fit`, every term of the device's memory counted) and
+:func:`plan_request` (the fits, every measured strategy as a candidate too, and the
 recommendation), as the CLI and the app's Planner page make them.
 
-Bytes inside, GB only at the edges: :func:`gb_to_bytes` reads a ``--*-gb`` flag or a page field
-into bytes, :meth:`PlanRequest.to_argv` writes the request back as the ``python -m cachelib plan``
-command that prints the same plan. Nothing here reads profiles (the caller passes the quality
-table) or prints.
+Bytes inside, units only at the edges: :func:`~cachelib.core.units.parse_memory` reads a memory
+flag or a page field (a bare number is GiB; ``24GiB`` and ``24GB`` say their unit),
+:meth:`PlanRequest.to_argv` writes the request back as the ``python -m cachelib plan`` command
+that prints the same plan. Nothing here reads profiles (the caller passes the quality table) or
+prints.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
-from ..core.units import GB
-from ..spec import Spec, parse_spec
+from ..core.units import human_gib, memory_text, parse_memory
+from ..spec import TORCH_QUANT_BITS, Spec, parse_spec, strategy
 from .accounting import account
 from .arch import Arch
+from .device import (
+    Activations, DeviceMemory, WeightsFormat, phase_activations, resolve_weights, run_activation_peak,
+    runtime_overhead,
+    weights_format, weights_per_device,
+)  # fmt: skip
 from .quality import Evidence, Judgement, Recommendation, judge_fits, recommend, scaled_candidates
-from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, weight_bytes
+from .runtimes import RUNTIMES, Deployment
+from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
 
 COMMAND = ("python", "-m", "cachelib", "plan")
 
 
-def gb_to_bytes(name: str, value: float | None) -> int | None:
-    """``value`` GB (10^9 bytes) as bytes; None stays None; a negative value is refused by ``name``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"--{name} must be a finite number of GB, got {value!r}")
-    if value < 0:
-        raise ValueError(f"--{name} must be >= 0, got {value}")
-    return round(value * GB)
+def memory_bytes(name: str, value: str | float | None) -> int | None:
+    """A memory size as bytes (a bare number is GiB; ``"24GB"`` is 24 x 10^9 bytes); None stays
+    None; bad input is a ``ValueError`` naming ``name``."""
+    return None if value is None else parse_memory(value, name)
 
 
 def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | None = None, optional: bool = False) -> None:
@@ -50,11 +53,16 @@ def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | Non
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
+DEVICES = ("gpu", "cpu")  # where the forward runs: on the CPU, MLX materialises attention scores
+SOLVE = ("max_kv_size", "bits")  # what --solve searches for
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What to plan: strategies against one workload (batch x context, the prompt and how it is
-    fed) and, optionally, a memory budget and the quality thresholds of a recommendation. The
-    model is not part of it: the planner is handed an :class:`~cachelib.plan.Arch`.
+    fed), one deployment (a runtime, its parallelism and KV format) and, optionally, a memory
+    budget per device and the quality thresholds of a recommendation. The model is not part of
+    it: the planner is handed an :class:`~cachelib.plan.Arch`.
 
     Strategies are parsed here (text or :class:`~cachelib.spec.Spec`); the first is the reference
     the page counts savings against. ValueError names whatever is wrong."""
@@ -66,11 +74,18 @@ class PlanRequest:
     backend: str = "mlx"
     dtype: str = "float16"
     prefill: int | None = None  # prompt tokens (default: the whole context); the rest is decoded
-    prefill_chunk: int | None = None  # feed the prompt in chunks of this many tokens (default: one update)
-    budget_bytes: int | None = None  # weights + reserve + cache
-    weights_bytes: int | None = None  # as measured; None: counted from the parameters at weight_bits
-    weight_bits: float = 16
-    reserve_bytes: int = 0  # kept free for activations and the runtime
+    prefill_chunk: int | None = None  # feed the prompt in chunks of this many tokens (default: the runtime's, else one update)
+    budget_bytes: int | None = None  # one device's memory: weights + overhead + reserve + activations + cache
+    weights_bytes: int | None = None  # one device's weights, as measured; None: counted at weights_dtype
+    weights_dtype: str | None = None  # a format name or bits per parameter; None: the model's published dtype
+    reserve_bytes: int = 0  # kept free on each device
+    runtime: str | None = None  # mlx-lm | transformers | vllm | llama.cpp; None: cachelib's caches on backend
+    tp: int = 1
+    pp: int = 1
+    kv_format: str | None = None  # fp8 (vllm), q8_0 / q4_0 (llama.cpp); None: the dtype
+    device: str = "gpu"  # where the forward runs (what the attention kernel materialises)
+    sessions: int | None = None  # concurrent sessions --solve must fit
+    solve: str | None = None  # "max_kv_size" | "bits": search the strategy knob that fits the sessions
     max_kl: float | None = None  # recommend the cheapest strategy with mean KL at most this (nats)
     min_agreement: float | None = None  # ... and/or top-1 agreement at least this (0..1)
 
@@ -79,7 +94,7 @@ class PlanRequest:
         if not specs:
             raise ValueError("give at least one strategy spec")
         object.__setattr__(self, "strategies", specs)  # frozen: set once, canonical
-        for flag, value in (("context", self.context), ("batch", self.batch)):
+        for flag, value in (("context", self.context), ("batch", self.batch), ("tp", self.tp), ("pp", self.pp)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"--{flag} must be a positive integer, got {value!r}")
         # Every number the request holds is finite and in range (the page and the API, not only the CLI).
@@ -88,51 +103,155 @@ class PlanRequest:
         for name, value in (("budget_bytes", self.budget_bytes), ("weights_bytes", self.weights_bytes)):
             _check_number(name, value, integer=True, lo=0, optional=True)
         _check_number("reserve_bytes", self.reserve_bytes, integer=True, lo=0)
-        _check_number("--weight-bits", self.weight_bits, integer=False, lo=1e-9, hi=64)
         _check_number("--max-kl", self.max_kl, integer=False, lo=0, optional=True)
         _check_number("--min-agreement", self.min_agreement, integer=False, lo=0, hi=1, optional=True)
+        _check_number("--sessions", self.sessions, integer=True, lo=1, optional=True)
+        if self.weights_dtype is not None:
+            try:
+                weights_format(self.weights_dtype)  # names the allowed formats
+            except ValueError as e:
+                raise ValueError(f"--weights-dtype: {e}") from None
+            if not isinstance(self.weights_dtype, str):  # bits as a number: the text the CLI reads back
+                object.__setattr__(self, "weights_dtype", _number(float(self.weights_dtype)))
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; allowed: {', '.join(DEVICES)}")
+        if self.runtime is not None:
+            if self.runtime not in RUNTIMES:
+                raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
+            object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)  # the runtime implies it
+        self.deployment  # validates tp, pp and the KV format against the runtime
+        if self.solve is not None:
+            if self.solve not in SOLVE:
+                raise ValueError(f"unknown --solve {self.solve!r}; allowed: {', '.join(SOLVE)}")
+            if self.sessions is None or self.budget_bytes is None:
+                raise ValueError(f"--solve {self.solve} needs --sessions N and --budget (what must fit, and where)")
 
     @property
     def recommending(self) -> bool:
         return self.max_kl is not None or self.min_agreement is not None
 
+    @property
+    def deployment(self) -> Deployment | None:
+        """The runtime and parallelism planned for; None for cachelib's own caches on one device."""
+        if self.runtime is None and self.tp == 1 and self.pp == 1 and self.kv_format is None:
+            return None
+        return Deployment.make(self.runtime, None if self.runtime else self.backend, tp=self.tp, pp=self.pp,
+                               kv_format=self.kv_format)  # fmt: skip
+
+    @property
+    def chunk(self) -> int | None:
+        """Tokens per prompt update: as given, else the runtime's default, else the whole prompt."""
+        d = self.deployment
+        return self.prefill_chunk or (d.prefill_chunk if d is not None else None)
+
+    def weights_format(self, arch: Arch) -> WeightsFormat:
+        return resolve_weights(arch, self.weights_dtype)
+
     def weights(self, arch: Arch) -> int | None:
-        """Weight bytes: as given, else ``arch``'s parameters x ``weight_bits``; None when neither is known."""
+        """One device's weight bytes: as given, else ``arch``'s parameters at the weights' format,
+        split over the deployment; None when neither is known."""
         if self.weights_bytes is not None:
             return self.weights_bytes
-        return None if arch.num_params is None else weight_bytes(arch, self.weight_bits)
+        if arch.num_params is None:
+            return None
+        return weights_per_device(arch, self.weights_format(arch), tp=self.tp, pp=self.pp)
+
+    def overhead(self) -> tuple[int, str]:
+        """What the runtime holds outside arrays on one device, and where the number comes from."""
+        d = self.deployment
+        return runtime_overhead(self.runtime, self.backend, self.budget_bytes, d.gpu_memory_utilization if d else None)
+
+    def activations(self, arch: Arch, spec: Spec, *, context: int | None = None, batch: int | None = None) -> Activations:
+        """The activation peak of the run's worst forward on one device."""
+        return run_activation_peak(
+            arch, spec, context=context or self.context, prefill=self.prefill, prefill_chunk=self.chunk,
+            batch=batch or self.batch, dtype=self.dtype, backend=self.backend, runtime=self.runtime,
+            device=self.device, tp=self.tp,
+        )  # fmt: skip
+
+    def forward_bytes(self, arch: Arch, spec: Spec, *, context: int | None = None, batch: int | None = None,
+                      run_peak: int | None = None, prompt_peak: int | None = None) -> tuple[int, Activations]:
+        """The bytes one device holds beyond the cache's peak at the run's worst moment, and
+        the forward that makes it: the worst prefill chunk over the cache as the prompt leaves
+        it, or the last decode step over the cache at its peak, whichever is larger.
+        ``run_peak`` / ``prompt_peak``: the cache peaks of the run and of its prompt alone, when
+        the caller has them (else they are accounted here)."""
+        context, batch = context or self.context, batch or self.batch
+        prefill = self.prefill
+        pre, dec = phase_activations(
+            arch, spec, context=context, prefill=prefill, prefill_chunk=self.chunk, batch=batch, dtype=self.dtype,
+            backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp,
+        )  # fmt: skip
+
+        def peak(n: int) -> int:
+            return account(arch, spec, self.backend, context=n, prefill=n, prefill_chunk=self.prefill_chunk,
+                           batch=batch, dtype=self.dtype, deployment=self.deployment).peak_bytes  # fmt: skip
+
+        prompt = context if prefill is None else min(prefill, context)
+        if run_peak is None:
+            run_peak = peak(context) if dec is None else account(
+                arch, spec, self.backend, context=context, prefill=prompt, prefill_chunk=self.prefill_chunk,
+                batch=batch, dtype=self.dtype, deployment=self.deployment,
+            ).peak_bytes  # fmt: skip
+        moments = []
+        if dec is not None:
+            moments.append((run_peak + dec.total, dec))
+        if pre is not None:
+            if dec is None:
+                prompt_peak = run_peak
+            elif prompt_peak is None:
+                prompt_peak = peak(prompt)
+            moments.append((prompt_peak + pre.total, pre))
+        worst, forward = max(moments, key=lambda m: m[0])
+        return worst - run_peak, forward
 
     def cache_budget(self, arch: Arch) -> int | None:
-        """Bytes the budget leaves for ``arch``'s cache (budget - weights - reserve); None without a budget."""
+        """Bytes one device's budget leaves for the cache and the activations (budget - weights -
+        overhead - reserve); None without a budget."""
         if self.budget_bytes is None:
             return None
         weights = self.weights(arch)
         if weights is None:
-            raise ValueError(f"{arch.name} has no parameter count; give --weights-gb to plan against --budget-gb")
-        return cache_budget(self.budget_bytes, weights, self.reserve_bytes)
+            raise ValueError(f"{arch.name} has no parameter count; give --weights-memory to plan against --budget")
+        return cache_budget(self.budget_bytes, weights, self.reserve_bytes, self.overhead()[0])
 
     def to_argv(self, model: str, evidence: Sequence[str] = (), *, default_evidence: bool = True) -> list[str]:
         """The ``python -m cachelib plan`` command line that prints the same plan for ``model`` (a
         preset name or a config.json path), with an ``--evidence`` for each path beyond the
-        committed evidence (left out with ``default_evidence=False``). GB are written so that
-        they read back as exactly these bytes."""
+        committed evidence (left out with ``default_evidence=False``). Memory is written so that
+        it reads back as exactly these bytes (GiB where it can)."""
         args = [*COMMAND, "--model", model, "--context", str(self.context)]
         if self.batch != 1:
             args += ["--batch", str(self.batch)]
         for spec in self.strategies:
             args += ["--strategy", str(spec)]
-        args += ["--backend", self.backend, "--dtype", self.dtype]
+        if self.runtime is not None:
+            args += ["--runtime", self.runtime]
+        else:
+            args += ["--backend", self.backend]
+        args += ["--dtype", self.dtype]
+        for flag, value in (("--tp", self.tp), ("--pp", self.pp)):
+            if value != 1:
+                args += [flag, str(value)]
+        if self.kv_format is not None:
+            args += ["--kv-format", self.kv_format]
+        if self.device != "gpu":
+            args += ["--device", self.device]
         for flag, value in (("--prefill", self.prefill), ("--prefill-chunk", self.prefill_chunk)):
             if value is not None:
                 args += [flag, str(value)]
         if self.budget_bytes is not None:
-            args += ["--budget-gb", _number(self.budget_bytes / GB)]
+            args += ["--budget", memory_text(self.budget_bytes)]
         if self.weights_bytes is not None:
-            args += ["--weights-gb", _number(self.weights_bytes / GB)]
-        elif self.weight_bits != 16:
-            args += ["--weight-bits", _number(self.weight_bits)]
+            args += ["--weights-memory", memory_text(self.weights_bytes)]
+        elif self.weights_dtype is not None:
+            args += ["--weights-dtype", str(self.weights_dtype)]
         if self.reserve_bytes:
-            args += ["--reserve-gb", _number(self.reserve_bytes / GB)]
+            args += ["--reserve", memory_text(self.reserve_bytes)]
+        if self.sessions is not None:
+            args += ["--sessions", str(self.sessions)]
+        if self.solve is not None:
+            args += ["--solve", self.solve]
         if not default_evidence:
             args += ["--no-default-evidence"]
         for path in evidence:
@@ -150,24 +269,132 @@ def _number(value: float) -> str:
     return short if float(short) == value else repr(float(value))
 
 
+def _max_context(arch: Arch, spec: Spec, available: int, r: PlanRequest, common: dict) -> tuple[int | None, str]:
+    """The longest context whose cache peak and activations fit ``available``. The activations
+    grow with the keys attention sees, so the search runs with those of the asked context, and
+    again with those of the answer when they are larger (the second answer always fits)."""
+    first = r.activations(arch, spec, batch=r.batch).total
+    if first >= available:
+        return 0, "memory"
+    n, why = max_context(arch, spec, available - first, batch=r.batch, **common)
+    if n is None or n <= r.context or r.activations(arch, spec, context=n, batch=r.batch).total <= first:
+        return n, why
+
+    def fits(m: int) -> bool:  # the cache's peak and what the worst forward adds, for a run of m tokens
+        p = None if r.prefill is None else min(r.prefill, m)
+        peak = account(arch, spec, r.backend, context=m, prefill=p, prefill_chunk=r.prefill_chunk, batch=r.batch,
+                       dtype=r.dtype, deployment=common["deployment"]).peak_bytes  # fmt: skip
+        return peak + r.forward_bytes(arch, spec, context=m, batch=r.batch)[0] <= available
+
+    lo, hi = r.context, n  # fits(lo) (the first search says so); the activations may refuse n
+    if fits(hi):
+        return n, why
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, "memory"
+
+
 def plan(arch: Arch, request: PlanRequest) -> list[Fit]:
-    """Each of the request's strategies: its cache for ``batch`` x ``context`` and, with a
-    budget, what fits (see :mod:`cachelib.plan.solver`)."""
-    weights = request.weights(arch)
-    available = request.cache_budget(arch)
+    """Each of the request's strategies: its cache for ``batch`` x ``context`` on one device of
+    the deployment, the activations and overhead around it and, with a budget, what fits (see
+    :mod:`cachelib.plan.solver`)."""
     r = request
-    common = dict(backend=r.backend, dtype=r.dtype, prefill=r.prefill, prefill_chunk=r.prefill_chunk)
+    weights = r.weights(arch)
+    available = r.cache_budget(arch)
+    overhead, overhead_note = r.overhead()
+    d = r.deployment
+    fmt = r.weights_format(arch)
+    if r.weights_bytes is not None:
+        weights_note = "given"
+    elif weights is not None:
+        named = "" if fmt.name.endswith(" bits") else f"{fmt.name}, "
+        weights_note = f"{arch.num_params:,} params x {fmt.bits:g} bits ({named}{fmt.source})"
+        if r.tp * r.pp > 1:
+            weights_note += f", split over tp={r.tp} x pp={r.pp}"
+    else:
+        weights_note = "unknown"
+    common = dict(backend=r.backend, dtype=r.dtype, prefill=r.prefill, prefill_chunk=r.prefill_chunk, deployment=d)
     out = []
     for spec in r.strategies:
         acc = account(arch, spec, r.backend, context=r.context, prefill=r.prefill, prefill_chunk=r.prefill_chunk,
-                      batch=r.batch, dtype=r.dtype)  # fmt: skip
+                      batch=r.batch, dtype=r.dtype, deployment=d)  # fmt: skip
+        extra, act = r.forward_bytes(arch, spec)
         limit, why, most, sessions = None, "", None, None
         if available is not None:
-            limit, why = max_context(arch, spec, available, batch=r.batch, **common)
-            most = max_batch(arch, spec, available, context=r.context, **common)
-            sessions = max_sessions(arch, spec, available, context=r.context, **common)
-        out.append(Fit(str(spec), acc, weights, r.reserve_bytes, r.budget_bytes, limit, why, most, sessions))
+            row = r.forward_bytes(arch, spec, batch=1)[0]
+            limit, why = _max_context(arch, spec, available, r, common)
+            most = max_batch(arch, spec, available, context=r.context, row_bytes=row, **common)
+            sessions = max_sessions(arch, spec, available, context=r.context, forward_bytes=row, **common)
+        note = act.describe()
+        if extra != act.total:
+            note += f"; counted beyond the cache's run peak: {extra:,} (the cache holds less at that forward)"
+        memory = DeviceMemory(
+            weights or 0, acc.peak_bytes, extra, overhead, r.reserve_bytes, r.budget_bytes, weights_note, note,
+            overhead_note,
+        )  # fmt: skip
+        out.append(Fit(str(spec), acc, weights, r.reserve_bytes, r.budget_bytes, limit, why, most, sessions,
+                       activation_bytes=extra, overhead_bytes=overhead, device=memory))  # fmt: skip
     return out
+
+
+class Solved(NamedTuple):
+    """The answer of ``--solve``: the spec found (None when nothing fits), the knob's value, the
+    sessions it fits, and the sentence that says so with the evidence (the next value's count)."""
+
+    spec: Spec | None
+    value: int | None
+    sessions: int
+    text: str
+
+
+def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
+    """The largest ``max_kv_size`` (mlx-lm's ``--max-kv-size``: ``rotating:max_size=N,keep=4``)
+    or the most KV bits (``quantized:bits=B``) with which ``request.sessions`` concurrent
+    sessions of ``request.context`` tokens fit one device's budget, activations counted."""
+    r = request
+    if r.solve is None or r.sessions is None:
+        raise ValueError("give --solve and --sessions")
+    available = r.cache_budget(arch)
+    want, budget = r.sessions, human_gib(r.budget_bytes)
+    where = f"{want} sessions of {r.context:,} tokens in {budget} per device"
+
+    def fits(spec: Spec) -> int:
+        p = None if r.prefill is None else min(r.prefill, r.context)
+        acc = account(arch, spec, r.backend, context=r.context, prefill=p, prefill_chunk=r.prefill_chunk,
+                      dtype=r.dtype, deployment=r.deployment)  # fmt: skip
+        return session_count(acc.peak_bytes + r.forward_bytes(arch, spec, batch=1)[0], acc.max_resident_bytes,
+                             available)  # fmt: skip
+
+    if r.solve == "bits":
+        allowed = TORCH_QUANT_BITS if r.backend == "torch" else strategy("quantized").knob("bits").choices
+        tried = []
+        for bits in sorted(allowed, reverse=True):
+            spec = parse_spec(f"quantized:bits={bits}")
+            n = fits(spec)
+            tried.append(f"{bits} bits: {n}")
+            if n >= want:
+                return Solved(spec, bits, n, f"--solve bits: {spec} is the most KV bits that fit {where} "
+                              f"({n} fit; sessions per bits tried: {', '.join(tried)})")  # fmt: skip
+        return Solved(None, None, 0, f"--solve bits: no KV bits fit {where} (sessions per bits: {', '.join(tried)})")
+
+    def ring(size: int) -> Spec:
+        return parse_spec(f"rotating:max_size={size},keep=4")
+
+    whole = fits(ring(r.context))
+    if whole >= want:
+        return Solved(ring(r.context), r.context, whole,
+                      f"--solve max_kv_size: every max_kv_size fits {where}, up to the whole context "
+                      f"({whole} sessions fit at max_kv_size {r.context:,}); no ring is needed")  # fmt: skip
+    lo, hi = 5, r.context  # keep=4 needs a ring of at least 5 slots
+    if fits(ring(lo)) < want:
+        return Solved(None, None, 0, f"--solve max_kv_size: not even a {lo}-token ring fits {where}")
+    while hi - lo > 1:  # fits(ring(lo)) >= want > fits(ring(hi)); sessions fall as the ring grows
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(ring(mid)) >= want else (lo, mid)
+    n, after = fits(ring(lo)), fits(ring(lo + 1))
+    return Solved(ring(lo), lo, n, f"--solve max_kv_size: {lo:,} is the largest max_kv_size (mlx-lm --max-kv-size, "
+                  f"{ring(lo)}) that fits {where}: {n} fit at {lo:,}, {after} at {lo + 1:,}")  # fmt: skip
 
 
 @dataclass(frozen=True)

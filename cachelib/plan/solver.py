@@ -2,12 +2,17 @@
 strategy, the headroom left, and the reverse (the budget a workload needs);
 :func:`cachelib.plan.request.plan` asks these for each strategy of a request.
 
-Memory model: ``budget = weights + reserve + cache``. ``reserve`` is what the caller keeps for
-activations and the runtime. A run fits when the cache's device peak (the worst moment of the
-run, transient copies included; :attr:`~cachelib.plan.accounting.Account.peak_bytes`) fits in
-``budget - weights - reserve``. Concurrent sessions are independent caches of batch 1: ``n``
-fit when ``n - 1`` of them sit at their largest between-update footprint while one goes through
-its peak. Byte counts are exact (see :mod:`cachelib.plan.accounting`); "GB" means 10^9 bytes.
+Memory model, per device: ``budget = weights + overhead + reserve + activations + cache``
+(:class:`~cachelib.plan.device.DeviceMemory`): the weights at their precision and share of the
+deployment, what the runtime holds outside arrays, what the caller keeps free, the activation
+peak of the run's worst forward (:func:`~cachelib.plan.device.run_activation_peak`) and the
+cache's device peak (the worst moment of the run, transient copies included;
+:attr:`~cachelib.plan.accounting.Account.peak_bytes`). A batch of ``b`` needs ``b`` times the
+cache and the activations of one row. Concurrent sessions are independent caches of batch 1:
+``n`` fit when ``n - 1`` of them sit at their largest between-update footprint while one goes
+through its peak (and its forward's activations). Cache bytes are exact (see
+:mod:`cachelib.plan.accounting`); the activations are a model checked against measured peaks
+(``bench/bench_peak.py``). Messages write memory in GiB (2^30 bytes).
 
 Quality is not measured here: a :class:`Quality` (mean KL and top-1 agreement against the full
 cache, and the model they were measured on) can be attached to each :class:`Fit` by
@@ -21,9 +26,11 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 from ..core import rules
-from ..core.units import GB
+from ..core.units import GB, GiB, human_gib  # GB, GiB: re-exported for callers writing sizes
 from ..spec import Spec, parse_spec
 from .accounting import Account, Replay, account, replay
+from .device import DeviceMemory
+from .runtimes import Deployment
 from .arch import Arch
 
 NO_LIMIT = 1 << 40  # tokens: a context limit that never binds (search memory alone)
@@ -63,13 +70,17 @@ class Fit:
     max_batch: int | None
     sessions: int | None  # concurrent sessions of this context (batch 1 each)
     quality: Quality | None = None
+    activation_bytes: int = 0  # the run's worst forward, whole batch (one device)
+    overhead_bytes: int = 0  # what the runtime holds outside arrays (one device)
+    device: DeviceMemory | None = None  # every term counted, with where each comes from
 
     @property
     def budget_needed(self) -> int | None:
-        """Weights + reserve + the cache's peak; None when the weights are unknown."""
+        """Weights + overhead + reserve + activations + the cache's peak (one device); None
+        when the weights are unknown."""
         if self.weights_bytes is None:
             return None
-        return self.weights_bytes + self.reserve_bytes + self.cache.peak_bytes
+        return self.weights_bytes + self.overhead_bytes + self.reserve_bytes + self.activation_bytes + self.cache.peak_bytes
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -91,34 +102,39 @@ def weight_bytes(arch: Arch, bits: float = 16) -> int:
         raise ValueError(f"weight bits must be positive, got {bits!r}")
     if arch.num_params is None:
         raise ValueError(
-            f"{arch.name} has no parameter count; give the weight bytes instead (--weights-gb, or weights_bytes=)"
+            f"{arch.name} has no parameter count; give the weights' memory instead (--weights-memory, or weights_bytes=)"
         )
     return math.ceil(arch.num_params * bits / 8)
 
 
-def cache_budget(budget_bytes: int, weights_bytes: int, reserve_bytes: int = 0) -> int:
-    """Bytes left for the cache; a budget that does not hold the weights (+ reserve) is refused."""
-    for name, v in (("budget", budget_bytes), ("weights", weights_bytes), ("reserve", reserve_bytes)):
+def cache_budget(budget_bytes: int, weights_bytes: int, reserve_bytes: int = 0, overhead_bytes: int = 0) -> int:
+    """Bytes one device leaves for the cache and the activations (budget - weights - overhead -
+    reserve); a budget that does not hold the weights (+ overhead + reserve) is refused."""
+    for name, v in (("budget", budget_bytes), ("weights", weights_bytes), ("reserve", reserve_bytes),
+                    ("overhead", overhead_bytes)):  # fmt: skip
         if v < 0:
             raise ValueError(f"{name} must be >= 0 bytes, got {v}")
     if budget_bytes <= weights_bytes:
         raise ValueError(
-            f"budget {budget_bytes / GB:.3f} GB is below the weights ({weights_bytes / GB:.3f} GB): "
-            "nothing is left for the cache; raise the budget or quantize the weights"
+            f"budget {human_gib(budget_bytes)} per device is below the weights on one device "
+            f"({human_gib(weights_bytes)}): nothing is left for the cache; raise the budget, quantize the "
+            "weights (--weights-dtype) or split them (--tp, --pp)"
         )
-    left = budget_bytes - weights_bytes - reserve_bytes
+    left = budget_bytes - weights_bytes - reserve_bytes - overhead_bytes
     if left <= 0:
         raise ValueError(
-            f"budget {budget_bytes / GB:.3f} GB holds the weights ({weights_bytes / GB:.3f} GB) but not the "
-            f"reserve ({reserve_bytes / GB:.3f} GB); lower the reserve or raise the budget"
+            f"budget {human_gib(budget_bytes)} per device holds the weights ({human_gib(weights_bytes)}) but not "
+            f"the reserve ({human_gib(reserve_bytes)}) and the runtime's overhead ({human_gib(overhead_bytes)}); "
+            "lower the reserve or raise the budget"
         )
     return left
 
 
-def _peak(arch, spec, context, batch, backend, dtype, prefill, prefill_chunk) -> int:
+def _peak(arch, spec, context, batch, backend, dtype, prefill, prefill_chunk, deployment=None) -> int:
     p = None if prefill is None else min(prefill, context)
     return account(
-        arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, batch=batch, dtype=dtype
+        arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, batch=batch, dtype=dtype,
+        deployment=deployment,
     ).peak_bytes
 
 
@@ -133,6 +149,7 @@ def max_context(
     prefill: int | None = None,
     prefill_chunk: int | None = None,
     limit: int | None = None,
+    deployment: Deployment | None = None,
 ) -> tuple[int | None, str]:
     """The longest context ``n`` such that every run of at most ``n`` tokens keeps its cache
     peak within ``available_bytes``, and what binds: ``(n, "memory")``; ``(max_len, "max_len")``
@@ -152,9 +169,11 @@ def max_context(
         raise ValueError(f"limit must be >= 1 token, got {cap}")
     if spec.max_context is not None:  # a longer run is refused: only the longest allowed one counts
         most = spec.max_context
-        fits = _peak(arch, spec, most, batch, backend, dtype, prefill, prefill_chunk) <= available_bytes
+        fits = _peak(arch, spec, most, batch, backend, dtype, prefill, prefill_chunk, deployment) <= available_bytes
         return (most, spec.strategy.max_context) if fits else (0, "memory")
-    run = replay(arch, spec, backend, batch=batch, dtype=dtype)
+    if deployment is not None and prefill_chunk is None:
+        prefill_chunk = deployment.prefill_chunk
+    run = replay(arch, spec, backend, batch=batch, dtype=dtype, deployment=deployment)
     prompt = cap if prefill is None else min(prefill, cap)
     chunk = prefill_chunk or (prompt if prefill is not None else None)
     if chunk is None:  # each run is one update of its whole length
@@ -252,10 +271,13 @@ def max_batch(
     dtype: str = "float16",
     prefill: int | None = None,
     prefill_chunk: int | None = None,
+    deployment: Deployment | None = None,
+    row_bytes: int = 0,
 ) -> int:
-    """The largest batch whose cache peak fits (every cache array has a batch axis, so bytes
-    scale exactly with the batch)."""
-    return batch_count(_peak(arch, spec, context, 1, backend, dtype, prefill, prefill_chunk), available_bytes)
+    """The largest batch whose cache peak fits, with ``row_bytes`` more per batch row (the
+    activations of one row); every cache array has a batch axis, so bytes scale exactly with it."""
+    return batch_count(_peak(arch, spec, context, 1, backend, dtype, prefill, prefill_chunk, deployment) + row_bytes,
+                       available_bytes)  # fmt: skip
 
 
 def batch_count(peak_bytes: int, available_bytes: int) -> int:
@@ -273,12 +295,15 @@ def max_sessions(
     dtype: str = "float16",
     prefill: int | None = None,
     prefill_chunk: int | None = None,
+    deployment: Deployment | None = None,
+    forward_bytes: int = 0,
 ) -> int:
-    """How many independent sessions of ``context`` tokens fit: one at its peak, the others at
-    their largest footprint between updates."""
+    """How many independent sessions of ``context`` tokens fit: one at its peak (with
+    ``forward_bytes`` of activations), the others at their largest footprint between updates."""
     p = None if prefill is None else min(prefill, context)
-    acc = account(arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, dtype=dtype)
-    return session_count(acc.peak_bytes, acc.max_resident_bytes, available_bytes)
+    acc = account(arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, dtype=dtype,
+                  deployment=deployment)  # fmt: skip
+    return session_count(acc.peak_bytes + forward_bytes, acc.max_resident_bytes, available_bytes)
 
 
 def session_count(peak_bytes: int, max_resident_bytes: int, available_bytes: int) -> int:
@@ -303,16 +328,20 @@ def budget_needed(
     dtype: str = "float16",
     prefill: int | None = None,
     prefill_chunk: int | None = None,
+    deployment: Deployment | None = None,
+    activation_bytes: int = 0,
 ) -> int:
-    """The smallest budget that holds the weights, the reserve and ``sessions`` concurrent runs
-    of ``batch`` x ``context`` (one at its peak, the rest at their largest resident footprint)."""
+    """The smallest budget that holds the weights, the reserve, the activations of one forward
+    and ``sessions`` concurrent runs of ``batch`` x ``context`` (one at its peak, the rest at
+    their largest resident footprint)."""
     if sessions < 1:
         raise ValueError(f"sessions must be >= 1, got {sessions}")
     p = None if prefill is None else min(prefill, context)
     acc = account(
-        arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, batch=batch, dtype=dtype
+        arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, batch=batch, dtype=dtype,
+        deployment=deployment,
     )
-    return weights_bytes + reserve_bytes + acc.peak_bytes + (sessions - 1) * acc.max_resident_bytes
+    return weights_bytes + reserve_bytes + activation_bytes + acc.peak_bytes + (sessions - 1) * acc.max_resident_bytes
 
 
 def attach_quality(fits: Iterable[Fit], table: Mapping[str | Spec, Quality]) -> list[Fit]:

@@ -36,6 +36,11 @@ class BackendProbe(Protocol):
         """``masks_before`` as dense boolean (query x key) arrays, keys in the cache's slot order."""
         ...
 
+    def capture(self, cache: Any) -> Any:
+        """A context manager around one forward step: the attention-capture hook when ``cache``
+        has importance layers (they score keys with the step's queries), else a no-op."""
+        ...
+
     def reset_peak(self) -> None: ...
 
     def device_memory(self) -> tuple[int | None, int | None]:

@@ -102,6 +102,29 @@ def teacher_forced_logits(
     return np.stack(rows).astype(np.float32, copy=False)
 
 
+def teacher_forced_logits_rows(
+    loaded: LoadedModel,
+    caches: Sequence,
+    prefix: Sequence[int],
+    continuation: Sequence[int],
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> np.ndarray:
+    """:func:`teacher_forced_logits` for several whole-model caches at once, as the rows of one
+    strategy batch (one forward per chunk or step for all). Returns float32 logits of shape
+    (len(caches), len(continuation), vocab)."""
+    if not prefix or not continuation:
+        raise ValueError("teacher_forced_logits_rows needs a non-empty prefix and continuation")
+    runner = Runner(loaded)
+    rows = runner.rows_cache(list(caches))
+    k, body = len(caches), list(prefix[:-1])
+    for s in range(0, len(body), prefill_chunk):
+        runner.advance_rows(rows, [body[s : s + prefill_chunk]] * k)
+    out = [runner.step_rows(rows, [[int(prefix[-1])]] * k)]
+    for token in continuation[:-1]:
+        out.append(runner.step_rows(rows, [[int(token)]] * k))
+    return np.stack(out, axis=1).astype(np.float32, copy=False)
+
+
 # --- inputs --------------------------------------------------------------------------------------
 
 
@@ -222,12 +245,18 @@ def evaluate(
     out: str | os.PathLike | None = None,
     on_progress: Callable[[EvaluationStep], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    one_by_one: bool = False,
 ) -> Evaluation:
     """Evaluate ``strategies`` on ``model`` at ``context`` tokens (one int, or several: one
     evaluation each, in one result). The first strategy is the full-cache reference (``standard``
     is put in front when the first is not lossless). With ``out`` the result is written there as
     CSV, atomically; a run that does not finish writes ``NAME.incomplete.csv`` instead and never
-    touches ``out``. Bad input raises ValueError, checked before the model loads where possible."""
+    touches ``out``. Bad input raises ValueError, checked before the model loads where possible.
+
+    By default the strategies of a window are the rows of one strategy batch (one forward per
+    prefill chunk or scored token for all; their caches are alive together, and each row's
+    ``seconds`` is the batch's time); a strategy that cannot share it runs on its own
+    (``Evaluation.notes`` says why). ``one_by_one=True`` runs one strategy's cache at a time."""
     if isinstance(model, LoadedModel):
         backend = model.info.backend
     contexts = _contexts(context)
@@ -255,7 +284,7 @@ def evaluate(
         for name, ids in tokenized:
             plan += [(c, name, ids, s) for s in window_starts(len(ids), c + score_tokens, windows, name)]
 
-    run = _Run(loaded, specs, score_tokens, prefill_chunk, len(plan) * len(specs), on_progress)
+    run = _Run(loaded, specs, score_tokens, prefill_chunk, len(plan) * len(specs), on_progress, one_by_one)
     status, reason = "complete", ""
     try:
         for c, name, ids, start in plan:
@@ -276,7 +305,7 @@ def evaluate(
 
 
 def _finish(run: _Run, status: str, reason: str, out: Path | None) -> Evaluation:
-    evaluation = Evaluation(typed_frame(run.rows, "sample"), status=status, reason=reason)
+    evaluation = Evaluation(typed_frame(run.rows, "sample"), status=status, reason=reason, notes=dict(run.notes))
     if out is not None and (status == "complete" or run.rows):
         save_evaluation(evaluation, out if status == "complete" else incomplete_path(out))
     return evaluation
@@ -286,9 +315,11 @@ class _Run:
     """The measuring loop's state: the model, the strategies and the rows so far."""
 
     def __init__(self, loaded: LoadedModel, specs: list[Spec], score_tokens: int, prefill_chunk: int, total: int,
-                 on_progress: Callable[[EvaluationStep], None] | None):  # fmt: skip
+                 on_progress: Callable[[EvaluationStep], None] | None, one_by_one: bool = False):  # fmt: skip
         self.loaded = loaded
         self.probe = probe_for(loaded)
+        self.one_by_one = one_by_one
+        self.notes: dict[str, str] = {}
         self.specs = specs
         self.score_tokens = score_tokens
         self.prefill_chunk = prefill_chunk
@@ -304,15 +335,21 @@ class _Run:
     def window(self, context: int, text: str, window: list[int], start: int, should_stop) -> None:
         prefix, targets = window[:context], window[context:]
         reference = None  # (float32 logits (score_tokens, vocab), per-step log-prob of the true token)
+        batched = self._batch(prefix, targets)  # str(spec) -> (logits, views, seconds)
         for spec in self.specs:
             if reference is not None and should_stop is not None and should_stop():
                 self.stopped = True
                 return
-            t0 = time.perf_counter()
-            cache = self.probe.make_cache(spec)
-            logits = teacher_forced_logits(self.loaded, cache, prefix, targets, self.prefill_chunk)
-            views = self.probe.views(cache)
-            del cache  # one strategy's cache alive at a time
+            if str(spec) in batched:
+                logits, views, seconds = batched.pop(str(spec))
+            else:
+                t0 = time.perf_counter()
+                cache = self.probe.make_cache(spec)
+                with self.probe.capture(cache):  # importance caches get each step's queries
+                    logits = teacher_forced_logits(self.loaded, cache, prefix, targets, self.prefill_chunk)
+                views = self.probe.views(cache)
+                del cache  # one strategy's cache alive at a time
+                seconds = time.perf_counter() - t0
             if reference is None:
                 reference = (logits, np.array([compare(row, row, t)[2] for row, t in zip(logits, targets)]))
                 kl, agree, logprob = np.zeros(len(targets)), np.ones(len(targets)), reference[1]
@@ -320,8 +357,28 @@ class _Run:
                 steps = [compare(ref, row, t) for ref, row, t in zip(reference[0], logits, targets)]
                 kl, agree, logprob = (np.array(x, dtype=np.float64) for x in zip(*steps))
             del logits
-            seconds = time.perf_counter() - t0
             self._add(spec, context, text, start, kl, agree, logprob, reference[1], views, seconds)
+
+    def _batch(self, prefix: list[int], targets: list[int]) -> dict[str, tuple]:
+        """The window's strategies that share one strategy batch, measured together."""
+        if self.one_by_one:
+            return {}
+        runner = Runner(self.loaded)
+        caches, joined = [], []
+        for spec in self.specs:
+            cache = self.probe.make_cache(spec)
+            problem = runner.batch_problem(cache)
+            if problem:
+                self.notes[str(spec)] = problem
+            else:
+                caches.append(cache)
+                joined.append(spec)
+        if len(joined) < 2:  # a batch of one row is the one-by-one run
+            return {}
+        t0 = time.perf_counter()
+        logits = teacher_forced_logits_rows(self.loaded, caches, prefix, targets, self.prefill_chunk)
+        seconds = time.perf_counter() - t0  # the batch's time, shared by its rows
+        return {str(spec): (logits[i], self.probe.views(c), seconds) for i, (spec, c) in enumerate(zip(joined, caches))}
 
     def _add(self, spec, context, text, start, kl, agree, logprob, logprob_ref, views, seconds) -> None:
         info = self.loaded.info

@@ -122,6 +122,7 @@ class Evaluation:
     status: str = "complete"
     reason: str = ""
     path: Path | None = None  # the file it was written to or read from
+    notes: dict[str, str] = field(default_factory=dict)  # strategy -> why it ran outside the strategy batch
 
     @property
     def complete(self) -> bool:

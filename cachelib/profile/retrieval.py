@@ -260,7 +260,8 @@ def _run_trial(loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chu
     question and the key teacher-forced one token at a time."""
     start = time.perf_counter()
     cache = probe.make_cache(spec)
-    logits = teacher_forced_logits(loaded, cache, trial.prefill, trial.cue + trial.key, prefill_chunk)
+    with probe.capture(cache):  # importance caches get each step's queries (a no-op otherwise)
+        logits = teacher_forced_logits(loaded, cache, trial.prefill, trial.cue + trial.key, prefill_chunk)
     views = probe.views(cache)
     del cache
     predicted = [int(i) for i in np.argmax(logits[len(trial.cue) :], axis=-1)]

@@ -92,6 +92,7 @@ def run_profile(
     prompt_tokens: int = DEFAULT_TEXT_PROMPT_TOKENS,
     on_step: Callable[[StepEvent], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    one_by_one: bool = False,
 ) -> Profile:
     """Profile ``strategies`` on ``model`` and return the :class:`Profile` (also streamed to
     ``out`` as CSV when given; ``profile.path`` says where it went, see
@@ -99,7 +100,12 @@ def run_profile(
     model runs: the arguments and the output path before it loads, and, without a
     ``memory_limit``, whether the caches the planner predicts fit in the memory available
     (a ``ValueError`` with the figures when they do not) before any cache exists. Ctrl-C raises
-    :class:`RunInterrupted` (a ``KeyboardInterrupt``) carrying the closed, incomplete profile."""
+    :class:`RunInterrupted` (a ``KeyboardInterrupt``) carrying the closed, incomplete profile.
+
+    By default the strategies are the rows of one batch, advanced by one forward pass per step
+    (a strategy batch, ``docs/profiler.md``); a strategy that cannot share it runs on its own and
+    the metadata says why (``batch_notes``). ``one_by_one=True`` runs every strategy by its own
+    forward pass. The recorded rows are the same either way."""
     specs = [parse_spec(s) for s in strategies]
     if not specs:
         raise ValueError("give at least one strategy (the first is the baseline)")
@@ -139,12 +145,14 @@ def run_profile(
         guard = _guard(loaded, specs, limit, len(prompt_ids), max_tokens)  # refuses what cannot fit, before any cache exists
         labels = strategy_labels(specs)
         states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
+        batch = _StrategyBatch.of(runner, states, one_by_one)
     except BaseException:
         if writer:
             writer.discard()
         raise
 
     meta = _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name, run_id)
+    meta.update(batch.meta())
     profile = Profile(meta)
     if writer:
         writer.write_meta(meta)
@@ -166,9 +174,13 @@ def run_profile(
             event = StepEvent(step, max_tokens, profile)
             base_logits = None
             target = None
+            batched = batch.step(probe, probes, step, last, lambda st: feed if not free_running or step == 0 else [st.last_token])
             for i, st in enumerate(states):
-                ids = feed if not free_running or step == 0 else [st.last_token]
-                logits, rows = _take_step(runner, probe, probes, st, step, last, ids)
+                if st.label in batched:
+                    logits, rows = batched[st.label]
+                else:
+                    ids = feed if not free_running or step == 0 else [st.last_token]
+                    logits, rows = _take_step(runner, probe, probes, st, step, last, ids)
                 if i == 0:
                     base_logits = logits
                     target = continuation[step] if continuation is not None else int(np.argmax(logits))
@@ -275,18 +287,79 @@ def _close(profile: Profile, writer: ProfileWriter | None, status: str, reason: 
         profile.path = writer.close(profile.meta)
 
 
+class _StrategyBatch:
+    """The strategies that advance as the rows of one forward pass, and why the others do not."""
+
+    def __init__(self, runner, states: list[_Strategy], notes: dict[str, str]):
+        self.runner = runner
+        self.states = states
+        self.notes = notes  # label -> why it runs on its own
+        self.rows = runner.rows_cache([st.cache for st in states]) if states else None
+
+    @classmethod
+    def of(cls, runner, states: list[_Strategy], one_by_one: bool) -> "_StrategyBatch":
+        if one_by_one:
+            return cls(runner, [], {})
+        joined, notes = [], {}
+        for st in states:
+            problem = runner.batch_problem(st.cache)
+            if problem:
+                notes[st.label] = problem
+            else:
+                joined.append(st)
+        if len(joined) < 2:  # a batch of one row is the one-by-one run
+            joined = []
+        return cls(runner, joined, notes)
+
+    def meta(self) -> dict:
+        return {
+            "batch": "strategy batch" if self.states else "one by one",
+            "batched": json.dumps([st.label for st in self.states]),
+            "batch_notes": json.dumps(self.notes) if self.notes else "",
+        }
+
+    def step(self, probe, probes: Probes, step: int, last: bool, ids_of) -> dict[str, tuple[np.ndarray, dict]]:
+        """One forward for every batched strategy: label -> (logits, rows), as :func:`_take_step`."""
+        if not self.states:
+            return {}
+        ids = [ids_of(st) for st in self.states]
+        before = [_before_step(probe, probes, st, step, last, len(i)) for st, i in zip(self.states, ids)]
+        if probes.system:
+            probe.reset_peak()
+        start = time.perf_counter()
+        logits = self.runner.step_rows(self.rows, ids)
+        wall = time.perf_counter() - start  # the one forward every row took
+        return {
+            st.label: (logits[r], _after_step(probe, probes, st, step, last, ids[r], logits[r], wall, *before[r]))
+            for r, st in enumerate(self.states)
+        }
+
+
 def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bool, ids: list[int]):
-    n = len(ids)
+    masks_raw, want_error = _before_step(probe, probes, st, step, last, len(ids))
+    if probes.system:
+        probe.reset_peak()
+    start = time.perf_counter()
+    with probe.capture(st.cache):  # importance caches get the step's queries (a no-op otherwise)
+        logits = runner.step(st.cache, ids)
+    wall = time.perf_counter() - start
+    return logits, _after_step(probe, probes, st, step, last, ids, logits, wall, masks_raw, want_error)
+
+
+def _before_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, n: int):
+    """What the probes read from ``st``'s cache before its forward: (raw masks, error tracking on)."""
     want_masks = probes.on("masks", step, last)
     want_error = probes.on("quant_error", step, last)
     masks_raw = probe.masks_before(st.cache, probe.views(st.cache), n) if want_masks else None
     if want_error:
         probe.set_track_error(st.cache, True)
-    if probes.system:
-        probe.reset_peak()
-    start = time.perf_counter()
-    logits = runner.step(st.cache, ids)
-    wall = time.perf_counter() - start
+    return masks_raw, want_error
+
+
+def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids: list[int], logits, wall: float,
+                masks_raw, want_error: bool) -> dict[str, Any]:
+    """The rows of ``st``'s step, read from its cache after the forward that gave ``logits``."""
+    n = len(ids)
     views = probe.views(st.cache)  # while error tracking is on: the views carry this step's error
     if want_error:
         probe.set_track_error(st.cache, False)
@@ -319,6 +392,8 @@ def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bo
             cache_bytes_used=sum(v.bytes_used for v in views),
             cache_bytes_allocated=sum(v.bytes_allocated for v in views),
         )
+        if any(v.layout == "selected" for v in views):
+            row["score_seconds"] = sum(v.score_seconds for v in views)
         rows["layers"] = [
             _layer_row(st.label, step, i, v, ring=probes.on("ring", step, last), error=want_error)
             for i, v in enumerate(views)
@@ -335,10 +410,23 @@ def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bo
             }
             for i, v in enumerate(views)
             if v.layout == "ring"
+        ] + [
+            {
+                "strategy": st.label,
+                "step": step,
+                "layer": i,
+                "head": head,
+                "write_index": v.write_index,
+                "keep": v.keep,
+                "positions": " ".join(map(str, positions.tolist())),
+            }
+            for i, v in enumerate(views)
+            if v.layout == "selected" and v.head_positions is not None
+            for head, positions in enumerate(v.head_positions)
         ]
     if masks_raw is not None:
         rows["masks"] = _mask_rows(st.label, step, probe.masks_after(masks_raw, views, n), views, n)
-    return logits, rows
+    return rows
 
 
 MAX_MASK_QUERIES = 64  # prefill masks keep their last 64 query rows (documented in profiles/README.md)

@@ -34,6 +34,7 @@ TABLES: dict[str, dict[str, str]] = {
         "top1_agree": "bool",
         "logprob_target": "float",  # log-prob the strategy gives the baseline's (or the text's) next token
         "departed": "bool",  # free-running only: this strategy's tokens have left the baseline's
+        "score_seconds": "float",  # importance caches: time spent scoring keys this step, sum over layers
     },
     # One row per strategy x step x layer: what each layer cache holds.
     "layers": {
@@ -59,11 +60,13 @@ TABLES: dict[str, dict[str, str]] = {
         "value_rel_rms": "float",
         "value_max_abs": "float",
     },
-    # Sampled: absolute position held in each slot of a ring-buffer cache (-1: empty).
+    # Sampled: absolute position held in each slot of a ring-buffer cache (-1: empty), and of an
+    # importance cache, one row per KV head (batch row 0).
     "slots": {
         "strategy": "str",
         "step": "int",
         "layer": "int",
+        "head": "int",  # importance caches only: the KV head whose slots the row lists
         "write_index": "int",
         "keep": "int",
         "positions": "str",  # space-separated, one per slot, slot order
@@ -88,6 +91,10 @@ for _cols in TABLES.values():
 
 DTYPES: dict[str, str] = {c: t for cols in TABLES.values() for c, t in cols.items()}
 
+# Columns added within schema v1 (importance caches, issue 14): a file written before them has
+# none, and reads with them empty.
+ADDED_IN_V1 = ("head", "score_seconds")
+
 META_REQUIRED = ("schema_version", "status", "backend", "model", "strategies", "baseline")
 STATUSES = ("running", "complete", "incomplete")
 
@@ -98,7 +105,7 @@ _COUNTS = ("step", "layer", "query", "tokens_in", "token_id", "cache_tokens_held
            "cache_bytes_allocated", "device_active_bytes", "device_peak_bytes", "rss_bytes", "offset", "tokens_held",
            "capacity", "max_capacity", "bytes_used", "bytes_allocated", "write_index", "keep", "evicted", "key_bits",
            "value_bits", "group_size", "quantized_tokens", "wall_seconds", "tokens_per_second", "kl", "key_rel_rms",
-           "key_max_abs", "value_rel_rms", "value_max_abs")  # fmt: skip
+           "key_max_abs", "value_rel_rms", "value_max_abs", "head", "score_seconds")  # fmt: skip
 LIMITS: dict[str, tuple[float | None, float | None]] = {c: (0, None) for c in _COUNTS}
 LIMITS["logprob_target"] = (None, 0)
 NONFINITE: dict[str, tuple[float, ...]] = {"logprob_target": (float("-inf"),)}  # a token the strategy rules out

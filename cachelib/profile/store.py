@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.cells import escape_cell
-from .schema import COLUMNS, DTYPES, LIMITS, META_REQUIRED, NONFINITE, PATTERNS, REQUIRED, SCHEMA_VERSION, STATUSES, TABLES
+from .schema import ADDED_IN_V1, COLUMNS, DTYPES, LIMITS, META_REQUIRED, NONFINITE, PATTERNS, REQUIRED, SCHEMA_VERSION, STATUSES, TABLES
 
 try:  # POSIX: a running writer holds a lock on its partial file, so a listing can tell it from an orphan
     import fcntl
@@ -411,6 +411,9 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
         raise ValueError(f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
     except (pd.errors.ParserError, ValueError, OSError) as e:
         raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
+    for col in ADDED_IN_V1:
+        if col in columns and col not in long.columns:
+            long[col] = pd.NA
     missing = [c for c in columns if c not in long.columns]
     if "table" not in long.columns:
         raise ValueError(f"{label}: not a cachelib profile (no 'table' column)")

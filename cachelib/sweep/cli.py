@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="local CPU worker processes (default: sized to this machine)",
     )
     p.add_argument("--dry-run", action="store_true", help="list the points and what would run; run nothing")
+    p.add_argument(
+        "--one-by-one", action="store_true",
+        help="each point advances its strategies by a forward each (default: one strategy batch per point)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     progress = Progress()
     try:
-        result = run_sweep(args.grid, args.out, scheduler=args.scheduler, workers=args.workers, on_event=progress)
+        result = run_sweep(
+            args.grid, args.out, scheduler=args.scheduler, workers=args.workers, on_event=progress,
+            one_by_one=args.one_by_one,
+        )  # fmt: skip
     finally:
         progress.close()
     counts = ", ".join(f"{result.count(s)} {s}" for s in ("done", "stopped", "failed"))

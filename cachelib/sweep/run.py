@@ -181,24 +181,27 @@ def run_sweep(
     scheduler: str | None = None,
     workers: int | None = None,
     on_event: Callable[[SweepEvent], None] | None = None,
+    one_by_one: bool = False,
 ) -> SweepResult:
     """Run every unfinished point of ``grid`` into the folder ``out`` (default ``profiles/NAME/``).
 
     Without ``scheduler``, a local cluster of ``workers`` CPU worker processes (default: sized to
     this machine) plus one worker per accelerator the points need; with a scheduler address, its
-    workers. Bad input raises ``ValueError`` before anything runs."""
+    workers. Each point runs its strategies as one strategy batch unless ``one_by_one``
+    (docs/profiler.md). Bad input raises ``ValueError`` before anything runs."""
     if scheduler is not None and workers is not None:
         raise ValueError("workers= sizes the local cluster; with a scheduler its own workers run the sweep")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     plan = plan_sweep(grid, out, local=scheduler is None)
-    return _Sweep(plan, on_event).run(scheduler, workers)
+    return _Sweep(plan, on_event, one_by_one).run(scheduler, workers)
 
 
 class _Sweep:
-    def __init__(self, plan: SweepPlan, on_event: Callable[[SweepEvent], None] | None):
+    def __init__(self, plan: SweepPlan, on_event: Callable[[SweepEvent], None] | None, one_by_one: bool = False):
         self.plan = plan
         self.on_event = on_event
+        self.one_by_one = one_by_one
         self.token = uuid.uuid4().hex[:8]  # tells this sweep's events from another's on a shared scheduler
         self.events: queue.Queue = queue.Queue()
         self.attempts: dict[str, list[dict]] = {}  # point id -> started events
@@ -274,7 +277,7 @@ class _Sweep:
         from distributed import wait
 
         client.subscribe_topic(TOPIC, self._on_dask_event)
-        feeder = _Feeder(client, self.plan.todo, self.token)
+        feeder = _Feeder(client, self.plan.todo, self.token, self.one_by_one)
         pending: set = set()
         try:
             while True:
@@ -374,9 +377,10 @@ class _Feeder:
     that dies takes down only the run it was running, and its neighbours' attempts stay honest.
     """
 
-    def __init__(self, client, points: list[Point], token: str):
+    def __init__(self, client, points: list[Point], token: str, one_by_one: bool = False):
         self.client = client
         self.token = token
+        self.one_by_one = one_by_one
         self.waiting: dict[tuple, list[Point]] = {}  # resource class -> points not yet submitted
         for p in points:
             self.waiting.setdefault(_resource_class(p), []).append(p)
@@ -405,6 +409,7 @@ class _Feeder:
                     run_point,
                     p,
                     self.token,
+                    self.one_by_one,
                     key=f"cachelib-sweep-{p.id}-{self.token}",
                     retries=1,  # an exception: once more; a dead worker: the scheduler's allowed-failures
                     resources=p.resources or None,
@@ -431,7 +436,7 @@ def _resource_class(p: Point) -> tuple:
 _LOADED: dict[tuple, Any] = {}  # this worker's last model, reused by the next point on the same model
 
 
-def run_point(point: Point | EvaluationPoint, token: str = "") -> dict[str, Any]:
+def run_point(point: Point | EvaluationPoint, token: str = "", one_by_one: bool = False) -> dict[str, Any]:
     """Run one point's profile (or evaluation) on this worker; returns its CSV and how the run ended."""
     from distributed import get_worker
 
@@ -447,6 +452,7 @@ def run_point(point: Point | EvaluationPoint, token: str = "") -> dict[str, Any]
         address = ""
     started, t0 = _now(), time.perf_counter()
     kwargs = point.run_kwargs()
+    kwargs["one_by_one"] = one_by_one
     try:
         kwargs["model"] = _loaded(point)
         with tempfile.TemporaryDirectory(prefix="cachelib-sweep-") as tmp:

@@ -8,6 +8,7 @@ duck typing: this layer sits below the profiler and does not import it.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from ..introspect import CacheView
 from ..spec import Spec
 from .cache import Cache
 from .factory import make_cache
+from .hooks import capture
+from .importance import ImportanceLayer
 
 
 class TorchProbe:
@@ -42,7 +45,7 @@ class TorchProbe:
         before it. Layers without a token axis (recurrent state) give None."""
         out: list[Any] = []
         for idx, (layer, view) in enumerate(zip(cache.layers, views)):
-            if view.layout not in ("linear", "ring"):
+            if view.layout not in ("linear", "ring", "selected"):
                 out.append(None)
                 continue
             kv_length, kv_offset = cache.get_mask_sizes(n_queries, idx)
@@ -63,6 +66,13 @@ class TorchProbe:
             q = view.offset - n_queries + np.arange(n_queries)[:, None]
             out.append(visible(q, kv_offset + np.arange(kv_length)[None, :], window))
         return out
+
+    def capture(self, cache: Cache):
+        """The attention-capture hook around a step, when the cache has importance layers
+        (they score keys with the step's queries); a no-op context otherwise."""
+        if any(isinstance(layer, ImportanceLayer) for layer in cache.layers):
+            return capture(self.model)
+        return nullcontext()
 
     def reset_peak(self) -> None:
         if self.device.startswith("cuda"):

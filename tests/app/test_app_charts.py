@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from app import charts, figures
 from app_helpers import figure_json
-from cachelib.introspect import ring_slot_positions
 from cachelib.profile import Profile
 
 MIB = 2**20
@@ -47,6 +50,26 @@ def test_strategy_colors_follow_run_order_and_are_distinct():
     assert many[f"s{len(figures.PALETTE)}"] == figures.PALETTE[0]  # cycles past the palette
 
 
+def test_twelve_strategies_get_twelve_distinct_colours_that_stay_with_them_in_a_subset():
+    twelve = [f"strategy-{i}" for i in range(12)]
+    colors = figures.strategy_colors(twelve)
+    assert len(set(colors.values())) == 12
+    assert len({c.lower() for c in figures.PALETTE}) == len(figures.PALETTE) >= 12
+    # A figure drawing a subset with the run's colours draws each strategy in its own colour.
+    steps = table(
+        "steps",
+        [{"strategy": s, "step": t, "phase": "decode", "position": t, "cache_bytes_used": MIB, "cache_bytes_allocated": MIB}
+         for s in twelve for t in (1, 2)],
+    )  # fmt: skip
+    info = charts._memory_info(steps, twelve[5:8], None, colors)
+    assert [s.color for s in info.series] == [colors[s] for s in twelve[5:8]]
+
+
+def test_sampling_period_is_read_from_the_recorded_steps():
+    assert figures.sampling_period([0, 4, 8, 12, 14]) == 4  # every 4th and the last
+    assert figures.sampling_period([0, 1, 2]) == 1
+    assert figures.sampling_period([5]) is None
+
 
 def test_empty_figure_says_why_there_is_nothing_to_draw():
     fig = figure_json(figures.empty_figure("Slots", "nothing recorded", height=300))
@@ -54,16 +77,84 @@ def test_empty_figure_says_why_there_is_nothing_to_draw():
     assert fig["layout"]["xaxis"]["visible"] is False and not fig["data"]
 
 
+def _by_strategy_and_kind(fig: dict) -> dict:
+    return {(t["name"], t.get("meta")): t for t in fig["data"]}
+
+
 def test_memory_figure_draws_used_and_allocated_per_strategy_in_mib():
     fig = figure_json(charts.cache_memory_figure(steps_table(), [A, B]))
-    by_name = {t["name"]: t for t in fig["data"]}
-    assert set(by_name) == {f"{A} · used", f"{A} · allocated", f"{B} · used", f"{B} · allocated"}
-    np.testing.assert_allclose(by_name[f"{A} · used"]["y"], [1, 2, 3])
-    np.testing.assert_allclose(by_name[f"{A} · allocated"]["y"], [4, 4, 4])
-    np.testing.assert_allclose(by_name[f"{B} · used"]["customdata"], [MIB] * 3)  # exact bytes on hover
+    by = _by_strategy_and_kind(fig)
+    assert set(by) == {(A, "used"), (A, "allocated"), (B, "used"), (B, "allocated")}
+    np.testing.assert_allclose(by[A, "used"]["y"], [1, 2, 3])
+    np.testing.assert_allclose(by[A, "allocated"]["y"], [4, 4, 4])
+    np.testing.assert_allclose(by[B, "used"]["customdata"], [MIB] * 3)  # exact bytes on hover
     colors = figures.strategy_colors([A, B])
-    assert by_name[f"{B} · used"]["line"]["color"] == by_name[f"{B} · allocated"]["line"]["color"] == colors[B]
-    assert by_name[f"{B} · allocated"]["line"]["dash"] == "dash"
+    assert by[B, "used"]["line"]["color"] == by[B, "allocated"]["line"]["color"] == colors[B]
+    assert by[B, "allocated"]["line"]["dash"] == "dash"
+    # One legend entry per strategy (not one per line), in a legend right of the plot area.
+    assert [t["name"] for t in fig["data"] if t.get("showlegend") is not False] == [A, B]
+    assert fig["layout"]["legend"]["x"] >= 1 and fig["layout"]["legend"]["xanchor"] == "left"
+
+
+def sampled_steps_table(every: int = 4, last: int = 9):
+    """A run whose memory probe recorded every ``every``-th step and the last (system every step)."""
+    rows = []
+    for s in (A, B):
+        for step in range(last + 1):
+            row = {"strategy": s, "step": step, "phase": "prefill" if step == 0 else "decode", "position": 3 + step,
+                   "tokens_per_second": 10.0}  # fmt: skip
+            if step % every == 0 or step == last:
+                row.update(cache_bytes_used=(step + 1) * MIB, cache_bytes_allocated=16 * MIB)
+            rows.append(row)
+    return table("steps", rows)
+
+
+def test_sampled_memory_lines_join_the_recorded_steps_and_say_the_period():
+    info = charts._memory_info(sampled_steps_table(), [A, B], None)
+    assert info.every == 4
+    for s in info.series:
+        assert s.step.tolist() == [0, 4, 8, 9]  # the recorded steps only: no gaps to break the line
+        np.testing.assert_allclose(s.values["used"], np.array([1, 5, 9, 10]) * MIB)
+    fig = figure_json(charts.cache_memory_figure(sampled_steps_table(), [A, B]))
+    assert "memory recorded every 4 steps" in fig["layout"]["title"]["text"]
+    drawn = [t for t in fig["data"] if t.get("meta") == "used"]
+    assert all(t["mode"] == "lines+markers" and np.isfinite(np.asarray(t["y"], dtype=float)).all() for t in drawn)
+
+
+def test_committed_example_recorded_with_memory_4_draws_its_memory_lines():
+    from cachelib.profile import load_profile
+
+    path = Path(__file__).resolve().parents[2] / "profiles" / "examples" / "smollm2-mlx-256t.csv"
+    profile = load_profile(path)
+    assert json.loads(profile.meta["probes"])["memory"] == 4
+    info = charts._memory_info(profile.frame("steps"), profile.strategies, None)
+    assert [s.strategy for s in info.series] == profile.strategies
+    assert info.every == 4
+    for s in info.series:
+        assert len(s.step) >= 60 and np.isfinite(s.values["used"]).all() and (s.values["used"] > 0).all()
+
+
+@pytest.mark.parametrize("n", [7, 12])
+def test_memory_figure_draws_one_panel_per_strategy_from_seven_on_shared_axes(n):
+    many = [f"rotating:max_size={16 * (i + 1)},keep=4" for i in range(n)]
+    rows = [
+        {"strategy": s, "step": t, "phase": "decode", "position": t, "cache_bytes_used": (i + 1) * MIB,
+         "cache_bytes_allocated": (i + 2) * MIB}
+        for i, s in enumerate(many) for t in (1, 2, 3)
+    ]  # fmt: skip
+    steps = table("steps", rows)
+    ref = pd.DataFrame({"step": [1, 2, 3], "bytes": [MIB, 2 * MIB, 3 * MIB], "label": "full cache (exact fit)"})
+    fig = figure_json(charts.cache_memory_figure(steps, many, ref))
+    axes = {t["xaxis"] for t in fig["data"]}
+    assert len(axes) == n  # one panel each
+    assert [a["text"] for a in fig["layout"]["annotations"]] == [charts._panel_title(s) for s in many]
+    assert fig["layout"]["yaxis2"]["matches"] == "y" and fig["layout"][f"xaxis{n}"]["matches"] == "x"
+    domains = [fig["layout"][name]["domain"] for name in ["yaxis", *(f"yaxis{i}" for i in range(2, n + 1))]]
+    assert all(0 <= lo < hi <= 1 for lo, hi in domains)  # panels stay inside the figure
+    assert sum(t.get("meta") == "reference" for t in fig["data"]) == n  # the full cache in every panel
+    assert fig["layout"]["showlegend"] is False
+    one = figure_json(charts.cache_memory_figure(steps, many, ref, small_multiples=False))
+    assert {t.get("xaxis", "x") for t in one["data"]} == {"x"}
 
 
 def test_memory_figure_draws_the_full_cache_reference():
@@ -71,7 +162,7 @@ def test_memory_figure_draws_the_full_cache_reference():
 
     ref = pd.DataFrame({"step": [0, 1, 2], "bytes": [4 * MIB, 5 * MIB, 6 * MIB], "label": "full cache (exact fit)"})
     fig = figure_json(charts.cache_memory_figure(steps_table(), [A, B], ref))
-    line = next(t for t in fig["data"] if t["name"] == "full cache (exact fit)")
+    line = next(t for t in fig["data"] if t["name"] == "full cache (exact fit)" and t["meta"] == "reference")
     np.testing.assert_allclose(line["y"], [4, 5, 6])
     assert line["line"]["color"] == charts.REFERENCE_COLOR
 
@@ -145,85 +236,6 @@ def test_speed_figure_without_timings_says_the_probe_was_off():
     assert "system probe was off" in fig["layout"]["annotations"][0]["text"]
 
 
-def ring_tables():
-    positions = ring_slot_positions(offset=9, write_index=3, keep=2, capacity=6)  # [0 1 8 5 6 7]
-    text = " ".join(map(str, positions))
-    slots = table("slots", [{"strategy": B, "step": 5, "layer": 0, "write_index": 3, "keep": 2, "positions": text}])
-    layers = table(
-        "layers",
-        [
-            {"strategy": B, "step": 5, "layer": 0, "kind": "ring", "offset": 9, "tokens_held": 6, "capacity": 6,
-             "write_index": 3, "keep": 2, "evicted": 3},
-            {"strategy": A, "step": 5, "layer": 0, "kind": "linear", "offset": 9, "tokens_held": 9, "capacity": 12,
-             "write_index": 9, "keep": 0, "evicted": 0},
-        ],
-    )  # fmt: skip
-    return slots, layers
-
-
-def test_ring_figure_colours_slots_by_position_and_marks_pointer_and_keep():
-    slots, layers = ring_tables()
-    fig = figure_json(charts.ring_figure(slots, layers, B, 5, 0))
-    heat, keep, pointer = fig["data"]
-    np.testing.assert_allclose(np.asarray(heat["z"], dtype=float).ravel(), [0, 1, 8, 5, 6, 7])
-    assert list(keep["x"]) == [0, 1]  # the two sink slots
-    assert pointer["x"] == [3] and "slot 3" in pointer["name"]
-    assert "evicted 3" in fig["layout"]["title"]["text"]
-
-
-def test_ring_figure_draws_an_append_only_cache_from_its_layers_row():
-    slots, layers = ring_tables()
-    info = charts._ring_info(slots, layers, A, 5, 0)
-    assert info.layout == "linear"
-    assert info.positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, -1, -1, -1]
-    fig = figure_json(charts.ring_figure(slots, layers, A, 5, 0))
-    z = np.asarray(fig["data"][0]["z"], dtype=float).ravel()
-    assert np.isnan(z[9:]).all()  # empty slots stay uncoloured
-    assert "nothing recorded" in figure_json(charts.ring_figure(slots, layers, C, 5, 0))["layout"]["annotations"][0]["text"]
-
-
-def masks_table():
-    # A ring of 4 slots that has wrapped once: slot order [0 1 4 3] (keep=2), one query at position 4,
-    # and a prefill-like step with an empty slot.
-    return table(
-        "masks",
-        [
-            {"strategy": B, "step": 4, "layer": 1, "query": 0, "query_position": 4, "mask": "1101",
-             "key_positions": "0 1 4 3"},
-            {"strategy": B, "step": 0, "layer": 1, "query": 0, "query_position": 0, "mask": "1000",
-             "key_positions": "0 1 2 -1"},
-            {"strategy": B, "step": 0, "layer": 1, "query": 1, "query_position": 1, "mask": "1100",
-             "key_positions": "0 1 2 -1"},
-        ],
-    )  # fmt: skip
-
-
-def test_mask_figure_in_slot_order_keeps_the_cache_order():
-    fig = figure_json(charts.mask_figure(masks_table(), [A, B], B, 4, 1, "slot"))
-    heat = fig["data"][0]
-    assert list(heat["x"]) == [0, 1, 2, 3]
-    assert np.asarray(heat["z"]).tolist() == [[1, 1, 0, 1]]
-    assert heat["colorscale"][1][1] == figures.strategy_colors([A, B])[B]
-
-
-def test_mask_figure_in_temporal_order_sorts_keys_by_position_and_drops_empty_slots():
-    info = charts._mask_info(masks_table(), [A, B], B, 4, 1, "temporal")
-    assert info.key_positions.tolist() == [0, 1, 3, 4]
-    assert info.key_slots.tolist() == [0, 1, 3, 2]
-    assert info.visible.astype(int).tolist() == [[1, 1, 1, 0]]
-    prefill = charts._mask_info(masks_table(), [A, B], B, 0, 1, "temporal")
-    assert prefill.key_positions.tolist() == [0, 1, 2]  # the empty slot holds no position
-    assert prefill.visible.astype(int).tolist() == [[1, 0, 0], [1, 1, 0]]
-    assert prefill.query_positions.tolist() == [0, 1]
-
-
-def test_mask_figure_refuses_an_unknown_order_and_says_when_no_mask_was_recorded():
-    with pytest.raises(ValueError, match="order must be"):
-        charts.mask_figure(masks_table(), [A, B], B, 4, 1, "time")
-    fig = figure_json(charts.mask_figure(masks_table(), [A, B], B, 3, 1))
-    assert "no mask recorded" in fig["layout"]["annotations"][0]["text"]
-
-
 def error_layers():
     rows = []
     for step in (0, 4):
@@ -252,6 +264,26 @@ def test_quant_error_bars_show_the_nearest_recorded_step_at_or_before():
     np.testing.assert_allclose(keys["y"], [0.1, 0.2])  # step 0: the error probe is sampled
     np.testing.assert_allclose(values["y"], [0.05, 0.1])
     assert "step 0 (nearest recorded step to 3)" in fig["layout"]["title"]["text"]
+    assert fig["layout"]["title"]["text"].startswith(f"{C}<br>")  # two lines: nothing cut off at half width
     at4 = figure_json(charts.quant_error_bars(error_layers(), [A, C], C, 4))
     np.testing.assert_allclose(at4["data"][0]["y"], [0.14, 0.24])
     assert keys["marker"]["color"] == figures.strategy_colors([A, C])[C]
+
+
+def test_sampled_speed_lines_keep_only_the_timed_steps():
+    steps = sampled_steps_table().assign(tokens_per_second=lambda f: f["step"].where(f["step"] % 2 == 0) * 1.0)
+    info = charts._speed_info(steps, [A, B])
+    assert [s.step.tolist() for s in info.series] == [[2, 4, 6, 8]] * 2  # decode steps the probe timed
+
+
+def test_the_sampling_caption_names_the_charted_probes_that_were_sampled():
+    from app import panels
+    from app.data import RunView
+
+    def view(probes: dict) -> RunView:
+        return RunView("run", {"probes": json.dumps(probes)}, [A], [A], "complete", "", {})
+
+    note = panels.sampling_note(view({"memory": 4, "quality": 1, "system": 1, "masks": 128}))
+    assert note.startswith("Sampled probes in this run: memory every 4 steps (and the last step).")
+    assert "masks" not in note  # the Inspector says its own sampling
+    assert panels.sampling_note(view({"memory": 1, "quality": 1, "system": 1, "masks": 16})) == ""

@@ -4,12 +4,16 @@ several profiles side by side, the profile folder listing, saving under a name."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from app import data, state
 from cachelib.profile import Profile, list_profiles, load_profile
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def profile_with_steps(rows, **meta) -> Profile:
@@ -22,24 +26,28 @@ def profile_with_steps(rows, **meta) -> Profile:
     return p
 
 
+PER_TOKEN = 2 * 2 * 3 * 4 * 2  # K and V, 2 layers, 3 KV heads, head_dim 4, float16
 ROWS = [
-    {"strategy": "standard", "step": 0, "phase": "prefill", "position": 9, "cache_bytes_allocated": 1000, "kl": 0.0,
-     "top1_agree": True, "tokens_per_second": 100.0},
-    {"strategy": "standard", "step": 1, "phase": "decode", "position": 10, "cache_bytes_allocated": 1000, "kl": 0.0,
-     "top1_agree": True, "tokens_per_second": 10.0},
+    {"strategy": "standard", "step": 0, "phase": "prefill", "position": 9, "cache_bytes_allocated": 1000,
+     "cache_bytes_used": 10 * PER_TOKEN, "cache_tokens_held": 10, "kl": 0.0, "top1_agree": True,
+     "tokens_per_second": 100.0},
+    {"strategy": "standard", "step": 1, "phase": "decode", "position": 10, "cache_bytes_allocated": 1000,
+     "cache_bytes_used": 11 * PER_TOKEN, "cache_tokens_held": 11, "kl": 0.0, "top1_agree": True,
+     "tokens_per_second": 10.0},
     {"strategy": "rotating:max_size=4", "step": 0, "phase": "prefill", "position": 9, "cache_bytes_allocated": 250,
-     "kl": 0.0, "top1_agree": True, "tokens_per_second": 100.0},
+     "cache_bytes_used": 4 * PER_TOKEN, "cache_tokens_held": 4, "kl": 0.0, "top1_agree": True,
+     "tokens_per_second": 100.0},
     {"strategy": "rotating:max_size=4", "step": 1, "phase": "decode", "position": 10, "cache_bytes_allocated": 250,
-     "kl": 0.02, "top1_agree": False, "tokens_per_second": 12.0},
+     "cache_bytes_used": 4 * PER_TOKEN, "cache_tokens_held": 4, "kl": 0.02, "top1_agree": False,
+     "tokens_per_second": 12.0},
 ]  # fmt: skip
 
 
 def test_full_cache_reference_is_two_times_layers_heads_dim_element_size_per_token():
     p = profile_with_steps(ROWS)
     ref = data.full_cache_reference(p.meta, p.frame("steps"), "standard")
-    per_token = 2 * 2 * 3 * 4 * 2  # K and V, 2 layers, 3 KV heads, head_dim 4, float16
     assert ref["step"].tolist() == [0, 1]
-    assert ref["bytes"].tolist() == [10 * per_token, 11 * per_token]  # positions 9 and 10 -> 10 and 11 tokens
+    assert ref["bytes"].tolist() == [10 * PER_TOKEN, 11 * PER_TOKEN]  # positions 9 and 10 -> 10 and 11 tokens
     assert data.full_cache_reference({**p.meta, "num_kv_heads": 0}, p.frame("steps"), "standard") is None
 
 
@@ -47,9 +55,60 @@ def test_summary_table_says_what_each_strategy_saved_in_plain_words():
     table = data.summary_table(profile_with_steps(ROWS))
     assert table["strategy"].tolist() == ["standard", "rotating:max_size=4"]
     assert table.loc[0, "verdict"] == "baseline"
-    assert table.loc[1, "verdict"].startswith("saved 75% memory for 0.02 nats mean KL")
+    # Against the float16 full cache's bytes used at the last step (11 tokens), not the allocation.
+    assert table.loc[1, "memory_saved"] == pytest.approx(1 - 4 / 11)
+    assert table.loc[1, "verdict"] == (
+        "saved 64% memory vs a float16 full cache at 11 tokens, for 0.02 nats mean KL (top-1 agreement 0%)"
+    )
     assert table.loc[1, "top1_agreement"] == pytest.approx(0.0)  # over decode steps, as the mean KL
     assert table.loc[1, "peak_mib"] == pytest.approx(250 / 2**20)
+    assert table["bytes_per_token"].tolist() == [PER_TOKEN, PER_TOKEN]  # bytes used / tokens held
+    assert table["tokens_held"].tolist() == [11, 4]
+
+
+def test_bytes_per_token_is_bytes_used_over_tokens_held_not_allocated_over_held():
+    # Standard preallocates 256-token blocks: allocated / held overstates what a token costs.
+    rows = [dict(r, cache_bytes_allocated=256 * PER_TOKEN) for r in ROWS if r["strategy"] == "standard"]
+    table = data.summary_table(profile_with_steps(rows))
+    assert table.loc[0, "bytes_per_token"] == PER_TOKEN
+    assert table.loc[0, "peak_mib"] * 2**20 == 256 * PER_TOKEN  # the allocation is shown apart
+    assert table.loc[0, "memory_saved"] == pytest.approx(0.0)
+
+
+def test_the_bundled_float32_model_costs_46080_bytes_per_token():
+    from cachelib.profile.summary import full_cache_bytes_per_token
+
+    meta = {"num_layers": 30, "num_kv_heads": 3, "head_dim": 64, "dtype": "float32"}
+    assert full_cache_bytes_per_token(meta) == 30 * 3 * 64 * 2 * 4 == 46_080
+    assert full_cache_bytes_per_token({**meta, "dtype": "float16"}) == 23_040
+    assert full_cache_bytes_per_token({**meta, "dtype": "no-such-dtype"}) is None
+
+
+def test_committed_example_standard_costs_46080_bytes_per_token_and_every_saving_names_float32():
+    profile = load_profile(ROOT / "profiles" / "examples" / "smollm2-mlx-256t.csv", name="smollm2-mlx-256t")
+    table = data.summary_table(profile).set_index("strategy")
+    assert table.loc["standard", "bytes_per_token"] == 46_080
+    assert table.loc["standard", "memory_saved"] == pytest.approx(0.0)
+    steps = profile.frame("steps")
+    for strategy, row in table.drop(index="standard").iterrows():
+        last = steps[(steps["strategy"] == strategy) & steps["cache_bytes_used"].notna()].iloc[-1]
+        assert row["memory_saved"] == pytest.approx(1 - last["cache_bytes_used"] / (46_080 * (last["position"] + 1)))
+        assert f"vs a float32 full cache at {last['position'] + 1} tokens" in row["verdict"]
+
+
+def test_sampled_memory_is_read_at_the_last_sample_and_without_geometry_against_the_baseline():
+    rows = [dict(r) for r in ROWS]
+    for r in rows:
+        if r["step"] == 1:  # memory sampled at step 0 only
+            r.update(cache_bytes_used=None, cache_tokens_held=None, cache_bytes_allocated=None)
+    table = data.summary_table(profile_with_steps(rows))
+    assert table["memory_step"].tolist() == [0, 0] and table["tokens"].tolist() == [10, 10]
+    assert table.loc[1, "memory_saved"] == pytest.approx(1 - 4 / 10)
+    no_geometry = data.summary_table(profile_with_steps(ROWS, num_kv_heads=""))
+    assert no_geometry.loc[1, "saved_against"] == "baseline"
+    assert no_geometry.loc[1, "verdict"].startswith("saved 64% memory vs the baseline at 11 tokens")
+    assert "the baseline's bytes used" in data.measured_on(no_geometry)
+    assert "a float16 full cache holding every token" in data.measured_on(data.summary_table(profile_with_steps(ROWS)))
 
 
 def test_combine_labels_strategies_by_profile_and_keeps_each_baseline():

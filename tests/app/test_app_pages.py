@@ -17,6 +17,7 @@ from app.data import run_view
 from app.keys import Keys
 from cachelib.profile import load_profile
 
+ROOT = MAIN.parents[1]
 TIMEOUT = 180  # seconds per script run: the first loads the bundled model on a busy 2-core machine
 
 
@@ -58,12 +59,14 @@ def test_default_run_on_the_bundled_model_updates_live_then_keeps_its_charts_thr
     titles = chart_titles(at)
     assert len(titles) == 4 and titles[0].startswith("Cache memory")
     memory = plotly_figures(at)[0]
-    names = {t["name"] for t in memory["data"]}
-    assert {"standard · used", "rotating:max_size=64,keep=4 · allocated", "full cache (exact fit)"} <= names
+    names = {t["name"].split(" · ")[0] for t in memory["data"]}  # "strategy" or "strategy · used"
+    assert {"standard", "rotating:max_size=64,keep=4"} <= names and any(n.startswith("full cache") for n in names)
     summary = at.dataframe[0].value
     assert summary["strategy"].tolist() == ["standard", "rotating:max_size=64,keep=4"]
     assert summary["steps"].tolist() == [32, 32]
-    assert "saved" in summary.iloc[1]["in plain words"]
+    words = next(m.value for m in at.markdown if m.value.startswith("**In plain words**"))
+    assert "**rotating:max\\_size=64,keep=4** — saved" in words and "vs a float32 full cache at" in words
+    assert summary.iloc[0]["bytes/token held"] == 46_080  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes
 
     files = list(profiles_dir.glob("*.csv"))
     assert len(files) == 1
@@ -191,8 +194,8 @@ def test_profiles_page_lists_loads_and_compares_profiles(profiles_dir, tiny_prof
     assert "sweep-a/point-1: stopped by request" in warning
     figures = plotly_figures(at)
     assert len(figures) == 4
-    names = {t["name"] for t in figures[0]["data"]}
-    assert "complete / standard · used" in names and "sweep-a/point-1 / rotating:max_size=16,keep=2 · used" in names
+    names = {t["name"].split(" · ")[0] for t in figures[0]["data"]}  # "strategy" or "strategy · used"
+    assert {"complete / standard", "sweep-a/point-1 / rotating:max_size=16,keep=2"} <= names
     quality = {t["name"] for t in figures[1]["data"]}
     assert "complete / standard" not in quality  # each profile's baseline is its own reference
     summary = at.dataframe[1].value
@@ -245,7 +248,7 @@ def test_inspector_steps_through_slots_masks_and_quantization_error(profiles_dir
     at.select_slider(key="insp_step").set_value(20).run()
     assert not at.exception
     figures = plotly_figures(at)
-    assert len(figures) == 5  # slots, mask in slot order, mask in temporal order, error heatmap, error bars
+    assert len(figures) == 6  # slots, masks in slot and temporal order, the mask over the run, error heatmap, bars
     ring = figures[0]
     slots = [p for row in ring["data"][0]["z"] for p in row if p is not None]
     steps = profile.frame("steps")
@@ -257,7 +260,7 @@ def test_inspector_steps_through_slots_masks_and_quantization_error(profiles_dir
     at.button(key="insp_play").click().run()
     assert at.select_slider(key="insp_step").value == 21
     at.selectbox(key="insp_strategy").set_value("quantized:bits=4,group_size=32").run()
-    heat, bars = plotly_figures(at)[3:]
+    heat, bars = plotly_figures(at)[4:]
     assert [t["name"] for t in bars["data"]] == ["keys", "values"]
     assert bars["data"][0]["y"] == pytest.approx([0.01, 0.02, 0.03, 0.04])  # one bar per layer at step 21
     assert len(heat["data"][0]["z"]) == 4 and len(heat["data"][0]["z"][0]) == 24  # layers x steps
@@ -268,3 +271,74 @@ def test_inspector_without_a_run_says_where_to_start():
     at.switch_page("views/inspector.py").run()
     assert not at.exception
     assert "Nothing to inspect yet" in at.info[0].value
+
+
+def test_any_loaded_profile_downloads_as_csv_parquet_and_an_html_report(profiles_dir, tiny_profiles):
+    from app import state
+
+    (profiles_dir / "examples").mkdir()
+    committed = ROOT / "profiles" / "examples" / "smollm2-torch-256t.csv"
+    (profiles_dir / "examples" / committed.name).write_bytes(committed.read_bytes())
+    (profiles_dir / "complete.csv").write_bytes((tiny_profiles / "tiny-complete.csv").read_bytes())
+    at = new_app()
+    at.switch_page("views/profiles.py").run()
+    at.multiselect(key="compare").select("examples/smollm2-torch-256t.csv").select("complete.csv").run()
+    assert not at.exception and not errors(at)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels == ["Download CSV", "Download Parquet", "HTML report"] * 2 + ["HTML report of the comparison"]
+
+    # What the buttons send: the file itself, the same profile as Parquet, one offline page.
+    path = profiles_dir / "complete.csv"
+    assert state.export_bytes(path, "csv") == path.read_bytes()
+    parquet = profiles_dir.parent / "out.parquet"
+    parquet.write_bytes(state.export_bytes(path, "parquet"))
+    assert load_profile(parquet) == load_profile(path)
+    with pytest.raises(ValueError, match="unknown export format 'xlsx'"):
+        state.export_bytes(path, "xlsx")
+    page = state.report_bytes(at.session_state[Keys.LOADED]).decode()
+    assert page.count("Plotly.newPlot") == 3  # memory, quality, speed of both profiles
+    assert "<h2>examples/smollm2-torch-256t</h2>" in page and "<h2>complete</h2>" in page
+    assert "46,080" in page  # standard's bytes per token held, the bundled float32 model
+
+
+def test_a_bad_upload_is_one_error_and_the_rest_of_the_page_keeps_working(profiles_dir, tiny_profiles):
+    (profiles_dir / "complete.csv").write_bytes((tiny_profiles / "tiny-complete.csv").read_bytes())
+    good = (tiny_profiles / "tiny-complete.csv").read_bytes()
+    newer = re.sub(rb"schema_version,1\b", b"schema_version,2", good)
+    assert newer != good
+    at = new_app()
+    at.switch_page("views/profiles.py").run()
+    at.multiselect(key="compare").select("complete.csv").run()
+    assert len(at.get("plotly_chart")) == 4
+    for name, data, message in [
+        ("notes.csv", b"a,b\n1,2\n", "notes.csv: not a cachelib profile (no 'table' column)"),
+        ("future.csv", newer, "future.csv: profile schema version 2 is not supported; this cachelib reads version 1"),
+        ("binary.csv", bytes(range(256)) * 4, "binary.csv"),
+    ]:
+        at.file_uploader(key="upload").set_value((name, data, "text/csv")).run()
+        assert not at.exception
+        assert len(errors(at)) == 1 and errors(at)[0].startswith(message), errors(at)
+        assert len(at.get("plotly_chart")) == 4  # the loaded comparison is still drawn
+        assert at.multiselect(key="compare").value == ["complete.csv"]
+    at.file_uploader(key="upload").set_value(("mine.csv", good, "text/csv")).run()
+    assert not errors(at) and "upload: mine.csv" in at.multiselect(key="compare").value
+
+
+def test_generated_text_shows_each_strategys_first_departure_from_the_baseline(profiles_dir, tiny_profiles):
+    from cachelib.profile.report import token_streams
+
+    (profiles_dir / "complete.csv").write_bytes((tiny_profiles / "tiny-complete.csv").read_bytes())
+    at = new_app()
+    at.switch_page("views/profiles.py").run()
+    at.multiselect(key="compare").select("complete.csv").run()
+    assert not at.exception
+    text = [m.value for m in at.markdown]
+    profile = load_profile(tiny_profiles / "tiny-complete.csv")
+    for s in token_streams(profile.frame("steps"), profile.strategies, profile.baseline)[1:]:
+        header = next(t for t in text if t.startswith(f"**{s.strategy.replace('_', chr(92) + '_')}** — "))
+        stream = text[text.index(header) + 1]
+        if s.first_departure is None:
+            assert "the same 24 tokens as the baseline" in header and ":orange-background[" not in stream
+        else:
+            assert f"first departs at step {s.first_departure}; {s.differing_steps} of 24 steps differ" in header
+            assert stream.count(":orange-background[") == 1 and "~~" in stream  # teacher-forced: what it replaced

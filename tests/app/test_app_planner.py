@@ -16,9 +16,9 @@ from app_helpers import MAIN, plotly_figures
 from streamlit.testing.v1 import AppTest
 
 from cachelib.cli import main as cli_main
-from cachelib.plan import GB, PlanRequest, cache_budget, max_batch, plan, plan_request, preset
+from cachelib.plan import GiB as GB, PlanRequest, cache_budget, max_batch, plan, plan_request, preset
 from cachelib.profile.evidence import load_evidence
-from cachelib.core.units import human_bytes
+from cachelib.core.units import human_gib as human_bytes  # the planner counts device memory in GiB
 
 TIMEOUT = 60
 DEFAULT_SPECS = ["standard", "rotating:max_size=4096", "quantized:bits=8", "quantized:bits=4", "kivi"]
@@ -38,11 +38,12 @@ def errors(at) -> list[str]:
 
 
 def figures(at) -> dict[str, dict]:
-    """The page's two figures by their title's first words."""
+    """The page's figures by their title's first words (the retrieval heatmap where the evidence has trials)."""
     out = {}
     for fig in plotly_figures(at):
         title = fig["layout"]["title"]["text"]
-        kind = "frontier" if title.startswith("Fit frontier") else "quality" if title.startswith("Quality") else "memory"
+        kind = ("frontier" if title.startswith("Fit frontier") else "quality" if title.startswith("Quality")
+                else "retrieval" if title.startswith("Retrieval") else "memory")  # fmt: skip
         out[kind] = fig
     return out
 
@@ -65,7 +66,7 @@ def cli_table(command: str, capsys, *extra: str) -> tuple[list[dict[str, str]], 
 def same_as_cli(shown: pd.DataFrame, cli: list[dict[str, str]]) -> None:
     assert len(cli) and shown["strategy"].tolist() == [r["strategy"] for r in cli]
     for (_, ours), theirs in zip(shown.iterrows(), cli):
-        for col in ("allocated", "used", "peak", "per token", "fits", "headroom", "budget needed", "mean KL", "top-1"):
+        for col in ("allocated", "used", "peak", "per token", "fits", "headroom", "budget needed", "mean KL", "top-1", "activations"):
             if col in theirs:
                 expected = "–" if theirs[col] == "-" else theirs[col]  # no value
                 assert ours[col] == expected, (ours["strategy"], col)
@@ -89,10 +90,13 @@ def test_default_page_plans_llama_against_24_gb_with_the_librarys_numbers_as_the
     assert asked["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in expected]
     assert asked["max batch"].tolist() == [f"{f.max_batch:,}" for f in expected]
     assert asked["sessions"].tolist() == [f"{f.sessions:,}" for f in expected]
-    assert asked["max context"].tolist() == ["51,200", "–", "96,512", "131,072", "131,072"]
-    assert [f.max_context for f in expected] == [51200, None, 96512, 131072, 131072]
-    assert asked["limited by"].tolist() == ["memory", "nothing", "memory", "model length", "model length"]
-    assert "6.94 GB for the cache" in at.markdown[0].value
+    # 24 GiB, the weights at the published bfloat16, activations counted: the quantized caches' max context
+    # is memory-bound too, because mlx-lm's quantized attention materialises each chunk's scores
+    assert asked["max context"].tolist() == ["57,856", "–", "38,870", "47,043", "44,990"]
+    assert [f.max_context for f in expected] == [57856, None, 38870, 47043, 44990]
+    assert asked["limited by"].tolist() == ["memory", "nothing", "memory", "memory", "memory"]
+    assert "8.04 GiB for the cache and activations" in at.markdown[0].value
+    assert "sessions can exceed the max batch" in " ".join(c.value for c in at.caption)
 
     # the recommendation is the library's with the committed evidence and the page's thresholds
     result = plan_request(LLAMA, replace(request, max_kl=0.1, min_agreement=0.9), load_evidence().points)
@@ -106,7 +110,7 @@ def test_default_page_plans_llama_against_24_gb_with_the_librarys_numbers_as_the
     assert list(frontier)[: len(DEFAULT_SPECS)] == DEFAULT_SPECS
     at_context = frontier["standard"]["x"].index(32768)
     assert frontier["standard"]["y"][at_context] == expected[0].max_batch == 1
-    assert frontier["rotating:max_size=4096"]["y"][at_context] == expected[1].max_batch == 8  # the ring stays small
+    assert frontier["rotating:max_size=4096"]["y"][at_context] == expected[1].max_batch == 5  # the ring stays small
     assert list(traces(figs["memory"]))[: len(DEFAULT_SPECS)] == DEFAULT_SPECS
     same_as_cli(table, cli_table(at.code[0].value, capsys)[0])
 
@@ -127,9 +131,12 @@ def test_changing_the_budget_moves_the_frontier_and_the_inputs_survive_a_page_vi
     after = traces(figures(at)["frontier"])["quantized:bits=4"]
     available = cache_budget(40 * GB, LLAMA.num_params * 2, GB)
     assert after["x"] == before["x"]
+    request = PlanRequest(["quantized:bits=4"], context=32768, prefill_chunk=2048)
     assert after["y"] == [
-        max_batch(LLAMA, "quantized:bits=4", available, context=n, prefill_chunk=2048) for n in after["x"]
-    ]
+        max_batch(LLAMA, "quantized:bits=4", available, context=n, prefill_chunk=2048,
+                  row_bytes=request.forward_bytes(LLAMA, request.strategies[0], context=n, batch=1)[0])
+        for n in after["x"]
+    ]  # fmt: skip
     assert all(a >= b for a, b in zip(after["y"], before["y"])) and after["y"] != before["y"]
     budget_line = [s for s in figures(at)["memory"]["layout"]["shapes"] if s["y0"] == s["y1"]]
     assert budget_line[0]["y0"] == pytest.approx(available / GB)
@@ -162,8 +169,8 @@ def test_bad_input_shows_the_librarys_message_and_keeps_the_previous_plan(profil
 
     at.number_input(key="plan_budget").set_value(10.0).run()
     check(
-        "budget 10.000 GB is below the weights (16.061 GB): nothing is left for the cache; "
-        "raise the budget or quantize the weights"
+        "budget 10.00 GiB per device is below the weights on one device (14.96 GiB): nothing is left for the cache; "
+        "raise the budget, quantize the weights (--weights-dtype) or split them (--tp, --pp)"
     )
     at.number_input(key="plan_budget").set_value(24.0).run()
 
@@ -206,7 +213,7 @@ def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
 
     arch = preset("tiny-llama")
     evidence = load_evidence([picked])
-    request = PlanRequest(["standard", "quantized:bits=8"], context=2048, budget_bytes=GB, weights_bytes=10**7,
+    request = PlanRequest(["standard", "quantized:bits=8"], context=2048, budget_bytes=GB, weights_bytes=round(0.01 * GB),
                           max_kl=100.0)  # fmt: skip
     result = plan_request(arch, request, evidence.points)
     rec = result.recommendation
@@ -217,7 +224,10 @@ def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
 
     table = at.dataframe[0].value
     assert table["strategy"].tolist() == [f.spec for f in result.fits]
-    evidence_table = at.dataframe[1].value
+    terms = at.dataframe[1].value  # what "fits" counted for the first strategy, term by term
+    assert terms["term"].tolist() == ["weights", "cache peak", "activations peak", "runtime overhead", "reserve"]
+    assert terms["bytes"].tolist() == [human_bytes(n) for _, n, _ in result.fits[0].device.terms()]
+    evidence_table = at.dataframe[2].value
     assert set(evidence_table["files"]) == {"tiny-complete.csv"}
 
     # The command the page shows prints the same table and recommendation, and its CSV the exact bytes.
@@ -258,3 +268,28 @@ def test_a_context_far_past_the_models_length_plans_promptly_with_a_warning(prof
     assert cli_main([*shlex.split(command)[3:]]) == 0  # the CLI says it too
     said = capsys.readouterr()
     assert f"warning: context {context:,} is past llama-3.1-8b's limit of 131,072" in said.err
+
+
+def test_runtime_and_parallelism_fields_plan_one_device_and_name_a_split_the_runtime_refuses(profiles_dir, capsys):
+    at = planner()
+    at.selectbox(key="plan_model").set_value("llama-3.1-70b")
+    at.selectbox(key="plan_runtime").set_value("vllm")
+    at.number_input(key="plan_tp").set_value(8)
+    at.number_input(key="plan_budget").set_value(80.0)
+    at.text_area(key="plan_strategies").set_value("standard").run()
+    assert not at.exception and not errors(at)
+    table = at.dataframe[0].value
+    request = PlanRequest(["standard"], context=32768, prefill_chunk=2048, runtime="vllm", tp=8, budget_bytes=80 * GB,
+                          reserve_bytes=GB)  # fmt: skip
+    [fit] = plan(preset("llama-3.1-70b"), request)
+    assert fit.cache.bytes_per_token == 40_960  # 8 KV heads over 8 ranks: one per GPU
+    assert table["allocated"].tolist()[0] == human_bytes(fit.cache.bytes_allocated)
+    assert table["all devices"].tolist()[0] == human_bytes(8 * fit.cache.bytes_allocated)
+    assert "--runtime vllm" in at.code[0].value and "--tp 8" in at.code[0].value
+    same_as_cli(table.iloc[:1], cli_table(at.code[0].value, capsys)[0][:1])
+
+    at.selectbox(key="plan_model").set_value("qwen2.5-7b").run()  # 28 attention heads
+    assert errors(at) == [
+        "tp=8: vllm requires the attention heads (28 in qwen2.5-7b) divisible by the tensor-parallel size; "
+        "allowed: 1, 2, 4, 7, 14, 28"
+    ]

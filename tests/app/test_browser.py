@@ -140,7 +140,8 @@ def test_default_run_in_a_real_browser_draws_the_charts(app_url, browser, tmp_pa
     assert len(list((tmp_path / "profiles").glob("*.csv"))) == 1
 
     page.get_by_role("link", name="Inspector").click()
-    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length === 5")
+    # slots, masks in slot and temporal order, the mask over the run, quantization error x 2
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length === 6")
     page.get_by_role("combobox", name="Strategy").click()
     page.get_by_role("option", name=re.compile("^rotating")).click()
     step = page.get_by_role("slider", name="Step")
@@ -165,15 +166,16 @@ def test_default_run_in_a_real_browser_draws_the_charts(app_url, browser, tmp_pa
 
     # The Planner, judged by the committed evidence (a run saved on the Live page is not evidence
     # unless picked): memory and frontier with the 5 asked strategies and the evidence's
-    # candidates, and the quality-evidence chart.
+    # candidates, the retrieval heatmap of the committed passkey trials, and the quality-evidence chart.
     page.get_by_role("link", name="Planner").click()
     page.locator(".st-key-plan_frontier .js-plotly-plot").wait_for()
     page.locator(".st-key-plan_quality .js-plotly-plot").wait_for()
+    page.locator(".st-key-plan_retrieval .js-plotly-plot").wait_for()
     page.get_by_text("Also planned because the evidence speaks for them").wait_for()
     page.wait_for_timeout(1000)
     assert page.locator("[data-testid='stException']").count() == 0
     traces = _traces_per_chart(page)
-    assert len(traces) == 3 and min(traces[:2]) > 5, traces
+    assert len(traces) == 4 and min(traces[:2]) > 5, traces
     _shoot(page, tmp_path, "planner")
 
     # A page's own URL, opened directly (a bookmark, a reload), runs through main.py's routes.

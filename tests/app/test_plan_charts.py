@@ -13,7 +13,7 @@ from app_helpers import figure_json
 
 from app import plan_charts
 from app.figures import strategy_colors
-from cachelib.core.units import human_bytes
+from cachelib.core.units import GiB, human_gib as human_bytes  # the planner's unit
 from cachelib.plan import GB, PlanRequest, Quality, account, attach_quality, frontier_curves, memory_curves, plan, preset
 from cachelib.cli.plan import format_table
 from cachelib.plan.quality import Evidence
@@ -24,7 +24,9 @@ CONTEXTS = [1, 100, 256, 257, 1000]
 
 
 def small_plan(budget: int | None = int(0.4 * GB)):
-    return plan(SMOL, PlanRequest(SPECS, context=1000, budget_bytes=budget, weights_bytes=int(0.3 * GB)))
+    # 256-token prompt chunks keep the logits (chunk x vocab) within the 0.1 GB left for cache and activations
+    return plan(SMOL, PlanRequest(SPECS, context=1000, prefill_chunk=256, budget_bytes=budget,
+                                  weights_bytes=int(0.3 * GB)))  # fmt: skip
 
 
 def test_memory_figure_draws_allocated_and_peak_in_gb_with_the_budget_and_where_memory_stops_each():
@@ -39,9 +41,9 @@ def test_memory_figure_draws_allocated_and_peak_in_gb_with_the_budget_and_where_
     assert std["line"]["color"] == colors["standard"] and std["showlegend"] and not lines[1]["showlegend"]
     expected = [account(SMOL, "standard", context=n).bytes_allocated for n in (100, 1000, 8000)]
     assert std["customdata"] == expected  # exact bytes on hover
-    np.testing.assert_allclose(std["y"], np.array(expected) / GB)
+    np.testing.assert_allclose(std["y"], np.array(expected) / GiB)
     budget_line = [s for s in fig["layout"]["shapes"] if s["y0"] == s["y1"]]
-    assert budget_line[0]["y0"] == pytest.approx(available / GB)
+    assert budget_line[0]["y0"] == pytest.approx(available / GiB)
     assert [s["x0"] for s in fig["layout"]["shapes"] if s["x0"] == s["x1"]] == [1000]  # the asked context
     marks = next(t for t in fig["data"] if t["name"] == "max context in the budget")
     bound = {f.spec: f.max_context for f in fits if f.context_limit == "memory"}
@@ -97,7 +99,7 @@ def test_plan_table_holds_the_fits_numbers_and_shows_them_as_the_cli_prints_them
     fits = attach_quality(small_plan(), quality)
     table = plan_charts.plan_table(fits)
     assert list(table.columns) == [
-        "strategy", "allocated", "used", "peak", "per token", "mean KL", "top-1", "measured on", "fits", "headroom",
+        "strategy", "allocated", "used", "peak", "per token", "activations", "mean KL", "top-1", "measured on", "fits", "headroom",
         "max context", "limited by", "max batch", "sessions", "budget needed",
     ]  # fmt: skip
     for f, row in zip(fits, table.itertuples(index=False)):
@@ -110,7 +112,8 @@ def test_plan_table_holds_the_fits_numbers_and_shows_them_as_the_cli_prints_them
     shown, cli = shown_cells(table), cli_cells(fits, budgeted=True)
     assert len(shown) == len(cli) == 3
     for ours, theirs in zip(shown, cli):
-        for col in ("allocated", "used", "peak", "per token", "headroom", "budget needed", "mean KL", "top-1"):
+        for col in ("allocated", "used", "peak", "per token", "activations", "headroom", "budget needed", "mean KL",
+                    "top-1"):  # fmt: skip
             assert ours[col] == ("–" if theirs[col] == "-" else theirs[col]), (ours["strategy"], col)  # no value
         assert ours["mean KL"] == theirs["mean KL"]  # "not covered" on both
         assert ours["max batch"] == theirs["max batch"] and ours["fits"] == theirs["fits"]
@@ -122,7 +125,7 @@ def test_plan_table_holds_the_fits_numbers_and_shows_them_as_the_cli_prints_them
 
 def test_plan_table_without_budget_or_evidence_has_only_the_cache_columns():
     table = plan_charts.plan_table(small_plan(budget=None))
-    assert list(table.columns) == ["strategy", "allocated", "used", "peak", "per token"]
+    assert list(table.columns) == ["strategy", "allocated", "used", "peak", "per token", "activations"]
     torch = plan(SMOL, PlanRequest(["offloaded"], context=100, backend="torch"))
     assert "host" in plan_charts.plan_table(torch).columns  # offloaded layers sit on the host
 

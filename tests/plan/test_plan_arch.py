@@ -131,3 +131,27 @@ def test_smollm2_preset_matches_the_bundled_gguf():
     for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
               "vocab_size", "num_params"):  # fmt: skip
         assert getattr(arch, f) == getattr(ref, f), f
+
+
+def test_multi_query_means_one_kv_head_whatever_else_the_config_says():
+    # transformers' and mlx-lm's gpt_bigcode cache one K/V head when multi_query is set
+    arch = arch_from_config({**LLAMA, "model_type": "gpt_bigcode", "multi_query": True, "num_key_value_heads": 4})
+    assert arch.num_kv_heads == 1
+
+
+def test_kv_channels_is_the_head_dim_where_a_config_names_it_so():
+    arch = arch_from_config({**LLAMA, "model_type": "jetmoe", "kv_channels": 128})  # hidden / heads would be 64
+    assert arch.head_dim == 128
+
+
+def test_a_latent_cache_does_not_need_heads_divisible_by_kv_heads():
+    arch = arch_from_config({**LLAMA, "model_type": "deepseek_v3", "num_key_value_heads": 32, "kv_lora_rank": 32,
+                             "qk_rope_head_dim": 16})  # fmt: skip
+    assert (arch.kv_heads, arch.key_dim, arch.value_dim) == (1, 32, 16)
+
+
+def test_attention_with_an_unmodelled_ssm_mixer_is_refused_by_name():
+    with pytest.raises(ValueError, match="recurrent layers of model_type 'falcon_h1'.*mamba_d_ssm"):
+        arch_from_config({**LLAMA, "model_type": "falcon_h1", "mamba_d_ssm": 64, "mamba_d_state": 16})
+    with pytest.raises(ValueError, match="'openai-gpt' model keeps no KV cache"):
+        arch_from_config({**LLAMA, "model_type": "openai-gpt"})

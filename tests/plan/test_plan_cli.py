@@ -21,21 +21,24 @@ def _run(argv: list[str]) -> int:
 
 def test_table_lists_every_strategy_with_bytes_and_fit(capsys):
     rc = _run(["--model", "llama-3.1-8b", "--context", "32768", "--strategy", "standard",
-               "--strategy", "quantized:bits=4", "--budget-gb", "80"])  # fmt: skip
+               "--strategy", "quantized:bits=4", "--budget", "80"])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0
-    assert "llama-3.1-8b: 32 layers" in out and "weights 16.06 GB" in out
+    assert "llama-3.1-8b: 32 layers" in out and "weights             14.96 GiB" in out  # 16.06e9 bytes, bfloat16
+    for term in ("cache peak", "activations peak", "runtime overhead", "reserve", "total"):
+        assert f"  {term} " in out  # what "fits" counted
     lines = out.splitlines()
     standard = next(line for line in lines if line.startswith("standard "))
-    assert "4.29 GB" in standard and "yes" in standard  # 32768 x 131,072 bytes
-    assert any(line.startswith("quantized:bits=4 ") and "1.21 GB" in line for line in lines)
+    assert "4.00 GiB" in standard and "yes" in standard  # 32768 x 131,072 bytes
+    assert any(line.startswith("quantized:bits=4 ") and "1.12 GiB" in line for line in lines)
+    assert "sessions can exceed the max batch" in out
 
 
 def test_csv_holds_the_api_numbers(tmp_path, capsys):
     out = tmp_path / "plan.csv"
     rc = _run(["--model", "tiny-gemma3", "--context", "3000", "--prefill", "1000", "--prefill-chunk", "256",
                "--strategy", "standard", "--strategy", "rotating:max_size=512,keep=4", "--backend", "torch",
-               "--budget-gb", "1", "--csv", str(out)])  # fmt: skip
+               "--budget", "1GB", "--csv", str(out)])  # fmt: skip
     assert rc == 0
     rows = list(csv.DictReader(out.open()))
     assert [r["strategy"] for r in rows] == ["standard", "rotating:max_size=512,keep=4"]
@@ -75,7 +78,12 @@ def _one_line_error(capsys) -> str:
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "gpt-9", "--context", "10"], "unknown model 'gpt-9'"),
-    (["--model", "llama-3.1-8b", "--context", "10", "--budget-gb", "8"], "is below the weights"),
+    (["--model", "llama-3.1-8b", "--context", "10", "--budget", "8"], "is below the weights on one device"),
+    (["--model", "qwen2.5-7b", "--context", "10", "--runtime", "vllm", "--tp", "8"],
+     "tp=8: vllm requires the attention heads (28 in qwen2.5-7b) divisible by the tensor-parallel size"),
+    (["--model", "llama-3.1-8b", "--context", "10", "--tp", "2"], "tp=2: backend mlx is planned on one device"),
+    (["--model", "llama-3.1-8b", "--context", "10", "--weights-dtype", "q9"], "unknown weights dtype 'q9'"),
+    (["--model", "llama-3.1-8b", "--context", "10", "--solve", "bits"], "--solve bits needs --sessions N and --budget"),
     (["--model", "llama-3.1-8b", "--context", "10", "--strategy", "rotating"], "knob 'max_size' is required"),
     (["--model", "llama-3.1-8b", "--context", "10", "--strategy", "offloaded"], "not available on mlx"),
 ])  # fmt: skip
@@ -88,7 +96,8 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     (["--context", "0"], "argument --context: must be >= 1, got 0"),
     (["--context", "-3"], "argument --context: must be >= 1, got -3"),
     (["--context", "10", "--batch", "0"], "argument --batch: must be >= 1, got 0"),
-    (["--context", "10", "--budget-gb", "inf"], "argument --budget-gb: must be a finite number"),
+    (["--context", "10", "--budget", "inf"], "argument --budget: must be a finite size >= 0, got 'inf'"),
+    (["--context", "10", "--budget", "24GiBs"], "argument --budget: unknown unit 'GiBs'"),
 ])  # fmt: skip
 def test_bad_numbers_are_refused_by_the_flag_with_the_range(capsys, argv, message):
     from cachelib.cli import main

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from cachelib.spec import parse_spec
 from cachelib.plan import (
     GB,
     PlanRequest,
@@ -73,8 +74,9 @@ def test_frontier_curves_are_max_batch_and_sessions_of_each_context():
     frontier = frontier_curves(SMOL, request, CONTEXTS)
     for row in frontier.itertuples():
         kw = dict(context=row.context, backend="torch")
-        assert row.max_batch == max_batch(SMOL, row.strategy, available, **kw)
-        assert row.sessions == max_sessions(SMOL, row.strategy, available, **kw)
+        forward = request.forward_bytes(SMOL, parse_spec(row.strategy), context=row.context, batch=1)[0]  # counted too
+        assert row.max_batch == max_batch(SMOL, row.strategy, available, row_bytes=forward, **kw)
+        assert row.sessions == max_sessions(SMOL, row.strategy, available, forward_bytes=forward, **kw)
     std = frontier[frontier["strategy"] == "standard"]["max_batch"].to_numpy()
     assert (np.diff(std) <= 0).all() and std[0] > std[-1]
     with pytest.raises(ValueError, match="give a memory budget"):
@@ -120,8 +122,11 @@ def test_one_walk_per_strategy_gives_each_contexts_own_account(model, backend, s
                 assert curves.loc[(spec, n), "bytes_allocated"] == acc.bytes_allocated, where
                 assert curves.loc[(spec, n), "peak_bytes"] == acc.peak_bytes, where
                 kw = dict(context=n, backend=backend, prefill=prefill, prefill_chunk=chunk)
-                assert frontier.loc[(spec, n), "max_batch"] == max_batch(arch, spec, available, **kw), where
-                assert frontier.loc[(spec, n), "sessions"] == max_sessions(arch, spec, available, **kw), where
+                forward = budget.forward_bytes(arch, parse_spec(spec), context=n, batch=1)[0]  # counted too
+                most = max_batch(arch, spec, available, row_bytes=forward, **kw)
+                assert frontier.loc[(spec, n), "max_batch"] == most, where
+                assert frontier.loc[(spec, n), "sessions"] == max_sessions(arch, spec, available, forward_bytes=forward,
+                                                                           **kw), where  # fmt: skip
 
 
 def test_the_grid_costs_the_same_whatever_the_context(monkeypatch):

@@ -1,4 +1,4 @@
-"""One planning request: bytes inside, GB at the edges; the command line it writes reads back as
+"""One planning request: bytes inside, GiB at the edges; the command line it writes reads back as
 the same request; plan_request plans the measured strategies as candidates too."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 
 from cachelib.cli import build_parser
 from cachelib.plan.quality import Evidence
-from cachelib.plan import GB, PlanRequest, Quality, cache_budget, gb_to_bytes, plan, plan_request, preset, weight_bytes
+from cachelib.plan import GB, GiB, PlanRequest, Quality, cache_budget, memory_bytes, plan, plan_request, preset, weight_bytes
+from cachelib.core.units import memory_text, parse_memory
 from cachelib.cli.plan import request_from_args
 from cachelib.spec import parse_spec
 
@@ -25,12 +26,17 @@ def _from_argv(argv: list[str]) -> PlanRequest:
 def test_to_argv_reads_back_as_the_same_request():
     request = PlanRequest(
         ["standard", "rotating:keep=4,max_size=4096"], context=32768, batch=2, backend="torch", dtype="bfloat16",
-        prefill=1000, prefill_chunk=512, budget_bytes=24 * GB, weight_bits=4.5, reserve_bytes=1_250_000_000,
+        prefill=1000, prefill_chunk=512, budget_bytes=24 * GiB, weights_dtype="q4_k", reserve_bytes=1_250_000_000,
         max_kl=0.1, min_agreement=0.123456789,
     )  # fmt: skip
     argv = request.to_argv("llama-3.1-8b", ["my profiles"])
     assert _from_argv(argv) == request
-    assert argv[argv.index("--budget-gb") + 1] == "24" and argv[argv.index("--reserve-gb") + 1] == "1.25"
+    assert argv[argv.index("--budget") + 1] == "24GiB" and argv[argv.index("--reserve") + 1] == "1.25GB"
+    vllm = PlanRequest(["standard"], context=4096, runtime="vllm", tp=8, pp=2, kv_format="fp8", budget_bytes=80 * GiB,
+                       sessions=16, solve="max_kv_size", device="cpu")  # fmt: skip
+    assert _from_argv(vllm.to_argv("llama-3.1-70b")) == vllm and vllm.backend == "torch"
+    bits = PlanRequest(["standard"], context=10, weights_dtype=4.5)
+    assert bits == PlanRequest(["standard"], context=10, weights_dtype="4.5") == _from_argv(bits.to_argv("smollm2"))
     args = build_parser().parse_args(argv[3:])
     assert (args.model, [str(p) for p in args.evidence], args.strategy) == (
         "llama-3.1-8b", ["my profiles"], ["standard", "rotating:max_size=4096,keep=4"],  # canonical text
@@ -40,22 +46,27 @@ def test_to_argv_reads_back_as_the_same_request():
 def test_to_argv_writes_only_what_differs_from_the_cli_defaults():
     plain = PlanRequest(["standard"], context=10).to_argv("smollm2")
     assert plain == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --backend mlx --dtype float16".split()
-    given = PlanRequest(["standard"], context=10, weights_bytes=300_000_000, weight_bits=4).to_argv("smollm2")
-    assert given[-2:] == ["--weights-gb", "0.3"] and "--weight-bits" not in given  # given weights: bits unused
+    given = PlanRequest(["standard"], context=10, weights_bytes=300_000_000, weights_dtype="4").to_argv("smollm2")
+    assert given[-2:] == ["--weights-memory", "0.3GB"] and "--weights-dtype" not in given  # given weights: dtype unused
 
 
-@pytest.mark.parametrize("nbytes", [1, 123_456_789, 24 * GB + 1, 80 * GB - 7, 2**50 + 3])
-def test_gb_on_the_command_line_reads_back_as_exactly_the_bytes(nbytes):
+@pytest.mark.parametrize("nbytes", [1, 123_456_789, 24 * GB + 1, 80 * GiB - 7, 2**50 + 3, 24 * GiB, 24 * GB])
+def test_memory_on_the_command_line_reads_back_as_exactly_the_bytes(nbytes):
     request = PlanRequest(["standard"], context=10, budget_bytes=nbytes, weights_bytes=nbytes // 3)
     back = _from_argv(request.to_argv("smollm2"))
     assert (back.budget_bytes, back.weights_bytes) == (nbytes, nbytes // 3)
 
 
-def test_gb_are_read_into_bytes_at_the_edge():
-    assert gb_to_bytes("budget-gb", 24.0) == 24 * GB and gb_to_bytes("budget-gb", None) is None
-    assert gb_to_bytes("weights-gb", 0.3) == 300_000_000
-    with pytest.raises(ValueError, match=r"--reserve-gb must be >= 0, got -1"):
-        gb_to_bytes("reserve-gb", -1)
+def test_memory_is_gib_by_default_and_says_its_unit_otherwise():
+    # a "24 GB" GPU holds 24 GiB: a bare number is GiB; GB spelled out is 10^9 bytes
+    assert memory_bytes("budget", 24.0) == memory_bytes("budget", "24") == parse_memory("24GiB") == 24 * 2**30
+    assert parse_memory("24GB") == parse_memory("24 gb") == 24 * 10**9 and memory_bytes("budget", None) is None
+    assert parse_memory("512MiB") == 512 * 2**20 and parse_memory("1000B") == 1000
+    assert memory_text(24 * 2**30) == "24GiB" and memory_text(24 * 10**9) == "24GB"
+    with pytest.raises(ValueError, match=r"reserve must be a finite size >= 0, got -1"):
+        memory_bytes("reserve", -1)
+    with pytest.raises(ValueError, match=r"unknown unit 'GiBs' in '24GiBs'; allowed: B, KiB, MiB, GiB"):
+        parse_memory("24GiBs", "budget")
 
 
 def test_a_request_parses_its_strategies_and_names_bad_input():
@@ -72,17 +83,18 @@ def test_a_request_parses_its_strategies_and_names_bad_input():
 
 
 def test_weights_are_counted_at_the_requests_bits_unless_given():
-    request = PlanRequest(["standard"], context=1000, budget_bytes=24 * GB, reserve_bytes=GB, weight_bits=4.5)
+    request = PlanRequest(["standard"], context=1000, budget_bytes=24 * GB, reserve_bytes=GB, weights_dtype="4.5")
     counted = weight_bytes(LLAMA, 4.5)
     assert request.weights(LLAMA) == counted
     assert request.cache_budget(LLAMA) == cache_budget(24 * GB, counted, GB)
+    assert PlanRequest(["standard"], context=1).weights(LLAMA) == weight_bytes(LLAMA, 16)  # published bfloat16
     assert replace(request, weights_bytes=5 * GB).weights(LLAMA) == 5 * GB
     assert replace(request, budget_bytes=None).cache_budget(LLAMA) is None
     fit = plan(LLAMA, request)[0]
     assert (fit.weights_bytes, fit.reserve_bytes, fit.budget_bytes) == (counted, GB, 24 * GB)
     unknown = replace(LLAMA, num_params=None)
     assert request.weights(unknown) is None
-    with pytest.raises(ValueError, match="has no parameter count; give --weights-gb to plan against --budget-gb"):
+    with pytest.raises(ValueError, match="has no parameter count; give --weights-memory to plan against --budget"):
         plan(unknown, request)
 
 

@@ -1,0 +1,176 @@
+"""A strategy batch on MLX: several whole-model caches, one per batch row, behind the one cache
+list an mlx-lm model takes, so that k strategies advance by one forward pass.
+
+Every row is fed the same number of tokens at the same positions (teacher-forced decoding, or
+free-running with one token per row), so all rows share ``offset`` and RoPE. Per attention layer
+a :class:`RowsCache` splits the batch's new keys/values by row, hands each row to that row's own
+cache (the unchanged strategy classes), and returns the rows' keys/values padded to a common
+length; its ``make_mask`` returns a boolean ``(B, 1, N, L)`` mask that is each row's own mask
+(rings, windows, static slots) with the padding hidden.
+
+Quantized rows: mlx-lm's attention takes its quantized path only for a cache with ``bits``, and
+one batch has one attention call, so the wrapper has no ``bits`` and a row that hands back
+``(packed, scales, biases)`` is dequantized here (mlx-lm's quantized path multiplies by the same
+dequantized values inside ``quantized_matmul``; the two agree to float rounding, not bit for bit).
+
+The mask is made before any layer runs, so the key count of each row is known ahead: from the
+row's own mask where it is an array, else (one query, no mask: every returned key visible) from
+its view. Every update checks the count it got against that prediction and refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+
+from .base import LayerCache
+from .kivi import KIVICache
+from .kv import ConcatenateKVCache, KVCache, StaticKVCache
+from .quantized import QuantizedKVCache
+from .rotating import QuantizedRotatingKVCache, RotatingKVCache
+
+# Layer caches a row may hold: every attention cache that makes its own mask. Chunked (the model
+# builds its mask), recurrent state and batch caches run one by one.
+ROW_CLASSES = (KVCache, ConcatenateKVCache, RotatingKVCache, QuantizedRotatingKVCache, QuantizedKVCache, KIVICache, StaticKVCache)
+
+
+def batch_problem(cache: Sequence) -> str | None:
+    """Why the whole-model ``cache`` cannot be a row of a strategy batch, or None when it can."""
+    for i, layer in enumerate(cache):
+        if type(layer) not in ROW_CLASSES:
+            names = ", ".join(c.__name__ for c in ROW_CLASSES)
+            return f"layer {i} holds a {type(layer).__name__}, which cannot share a batch (rows may hold: {names})"
+    return None
+
+
+class _Expected:
+    """Key counts per row promised by the last ``make_mask`` of each kind of layer, and the
+    offset they were made at (a model that builds its own masks leaves none)."""
+
+    def __init__(self):
+        self.by_kind: dict[tuple, tuple[int, list[int]]] = {}
+
+
+class RowsCache(LayerCache):
+    """One model layer of a strategy batch: row ``i`` of every array is row ``i``'s own cache."""
+
+    def __init__(self, rows: Sequence[LayerCache], expected: _Expected | None = None):
+        if not rows:
+            raise ValueError("RowsCache: give at least one row cache")
+        self.rows = list(rows)
+        self._expected = expected or _Expected()
+        self._kind = tuple((type(c), getattr(c, "max_size", None)) for c in self.rows)
+
+    @property
+    def offset(self) -> int:
+        offsets = {c.offset for c in self.rows}
+        if len(offsets) != 1:
+            raise ValueError(f"strategy batch: the rows have seen different token counts {sorted(offsets)}; they must advance together")
+        return self.rows[0].offset
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        masks, lengths = [], []
+        for c in self.rows:
+            m = c.make_mask(N, window_size=window_size, return_array=True)
+            if isinstance(m, str):  # a cache answering "causal" anyway: keys end with the queries
+                m = None if N == 1 else _causal_end(N, _next_length(c, N))
+            if m is None:
+                lengths.append(_next_length(c, N))
+            else:
+                if m.dtype != mx.bool_:
+                    m = m > -1e30  # an additive mask: finite entries are visible
+                lengths.append(m.shape[-1])
+            masks.append(m)
+        self._expected.by_kind[self._kind] = (self.offset, lengths)
+        if all(m is None for m in masks) and len(set(lengths)) == 1:
+            return None
+        width = max(lengths)
+        out = []
+        for m, n in zip(masks, lengths):
+            m = mx.ones((N, n), dtype=mx.bool_) if m is None else mx.broadcast_to(m.reshape(-1, n), (N, n))
+            if n < width:
+                m = mx.concatenate([m, mx.zeros((N, width - n), dtype=mx.bool_)], axis=1)
+            out.append(m)
+        return mx.stack(out)[:, None]  # (B, 1, N, L)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if keys.shape[0] != len(self.rows):
+            raise ValueError(f"strategy batch: the forward has {keys.shape[0]} rows but the batch holds {len(self.rows)} caches")
+        before = self.offset
+        out_k, out_v = [], []
+        for i, c in enumerate(self.rows):
+            k, v = c.update_and_fetch(keys[i : i + 1], values[i : i + 1])
+            out_k.append(_float(k, c, c.key_bits if hasattr(c, "key_bits") else None, keys.dtype))
+            out_v.append(_float(v, c, c.value_bits if hasattr(c, "value_bits") else None, values.dtype))
+        lengths = [k.shape[2] for k in out_k]
+        promised = self._expected.by_kind.get(self._kind)
+        if promised is not None and promised[0] == before:
+            if lengths != promised[1]:
+                raise ValueError(
+                    f"strategy batch: the rows returned {lengths} keys but their masks covered {promised[1]}; "
+                    "run these strategies one by one"
+                )
+        elif len(set(lengths)) > 1:
+            raise ValueError(
+                f"strategy batch: the rows returned {lengths} keys and the model asked for no mask to hide the padding; "
+                "run these strategies one by one"
+            )
+        width = max(lengths)
+        return _padded(out_k, lengths, width), _padded(out_v, lengths, width)
+
+    def size(self) -> int:
+        return max(c.size() for c in self.rows)
+
+    def empty(self) -> bool:
+        return all(c.empty() for c in self.rows)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.rows)
+
+    def is_trimmable(self) -> bool:
+        return False
+
+
+def make_rows_cache(caches: Sequence[Sequence[LayerCache]]) -> list[RowsCache]:
+    """The cache list for one forward whose row ``i`` advances the whole-model cache
+    ``caches[i]``; each must pass :func:`batch_problem` and all must have the same layer count."""
+    if not caches:
+        raise ValueError("make_rows_cache: give at least one whole-model cache (one per row)")
+    layers = {len(c) for c in caches}
+    if len(layers) != 1:
+        raise ValueError(f"make_rows_cache: the caches have different layer counts {sorted(layers)}")
+    for row, cache in enumerate(caches):
+        problem = batch_problem(cache)
+        if problem:
+            raise ValueError(f"make_rows_cache: row {row}: {problem}")
+    expected = _Expected()
+    return [RowsCache([c[layer] for c in caches], expected) for layer in range(layers.pop())]
+
+
+def _next_length(c: LayerCache, n: int) -> int:
+    """Keys ``c`` returns after an update of ``n`` tokens whose mask is all-visible."""
+    view = c.introspect()
+    held = view.tokens_held + n
+    return held if view.max_capacity is None else min(held, view.max_capacity)
+
+
+def _causal_end(n: int, length: int) -> mx.array:
+    key = mx.arange(length)[None]
+    query = mx.arange(length - n, length)[:, None]
+    return key <= query
+
+
+def _float(x, cache: LayerCache, bits: int | None, dtype) -> mx.array:
+    """``x`` as float: a quantized (packed, scales, biases) triple is dequantized."""
+    if isinstance(x, (list, tuple)):
+        return mx.dequantize(*x, group_size=cache.group_size, bits=bits).astype(dtype)
+    return x
+
+
+def _padded(parts: list[mx.array], lengths: list[int], width: int) -> mx.array:
+    if all(n == width for n in lengths):
+        return mx.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    padded = [p if n == width else mx.pad(p, [(0, 0), (0, 0), (0, width - n), (0, 0)]) for p, n in zip(parts, lengths)]
+    return mx.concatenate(padded, axis=0)

@@ -1,0 +1,424 @@
+"""A comparison of profiles as one self-contained HTML file, and the token streams of a run.
+
+:func:`report_html` turns one or more profiles into a page a teammate opens with no network and
+no cachelib: what ran (model, backend, dtype, mode, prompt), the summary table of
+:func:`~cachelib.profile.summarize` with each strategy's verdict in plain words, and the figures
+(cache memory per step against the full cache, quality against each profile's baseline, decode
+speed), drawn with plotly and with plotly.js inlined once. The app's download button and
+``python -m cachelib report`` both call it.
+
+Each figure is ``_*_info(runs) -> NamedTuple`` (the data behind it, which the tests check) then
+``_*_plot(info) -> go.Figure``. Sampled probes (``memory=4``) leave steps empty: the lines join
+the recorded steps, so a sampled profile never draws an empty chart.
+
+:func:`token_streams` reads what each strategy predicted at each step (``token_id``) and where it
+first departs from the baseline's choice; it knows no tokenizer (the caller decodes).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, NamedTuple, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from .. import __version__
+from .store import Profile
+from .summary import full_cache_bytes_per_token, summarize, verdict
+
+PALETTE = qualitative.Dark24  # 24 distinct colours, assigned in strategy order
+
+
+@dataclass(frozen=True)
+class ReportRun:
+    """What the report reads of one profile: its name, metadata and steps table."""
+
+    name: str
+    meta: dict
+    steps: pd.DataFrame
+
+    @classmethod
+    def of(cls, profile: Profile, name: str | None = None) -> "ReportRun":
+        return cls(name or profile.name or str(profile.meta.get("run_id", "run")), dict(profile.meta), profile.frame("steps"))
+
+    @property
+    def strategies(self) -> list[str]:
+        return Profile(self.meta).strategies
+
+    @property
+    def baseline(self) -> str:
+        return str(self.meta.get("baseline", ""))
+
+
+# --- the data behind each figure ------------------------------------------------------------
+
+
+class Line(NamedTuple):
+    label: str  # "strategy" (one profile) or "profile / strategy"
+    color: str
+    steps: list[int]
+    values: list[float]
+
+
+class MemoryInfo(NamedTuple):
+    used: list[Line]
+    allocated: list[Line]
+    reference: list[Line]  # the full cache holding every token so far, per profile (dtype in the label)
+
+
+class QualityInfo(NamedTuple):
+    kl: list[Line]  # per non-baseline strategy
+    agreement: list[Line]  # running share of steps whose top token is the baseline's
+
+
+class SpeedInfo(NamedTuple):
+    tokens_per_second: list[Line]
+
+
+def _labelled(runs: Sequence[ReportRun]) -> list[tuple[ReportRun, str, str, str]]:
+    """(run, strategy, label, colour) in order; labels carry the profile name when there are several."""
+    out = []
+    names = _unique([r.name for r in runs])
+    for run, name in zip(runs, names):
+        for s in run.strategies:
+            label = s if len(runs) == 1 else f"{name} / {s}"
+            out.append((run, s, label, PALETTE[len(out) % len(PALETTE)]))
+    return out
+
+
+def _series(steps: pd.DataFrame, strategy: str, column: str) -> tuple[list[int], list[float]]:
+    """The recorded (non-empty) values of ``column``: a sampled probe's steps, joined."""
+    rows = steps[(steps["strategy"] == strategy) & steps[column].notna()].sort_values("step")
+    return rows["step"].astype(int).tolist(), pd.to_numeric(rows[column]).astype(float).tolist()
+
+
+def memory_info(runs: Sequence[ReportRun]) -> MemoryInfo:
+    used, allocated, reference = [], [], []
+    for run, strategy, label, color in _labelled(runs):
+        for out, column in ((used, "cache_bytes_used"), (allocated, "cache_bytes_allocated")):
+            steps, values = _series(run.steps, strategy, column)
+            if steps:
+                out.append(Line(label, color, steps, values))
+    curves: dict[tuple, list[str]] = {}  # one line per distinct curve, naming the profiles it stands for
+    for run, name in zip(runs, _unique([r.name for r in runs])):
+        per_token = full_cache_bytes_per_token(run.meta)
+        rows = run.steps[run.steps["strategy"] == run.baseline].sort_values("step")
+        if per_token is None or rows.empty:
+            continue
+        tokens = pd.to_numeric(rows["position"]) + 1
+        curve = (str(run.meta.get("dtype", "")), tuple(rows["step"].astype(int)), tuple((tokens * per_token).astype(float)))
+        curves.setdefault(curve, []).append(name)
+    for (dtype, steps, values), names in curves.items():
+        what = f"full cache, {dtype}".rstrip(", ")
+        label = what if len(runs) == 1 else f"{what} ({', '.join(names)})"
+        reference.append(Line(label, "#888888", list(steps), list(values)))
+    return MemoryInfo(used, allocated, reference)
+
+
+def quality_info(runs: Sequence[ReportRun]) -> QualityInfo:
+    kl, agreement = [], []
+    for run, strategy, label, color in _labelled(runs):
+        if strategy == run.baseline:
+            continue
+        steps, values = _series(run.steps, strategy, "kl")
+        if steps:
+            kl.append(Line(label, color, steps, values))
+        rows = run.steps[(run.steps["strategy"] == strategy) & run.steps["top1_agree"].notna()].sort_values("step")
+        if len(rows):
+            share = rows["top1_agree"].astype(float).expanding().mean()
+            agreement.append(Line(label, color, rows["step"].astype(int).tolist(), share.tolist()))
+    return QualityInfo(kl, agreement)
+
+
+def speed_info(runs: Sequence[ReportRun]) -> SpeedInfo:
+    lines = []
+    for run, strategy, label, color in _labelled(runs):
+        decode = run.steps[run.steps["phase"] == "decode"]
+        steps, values = _series(decode, strategy, "tokens_per_second")
+        if steps:
+            lines.append(Line(label, color, steps, values))
+    return SpeedInfo(lines)
+
+
+# --- the figures ----------------------------------------------------------------------------
+
+
+def _scatter(line: Line, name: str, dash: str = "solid", group: str | None = None, show: bool = True) -> go.Scatter:
+    return go.Scatter(
+        x=line.steps, y=line.values, name=name, mode="lines+markers" if len(line.steps) < 40 else "lines",
+        line=dict(color=line.color, dash=dash), marker=dict(size=4), legendgroup=group or line.label, showlegend=show,
+    )  # fmt: skip
+
+
+def _layout(fig: go.Figure, title: str) -> go.Figure:
+    # The legend sits under the plot, in its own space that grows with the entries (about three
+    # a row): it never covers a line or an axis title, however many strategies there are.
+    entries = sum(1 for tr in fig.data if tr.showlegend is not False)
+    rows = -(-entries // 3)
+    fig.update_layout(
+        title=title, template="plotly_white", height=380 + 22 * rows, margin=dict(l=60, r=20, t=60, b=60 + 22 * rows),
+        legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.01, xanchor="left", x=0),
+    )  # fmt: skip
+    return fig
+
+
+def memory_plot(info: MemoryInfo) -> go.Figure:
+    fig = go.Figure()
+    # One legend entry per strategy: its used (solid) and allocated (dashed) lines toggle together.
+    for line in info.used:
+        fig.add_trace(_scatter(line, line.label))
+    used = {line.label for line in info.used}
+    for line in info.allocated:
+        fig.add_trace(_scatter(line, f"{line.label} · allocated", dash="dash", show=line.label not in used))
+    for line in info.reference:
+        fig.add_trace(_scatter(line, line.label, dash="dot"))
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="bytes (all layers)")
+    return _layout(fig, "Cache memory: used (solid), allocated (dashed), full cache (dotted)")
+
+
+def quality_plot(info: QualityInfo) -> go.Figure:
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    for line in info.kl:
+        fig.add_trace(_scatter(line, line.label), row=1, col=1)
+    for line in info.agreement:
+        fig.add_trace(_scatter(line, line.label, show=not any(k.label == line.label for k in info.kl)), row=2, col=1)
+    fig.update_yaxes(title="KL (nats)", row=1, col=1)
+    fig.update_yaxes(title="top-1 agreement", tickformat=".0%", range=[0, 1.02], row=2, col=1)
+    fig.update_xaxes(title="step", row=2, col=1)
+    return _layout(fig, "Quality vs the baseline: KL per step, and top-1 agreement so far")
+
+
+def speed_plot(info: SpeedInfo) -> go.Figure:
+    fig = go.Figure([_scatter(line, line.label) for line in info.tokens_per_second])
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="tokens/s")
+    return _layout(fig, "Decode speed of each strategy's forward pass")
+
+
+def report_figures(runs: Sequence[ReportRun]) -> dict[str, go.Figure]:
+    """The report's figures by name, each drawn from its info."""
+    return {
+        "memory": memory_plot(memory_info(runs)),
+        "quality": quality_plot(quality_info(runs)),
+        "speed": speed_plot(speed_info(runs)),
+    }
+
+
+# --- token streams --------------------------------------------------------------------------
+
+
+class TokenStream(NamedTuple):
+    """What one strategy predicted at each step (``token_id``), against the baseline."""
+
+    strategy: str
+    steps: list[int]
+    token_ids: list[int]
+    first_departure: int | None  # the first step whose token differs from the baseline's
+    baseline_token: int | None  # the baseline's token at that step
+    differing_steps: int  # steps whose token differs from the baseline's (of the steps both recorded)
+
+
+def token_streams(steps: pd.DataFrame, strategies: Sequence[str], baseline: str) -> list[TokenStream]:
+    """Per strategy, in order: its tokens and where they first depart from the baseline's. In a
+    free-running run these are the strategy's own text; teacher-forced, every strategy is fed
+    the baseline's tokens and these are its greedy choices at each step."""
+    def tokens(strategy: str) -> pd.Series:
+        rows = steps[(steps["strategy"] == strategy) & steps["token_id"].notna()].sort_values("step")
+        return pd.Series(rows["token_id"].astype(int).to_numpy(), index=rows["step"].astype(int).to_numpy())
+
+    base = tokens(baseline)
+    out = []
+    for strategy in strategies:
+        mine = tokens(strategy)
+        common = mine.index.intersection(base.index)
+        differs = [int(s) for s in common if mine[s] != base[s]]
+        first = differs[0] if differs else None
+        out.append(
+            TokenStream(
+                strategy, mine.index.tolist(), mine.tolist(), first,
+                int(base[first]) if first is not None else None, len(differs),
+            )  # fmt: skip
+        )
+    return out
+
+
+def decoder_for(meta: dict) -> Callable[[list[int]], str] | None:
+    """``ids -> text`` with the tokenizer of the model a profile names (its ``model_source``: the
+    bundled GGUF, or a model folder), or None when that is not on this machine."""
+    from ..models import folder, gguf
+
+    source = Path(str(meta.get("model_source", "") or ""))
+    try:
+        if source.suffix == ".gguf" and source.is_file():
+            tokenizer = gguf.load_tokenizer(str(source))
+        elif str(source) not in ("", ".") and source.is_dir():
+            tokenizer = folder.load_tokenizer(source)
+        else:
+            return None
+    except (ValueError, OSError):
+        return None
+    return lambda ids: tokenizer.decode(list(ids))
+
+
+class Segment(NamedTuple):
+    text: str
+    kind: str  # "same" (as the baseline), "departure" (the first differing token), "after", "instead"
+
+
+def stream_segments(stream: TokenStream, base: TokenStream, mode: str, decode: Callable[[list[int]], str]) -> list[Segment]:
+    """``stream`` as text in pieces to style: up to its first departure as the baseline, the
+    departing token, then (free-running) its own continuation, or (teacher-forced) the baseline's
+    text it was fed on, with the baseline's token at the departure shown as what it replaced."""
+    if stream.first_departure is None:
+        return [Segment(decode(stream.token_ids), "same")]
+    i = stream.steps.index(stream.first_departure)
+    if mode == "free-running":
+        parts = [Segment(decode(stream.token_ids[:i]), "same"), Segment(decode([stream.token_ids[i]]), "departure"),
+                 Segment(decode(stream.token_ids[i + 1:]), "after")]  # fmt: skip
+    else:
+        j = base.steps.index(stream.first_departure)
+        parts = [Segment(decode(base.token_ids[:j]), "same"), Segment(decode([stream.token_ids[i]]), "departure"),
+                 Segment(decode([base.token_ids[j]]), "instead"), Segment(decode(base.token_ids[j + 1:]), "after")]  # fmt: skip
+    return [p for p in parts if p.text]
+
+
+# --- the HTML page --------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; padding: 0 1rem; color: #222; }
+table { border-collapse: collapse; font-size: 0.9rem; margin: 0.5rem 0; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.3rem 0.6rem; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+.wide { overflow-x: auto; }
+.meta { color: #555; } .note { color: #555; font-size: 0.85rem; }
+.stream { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 0.85rem; background: #f7f7f7; padding: 0.5rem; }
+.departure { background: #ffd54f; font-weight: 700; } .instead { text-decoration: line-through; color: #999; }
+.after { color: #777; }
+"""
+
+
+def report_html(
+    profiles: Sequence[Profile | ReportRun], names: Sequence[str] | None = None, title: str | None = None,
+    decode: Callable[[list[int]], str] | Sequence[Callable[[list[int]], str] | None] | None = None,
+) -> str:
+    """One self-contained HTML page comparing ``profiles`` (plotly.js inlined: it opens offline).
+    ``decode`` turns token ids into text for the token streams: one function for all, or one per
+    profile (None: that profile's streams are left out)."""
+    runs = [p if isinstance(p, ReportRun) else ReportRun.of(p, n) for p, n in zip(profiles, names or [None] * len(profiles))]
+    if not runs:
+        raise ValueError("a report needs at least one profile")
+    decoders = list(decode) if isinstance(decode, Sequence) else [decode] * len(runs)
+    title = title or "cachelib comparison: " + " + ".join(r.name for r in runs)
+    body = [f"<h1>{_e(title)}</h1>",
+            f"<p class='note'>Made by cachelib {_e(__version__)} on {_now()}. Every number below was measured "
+            "on the model, backend and dtype named with it.</p>"]  # fmt: skip
+    for run, decode_run in zip(runs, decoders):
+        body += _run_section(run, decode_run)
+    figures = report_figures(runs)
+    body.append("<h2>Figures</h2>")
+    if len(runs) > 1:
+        body.append("<p class='note'>Strategies are labelled <i>profile / strategy</i>; each profile's strategies "
+                    "are compared with that profile's own baseline.</p>")  # fmt: skip
+    for name, fig in figures.items():
+        body.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{name}",
+                                config={"displaylogo": False}))  # fmt: skip
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{_e(title)}</title><style>{_CSS}</style>"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+def _run_section(run: ReportRun, decode) -> list[str]:
+    m = run.meta
+    status = m.get("status", "")
+    if status != "complete":
+        status = f"{status}: {m.get('reason', '')}".rstrip(": ")
+    out = [
+        f"<h2>{_e(run.name)}</h2>",
+        f"<p class='meta'>{_e(m.get('model', ''))} on {_e(m.get('backend', ''))}/{_e(m.get('device', ''))}, "
+        f"{_e(m.get('dtype', ''))}, {_e(m.get('mode', ''))}, {_e(m.get('steps_completed', '?'))}/"
+        f"{_e(m.get('max_tokens', '?'))} steps, {_e(status)}. {_e(m.get('input', 'prompt'))}: "
+        f"“{_e(m.get('prompt', ''))}”</p>",
+    ]
+    table = summarize(Profile(m), steps=run.steps)
+    out.append(_summary_html(table, run.baseline))
+    against = sorted({a for a in table["saved_against"].dropna() if a})
+    if against:
+        out.append(f"<p class='note'>bytes/token held = bytes used / tokens held, at each strategy's last memory "
+                   f"sample; saved = 1 - bytes used / the bytes a {_e(' or '.join(against))} holding every token so "
+                   "far in every layer uses at that step. Peak allocated includes reserved, unfilled space.</p>")  # fmt: skip
+    if decode is not None:
+        out += _streams_html(run, decode)
+    return out
+
+
+def _summary_html(table: pd.DataFrame, baseline: str) -> str:
+    heads = ["strategy", "steps", "peak MiB allocated", "MiB used", "tokens held", "bytes/token held", "saved",
+             "mean KL (nats)", "top-1 agreement", "tokens/s"]  # fmt: skip
+    rows = []
+    for _, r in table.iterrows():
+        cells = [_e(r["strategy"]), _num(r["steps"], "{:,.0f}"), _num(r["peak_bytes_allocated"], "{:,.2f}", 2**20),
+                 _num(r["bytes_used"], "{:,.2f}", 2**20), _num(r["tokens_held"], "{:,.0f}"),
+                 _num(r["bytes_per_token"], "{:,.0f}"), _num(r["memory_saved"], "{:.0%}"), _num(r["mean_kl"], "{:.4g}"),
+                 _num(r["top1_agreement"], "{:.1%}"), _num(r["decode_tokens_per_second"], "{:.1f}")]  # fmt: skip
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in heads)
+    # The verdicts go under the table as sentences: a table cell would squeeze or cut them.
+    words = "".join(
+        f"<li><b>{_e(r['strategy'])}</b> — {_e(verdict(r, baseline))}</li>" for _, r in table.iterrows()
+        if r["strategy"] != baseline
+    )  # fmt: skip
+    return (
+        f"<div class='wide'><table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        + (f"<p><b>In plain words</b></p><ul class='verdicts'>{words}</ul>" if words else "")
+    )
+
+
+def _streams_html(run: ReportRun, decode) -> list[str]:
+    streams = token_streams(run.steps, run.strategies, run.baseline)
+    by_name = {s.strategy: s for s in streams}
+    base = by_name.get(run.baseline)
+    if base is None:
+        return []
+    mode = str(run.meta.get("mode", "teacher-forced"))
+    what = ("each strategy's own text; highlighted: its first token that differs from the baseline's"
+            if mode == "free-running" else
+            "every strategy was fed the baseline's tokens; highlighted: its first greedy choice that differs from "
+            "the baseline's (struck through), then the baseline's text it went on being fed")  # fmt: skip
+    out = [f"<h3>Generated text</h3><p class='note'>{_e(mode)}: {_e(what)}.</p>"]
+    for s in streams:
+        pieces = "".join(f"<span class='{seg.kind}'>{_e(seg.text)}</span>" for seg in stream_segments(s, base, mode, decode))
+        where = ("" if s.strategy == run.baseline else " · same tokens as the baseline" if s.first_departure is None
+                 else f" · first departs at step {s.first_departure}; {s.differing_steps} of {len(s.steps)} steps differ")  # fmt: skip
+        out.append(f"<p><b>{_e(s.strategy)}</b>{_e(where)}</p><div class='stream'>{pieces}</div>")
+    return out
+
+
+def _num(value, fmt: str, scale: float = 1) -> str:
+    return "–" if value is None or pd.isna(value) else fmt.format(float(value) / scale)
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
+    return out

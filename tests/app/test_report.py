@@ -1,0 +1,217 @@
+"""The HTML report of a comparison (cachelib.profile.report, ``python -m cachelib report``): the data
+behind each figure, the token streams and their first departure, the page itself, the command's
+bad input, and (browser) the downloaded page opening offline in Chromium with its figures drawn."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from plotly.offline import get_plotlyjs
+
+from cachelib.cli import main
+from cachelib.profile import Profile, load_profile
+from cachelib.profile.report import (
+    ReportRun, memory_info, quality_info, report_html, speed_info, stream_segments, token_streams,
+)  # fmt: skip
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "profiles" / "examples" / "smollm2-mlx-256t.csv"
+
+
+@pytest.fixture(scope="module")
+def example():
+    return load_profile(EXAMPLE, name="smollm2-mlx-256t")
+
+
+def steps_profile(tokens: dict[str, list[int]], mode: str = "teacher-forced", **meta) -> Profile:
+    strategies = list(tokens)
+    p = Profile({"schema_version": 1, "name": "t", "status": "complete", "strategies": json.dumps(strategies),
+                 "baseline": strategies[0], "mode": mode, "num_layers": 1, "num_kv_heads": 1, "head_dim": 2,
+                 "dtype": "float32", **meta})  # fmt: skip
+    p.add("steps", [
+        {"strategy": s, "step": i, "phase": "prefill" if i == 0 else "decode", "position": 4 + i, "tokens_in": 1,
+         "token_id": t, "cache_bytes_used": 16 * (5 + i), "cache_tokens_held": 5 + i, "cache_bytes_allocated": 1024,
+         "kl": 0.0 if s == strategies[0] else 0.1 * i, "top1_agree": t == tokens[strategies[0]][i],
+         "tokens_per_second": 10.0}
+        for s, ids in tokens.items() for i, t in enumerate(ids)
+    ])  # fmt: skip
+    return p
+
+
+def summary_tables(page: str) -> list[pd.DataFrame]:
+    """The page's summary tables as the reader sees them (header row, then the cells' text)."""
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tables, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table" and ("class", "summary") in attrs:
+                self.tables.append([])
+            elif tag == "tr" and self.tables:
+                self.tables[-1].append([])
+            elif tag in ("td", "th") and self.tables:
+                self.cell = ""
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.tables[-1][-1].append(self.cell)
+                self.cell = None
+
+    parser = Cells()
+    parser.feed(page)
+    return [pd.DataFrame(rows[1:], columns=rows[0]) for rows in parser.tables]
+
+
+def test_memory_lines_join_the_sampled_steps_of_a_profile_recorded_with_memory_every_4(example):
+    info = memory_info([ReportRun.of(example)])
+    steps = example.frame("steps")
+    recorded = steps[(steps["strategy"] == "standard") & steps["cache_bytes_used"].notna()]
+    standard = next(line for line in info.used if line.label == "standard")
+    assert standard.steps == recorded["step"].tolist() and len(standard.steps) == 65  # 0, 4, ..., 252 and 255
+    assert standard.values == recorded["cache_bytes_used"].astype(float).tolist()
+    assert [line.label for line in info.used] == example.strategies
+    assert len({line.color for line in info.used}) == len(example.strategies)  # one colour per strategy
+    (reference,) = info.reference
+    assert reference.label == "full cache, float32"
+    assert reference.values[-1] == 46_080 * 301  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes, 301 tokens
+    assert standard.values[-1] == reference.values[-1]  # the standard cache uses exactly the full cache's bytes
+
+
+def test_quality_and_speed_lines_leave_out_the_baseline_and_the_prefill(example):
+    runs = [ReportRun.of(example)]
+    quality = quality_info(runs)
+    assert [line.label for line in quality.kl] == example.strategies[1:]
+    steps = example.frame("steps")
+    ring = steps[steps["strategy"] == "rotating:max_size=32,keep=4"]
+    line = next(l for l in quality.agreement if l.label == "rotating:max_size=32,keep=4")
+    assert line.values[-1] == pytest.approx(ring["top1_agree"].astype(float).mean())
+    speed = speed_info(runs)
+    assert all(0 not in line.steps for line in speed.tokens_per_second)  # decode steps only
+
+
+def test_several_profiles_are_labelled_by_profile_and_share_a_full_cache_line_only_when_it_is_the_same(example):
+    torch = load_profile(ROOT / "profiles" / "examples" / "smollm2-torch-256t.csv")
+    info = memory_info([ReportRun.of(example, "mlx"), ReportRun.of(torch, "torch")])
+    assert info.used[0].label == "mlx / standard" and info.used[-1].label == "torch / offloaded"
+    assert len({line.color for line in info.used}) == len(info.used)  # 15 strategies, 15 colours
+    assert [r.label for r in info.reference] == ["full cache, float32 (mlx, torch)"]  # same model, prompt, steps
+    short = steps_profile({"standard": [1, 2, 3]})
+    info = memory_info([ReportRun.of(example, "mlx"), ReportRun.of(short, "short")])
+    assert [r.label for r in info.reference] == ["full cache, float32 (mlx)", "full cache, float32 (short)"]
+
+
+def test_token_streams_find_the_first_departure_from_the_baseline():
+    p = steps_profile({"standard": [5, 6, 7, 8], "ring": [5, 6, 9, 8], "same": [5, 6, 7, 8]})
+    base, ring, same = token_streams(p.frame("steps"), p.strategies, p.baseline)
+    assert ring.first_departure == 2 and ring.baseline_token == 7 and ring.differing_steps == 1
+    assert same.first_departure is None and base.first_departure is None
+    decode = lambda ids: "".join(f"<{i}>" for i in ids)  # noqa: E731
+    # Teacher-forced: the baseline's text, the strategy's own choice where it departs, what it replaced.
+    assert stream_segments(ring, base, "teacher-forced", decode) == [
+        ("<5><6>", "same"), ("<9>", "departure"), ("<7>", "instead"), ("<8>", "after"),
+    ]  # fmt: skip
+    assert stream_segments(ring, base, "free-running", decode) == [("<5><6>", "same"), ("<9>", "departure"), ("<8>", "after")]
+    assert stream_segments(same, base, "teacher-forced", decode) == [("<5><6><7><8>", "same")]
+
+
+def test_the_report_is_one_offline_page_with_the_summary_in_plain_words_and_escaped_user_text(example):
+    hostile = steps_profile({"standard": [1, 2, 3], "quantized:bits=4": [1, 4, 3]}, prompt="<script>alert(1)</script>")
+    page = report_html([example, hostile], ["example", "hostile"], decode=lambda ids: " ".join(map(str, ids)))
+    plotly_js = get_plotlyjs()
+    assert page.count(plotly_js) == 1  # plotly.js inlined once...
+    rest = page.replace(plotly_js, "")
+    assert "<script src" not in rest and "cdn.plot.ly" not in rest  # ...and nothing fetched from elsewhere
+    assert page.count("Plotly.newPlot") == 3  # memory, quality, speed
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    table = summary_tables(rest)[0]
+    standard = table[table["strategy"] == "standard"].iloc[0]
+    assert standard["bytes/token held"] == "46,080" and standard["saved"] == "0%"
+    ring = table[table["strategy"] == "rotating:max_size=64,keep=4"].iloc[0]
+    assert ring["saved"] == "79%" and ring["tokens held"] == "64"  # 1 - 64 / 301 tokens
+    assert "<li><b>rotating:max_size=64,keep=4</b> — saved 79% memory vs a float32 full cache at 301 tokens" in rest
+    assert "first departs at step 1; 1 of 3 steps differ" in page
+    assert "<span class='departure'>4</span><span class='instead'>2</span>" in page
+
+
+def test_report_command_writes_the_page_and_refuses_bad_input_with_one_line(tmp_path, capsys):
+    out = tmp_path / "out" / "report.html"
+    assert main(["report", str(EXAMPLE), "--out", str(out)]) == 0
+    assert f"report: {out} (1 profile" in capsys.readouterr().out
+    assert out.read_text().count("Plotly.newPlot") == 3
+    (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
+    for args, message in [
+        ([str(tmp_path / "notes.csv"), "--out", str(out)], "not a cachelib profile"),
+        ([str(EXAMPLE), "--out", str(tmp_path / "r.txt")], "use a .html name"),
+        ([str(tmp_path / "missing.csv"), "--out", str(out)], "missing.csv"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "cachelib", "report", *args], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_report_opens_offline_in_chromium_and_draws_its_figures(example, tmp_path, monkeypatch):
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.skip(f"no Chromium at {chromium}")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    path = tmp_path / "report.html"
+    path.write_text(report_html([example], ["smollm2-mlx-256t"]), encoding="utf-8")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)  # see test_browser.py
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"], headless=True)
+        try:
+            context = browser.new_context(offline=True)
+            requests = []
+            context.route(re.compile(r"^(?!file:).*"), lambda route: (requests.append(route.request.url), route.abort()))
+            page = context.new_page()
+            page.goto(path.as_uri())
+            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length === 3", timeout=60_000)
+            traces = page.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => (d.data || []).length)")
+            drawn = page.evaluate("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length")
+        finally:
+            browser.close()
+    assert requests == []  # nothing was fetched: the page is self-contained
+    assert traces == [2 * 8 + 1, 2 * 7, 8], traces  # used + allocated per strategy + full cache; KL + agreement; speed
+    assert drawn >= sum(traces)
+
+
+def test_the_cli_summary_prints_bytes_per_token_held_and_what_saved_is_measured_against():
+    from cachelib.cli import format_summary
+    from cachelib.profile import summarize, verdict
+
+    p = steps_profile({"standard": [5, 6, 7], "ring": [5, 6, 9]}, dtype="float16")
+    printed = format_summary(summarize(p)).splitlines()
+    assert printed[0].split()[:4] == ["strategy", "peak", "alloc", "B/token"]
+    # The rows use 16 bytes a token held; a float16 full cache of this geometry takes 2 x 1 x 1 x 2 x 2 = 8.
+    assert printed[1].split()[3:5] == ["16", "-100%"]
+    assert printed[-1] == (
+        "B/token = bytes used / tokens held; saved = 1 - bytes used / bytes used by a float16 full cache at 7 tokens"
+    )
+    assert summarize(p).pipe(lambda s: verdict(s.iloc[1], "standard")).startswith(
+        "used 100% more memory vs a float16 full cache at 7 tokens"
+    )
+
+
+def test_streams_markdown_styles_the_departure_and_escapes_the_text():
+    from app.streams import segments_markdown
+
+    segments = [(" **not bold** ", "same"), (" [x](y)", "departure"), (" ok", "instead"), ("\n", "after")]
+    assert segments_markdown(segments) == (
+        r" \*\*not bold\*\* " + r" :orange-background[**\[x\](y)**]" + " ~~ok~~" + "\n"
+    )

@@ -1,0 +1,123 @@
+"""The importance caches on MLX against their PyTorch twins: the same scores on the same arrays,
+the same kept positions on the same inputs (cache calls, and real profiles of the tiny presets
+whose weights both backends load from one folder), and the attention-capture hook."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx_lm.models.llama as llama
+import numpy as np
+import pytest
+import torch
+
+from cachelib.core.importance import Policy
+from cachelib.mlx import hooks
+from cachelib.mlx.factory import make_cache
+from cachelib.mlx.importance import ImportanceKVCache
+from cachelib.mlx.importance import score_keys as mlx_scores
+from cachelib.profile import Probes, run_profile
+from cachelib.torch.importance import ImportanceLayer
+from cachelib.torch.importance import score_keys as torch_scores
+
+PROMPT = "Summarise the rules of chess in a few short sentences, please."
+SPECS = [
+    "knorm:budget=12",
+    "tova:budget=16",
+    "h2o:budget=16,recent=4",
+    "snapkv:budget=16,window=4",
+    "snapkv:budget=20,window=8,kernel=3,max_pool=1",
+]
+
+
+def _arrays(rng, B, h_kv, h_q, T, tq, D):
+    k = rng.standard_normal((B, h_kv, T, D)).astype(np.float32)
+    q = rng.standard_normal((B, h_q, tq, D)).astype(np.float32)
+    return k, q
+
+
+@pytest.mark.parametrize("method,kw", [
+    ("knorm", {}), ("tova", {}), ("h2o", {}),
+    ("snapkv", {"window": 4}), ("snapkv", {"window": 6, "kernel": 3, "pooling": "max"}), ("snapkv", {"window": 3, "kernel": 1}),
+])
+def test_scores_equal_on_both_backends(method, kw):
+    rng = np.random.default_rng(0)
+    for B, h_kv, h_q, T, tq, D in [(1, 1, 2, 20, 8, 32), (2, 2, 6, 33, 6, 16)]:
+        k, q = _arrays(rng, B, h_kv, h_q, T, tq, D)
+        a = np.array(mlx_scores(method, mx.array(k), mx.array(q), **kw))
+        b = torch_scores(method, torch.from_numpy(k), torch.from_numpy(q), **kw).numpy()
+        assert a.shape == (B, h_kv, T)
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("policy", [
+    Policy("knorm", 9), Policy("tova", 10), Policy("h2o", 10, window=3),
+    Policy("snapkv", 10, window=4), Policy("snapkv", 12, window=5, kernel=3, pooling="max"),
+])
+def test_cache_calls_keep_the_same_positions_on_both_backends(policy):
+    """Same keys, values and queries, call for call: the same positions kept, the same arrays."""
+    rng = np.random.default_rng(1)
+    B, h_kv, h_q, D = 2, 2, 4, 16
+    ours, twin = ImportanceKVCache(policy), ImportanceLayer(policy)
+    for n in [23] + [1] * 15 + [3] + [1] * 4:
+        k, q = _arrays(rng, B, h_kv, h_q, n, n, D)
+        v = rng.standard_normal((B, h_kv, n, D)).astype(np.float32)
+        ka, va = ours.update_and_fetch(mx.array(k), mx.array(v))
+        kb, vb = twin.update(torch.from_numpy(k), torch.from_numpy(v))
+        np.testing.assert_array_equal(np.array(ka), kb.numpy())
+        np.testing.assert_array_equal(np.array(va), vb.numpy())
+        ours.observe(mx.array(q), None)
+        twin.observe(torch.from_numpy(q), None)
+        a, b = ours.introspect(), twin.introspect()
+        np.testing.assert_array_equal(a.head_positions, b.head_positions)
+        assert (a.tokens_held, a.offset, a.bytes_allocated) == (b.tokens_held, b.offset, b.bytes_allocated)
+        np.testing.assert_array_equal(ours.positions, twin.positions)  # every batch row too
+    assert ours.offset == 45 and ours.held < 45  # it did evict
+
+
+def _kept(name: str, backend: str, load_model):
+    probes = Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0)
+    profile = run_profile(load_model(name, backend), ["standard"] + SPECS, prompt=PROMPT, max_tokens=24, probes=probes)
+    assert profile.complete, profile.meta["reason"]
+    slots = profile.frame("slots")
+    slots = slots[slots["head"].notna()]
+    return slots[["strategy", "step", "layer", "head", "positions"]].reset_index(drop=True)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_profiles_keep_the_same_positions_on_both_backends(name, load_model):
+    mine, theirs = _kept(name, "mlx", load_model), _kept(name, "torch", load_model)
+    assert len(mine) == len(theirs) > 0
+    assert mine.equals(theirs), mine[mine.positions != theirs.positions].head()
+    # and the positions are a real choice: after prefill, not a window of the newest tokens
+    last = mine[mine.step == mine.step.max()]
+    for text in last.positions:
+        kept = [int(p) for p in text.split()]
+        assert kept != list(range(kept[-1] - len(kept) + 1, kept[-1] + 1))
+
+
+def test_methods_that_need_queries_refuse_to_evict_without_the_hook(load_model):
+    model = load_model("tiny-llama", "mlx").model
+    cache = make_cache(model, "tova:budget=8")
+    model(mx.array([list(range(1, 21))]), cache=cache)
+    with pytest.raises(ValueError, match="hooks.capture"):
+        model(mx.array([[5]]), cache=cache)
+
+
+def test_capture_wraps_the_model_module_function_and_restores_it(load_model):
+    model = load_model("tiny-llama", "mlx").model
+    original = llama.scaled_dot_product_attention
+    with hooks.capture(model):
+        assert llama.scaled_dot_product_attention is not original
+        with hooks.capture(model):  # re-entrant
+            pass
+        assert llama.scaled_dot_product_attention.__wrapped__ is original
+    assert llama.scaled_dot_product_attention is original
+
+
+def test_capture_leaves_other_caches_unchanged(load_model):
+    model = load_model("tiny-llama", "mlx").model
+    ids = mx.array([list(range(3, 30))])
+    plain = model(ids, cache=make_cache(model, "standard"))
+    with hooks.capture(model):
+        captured = model(ids, cache=make_cache(model, "standard"))
+    np.testing.assert_array_equal(np.array(plain), np.array(captured))
