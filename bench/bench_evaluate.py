@@ -25,10 +25,15 @@ STRATEGIES = ["standard", "rotating:max_size=1024,keep=4", "quantized:bits=4,gro
 TEXT = CORPUS / "pride-and-prejudice.txt"
 
 
-def seconds(loaded, context: int, score_tokens: int, prefill_chunk: int) -> tuple[float, object]:
+def seconds(loaded, context: int, score_tokens: int, prefill_chunk: int, name: str) -> tuple[float, object]:
     start = time.perf_counter()
+
+    def progress(step) -> None:  # each strategy as it finishes: a run stopped early still tells something
+        print(f"    {name} {step.done}/{step.total} {step.row['strategy']}: {step.row['seconds']:.1f} s "
+              f"(elapsed {time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+
     ev = evaluate(loaded, STRATEGIES, texts=[TEXT], context=context, score_tokens=score_tokens, windows=1,
-                  prefill_chunk=prefill_chunk)  # fmt: skip
+                  prefill_chunk=prefill_chunk, on_progress=progress)  # fmt: skip
     return time.perf_counter() - start, ev
 
 
@@ -46,7 +51,7 @@ def main() -> None:
     results = {}
     for _ in range(args.runs):
         for name, chunk in (("chunked", args.prefill_chunk), ("token-by-token", 1)):
-            t, results[name] = seconds(loaded, args.context, args.score_tokens, chunk)
+            t, results[name] = seconds(loaded, args.context, args.score_tokens, chunk, name)
             times[name].append(t)
             print(f"  {name}: {t:.1f} s", flush=True)
     chunked, single = (statistics.median(times[k]) for k in ("chunked", "token-by-token"))
