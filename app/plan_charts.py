@@ -290,6 +290,18 @@ def plan_table_text(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# What a reader of the plan decides by, shown first (and the strategy pinned) so that the page
+# never needs sideways scrolling to reach them; the byte detail follows.
+KEY_COLUMNS = ("strategy", "fits", "sessions", "max batch", "max context", "mean KL", "top-1", "peak", "per token")
+
+
+def page_column_order(table: pd.DataFrame) -> list[str]:
+    """The Planner page's column order: :data:`KEY_COLUMNS` present in ``table`` first, then
+    every other column in the table's own order (none is dropped)."""
+    first = [c for c in KEY_COLUMNS if c in table.columns]
+    return first + [c for c in table.columns if c not in first]
+
+
 def styled_plan_table(table: pd.DataFrame, strategies: Sequence[str]):
     """:func:`plan_table_text` of ``table`` with each strategy in its colour."""
     colors = strategy_colors(strategies)

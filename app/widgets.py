@@ -97,8 +97,9 @@ def probe_settings() -> tuple[Probes, str | None]:
             for f in fields(Probes)
         }
         limit = st.text_input(
-            "Memory limit", key=Keys.MEMORY_LIMIT, placeholder="e.g. 2GB (empty: none)",
-            help="stop the run before the caches of all strategies together would pass this size",
+            "Memory limit", key=Keys.MEMORY_LIMIT, placeholder="e.g. 2GiB or 2GB (empty: none)",
+            help="stop the run before the caches of all strategies together would pass this size; "
+            "a bare number is GiB (2^30 bytes), 2GB is 2 x 10^9 bytes",
         )  # fmt: skip
     return Probes(**{k: int(v) for k, v in values.items()}), limit.strip() or None
 

@@ -137,9 +137,9 @@ BEFORE_LOAD = [
     Case(6, "static:max_len=10**12", _profile("--strategy", "static:max_len=1000000000000"), "max_len", "<= 2147483647"),
     Case(6, "--max-kv-size 10**12", _profile("--max-kv-size", "1000000000000"), "--max-kv-size", "<= 2,147,483,647"),
     # 7. non-finite and out-of-range numbers, every numeric option
-    Case(7, "--memory-limit-gb inf", _profile("--memory-limit-gb", "inf"), "--memory-limit-gb", "finite"),
-    Case(7, "--memory-limit-gb nan", _profile("--memory-limit-gb", "nan"), "--memory-limit-gb", "finite"),
-    Case(7, "--memory-limit-gb 0", _profile("--memory-limit-gb", "0"), "--memory-limit-gb", "> 0"),
+    Case(7, "--memory-limit inf", _profile("--memory-limit", "inf"), "--memory-limit", "finite"),
+    Case(7, "--memory-limit nan", _profile("--memory-limit", "nan"), "--memory-limit", "finite"),
+    Case(7, "--memory-limit 0", _profile("--memory-limit", "0"), "--memory-limit", "> 0"),
     Case(7, "--max-tokens 0", _profile("--max-tokens", "0"), "--max-tokens", ">= 1"),
     Case(7, "--sample-every nan", _profile("--sample-every", "nan"), "--sample-every", "integer"),
     Case(7, "--quantized-kv-start -1", _profile("--kv-bits", "4", "--quantized-kv-start", "-1"), "--quantized-kv-start", ">= 0"),
@@ -253,7 +253,7 @@ def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(wor
     before = snapshot(world)
     code, err, _ = run_cli(_in(world, _profile("--strategy", "static:max_len=2000000000")), capsys)  # 4.1 TB of cache
     assert code == 2 and len(err) == 1, err
-    assert "would need 4.10 TB (4,096,000,000,000 bytes" in err[0] and "--memory-limit-gb" in err[0], err[0]
+    assert "would need 4.10 TB (4,096,000,000,000 bytes" in err[0] and "--memory-limit" in err[0], err[0]
     assert not unchanged(before, snapshot(world)) and set(snapshot(world)) == set(before)
 
 
@@ -264,7 +264,7 @@ def test_6_static_20m_tokens_is_refused_on_a_small_machine_and_runs_under_an_exp
     assert code == 2 and len(err) == 1 and "would need 40.96 GB" in err[0] and "7.20 GB" in err[0], err
     # Asked explicitly: the run goes under the guard, which stops it before the first step allocates.
     handler = signal.getsignal(signal.SIGTERM)
-    code, err, out = run_cli(_in(world, _profile("--strategy", spec, "--memory-limit-gb", "1")), capsys)
+    code, err, out = run_cli(_in(world, _profile("--strategy", spec, "--memory-limit", "1")), capsys)
     assert code == 0, err
     assert signal.getsignal(signal.SIGTERM) is handler  # the run's SIGTERM handler is gone with the run
     profile = load_profile(world / "profiles" / "new.csv")

@@ -351,7 +351,13 @@ if planned is None:
 header(planned)
 recommendation(planned)
 table = plan_charts.plan_table(planned.fits)
-st.dataframe(plan_charts.styled_plan_table(table, [f.spec for f in planned.fits]), hide_index=True, width="stretch")
+st.dataframe(
+    plan_charts.styled_plan_table(table, [f.spec for f in planned.fits]),
+    hide_index=True,
+    width="stretch",
+    column_order=plan_charts.page_column_order(table),
+    column_config={"strategy": st.column_config.Column(pinned=True)},
+)
 counted(planned)
 charts(planned)
 evidence(planned)

@@ -25,7 +25,7 @@ from . import evaluate as evaluate_cli
 from . import report as report_cli
 from . import retrieval as retrieval_cli
 from . import plan as plan_cli
-from .args import finite_float, int_range, positive_int
+from .args import SIZE_HELP, int_range, positive_int, positive_memory_size
 from ..profile import Probes, default_profile_name, list_profiles, read_meta, run_profile, summarize
 from ..profile.store import meta_list
 from ..profile.run import RunInterrupted
@@ -135,9 +135,9 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample-every", type=positive_int, default=None, help="sample masks and quantization error every K steps")
     p.add_argument("--probes", default="", help="probe periods, e.g. memory=1,masks=0 ('none' for all off)")
     p.add_argument(
-        "--memory-limit-gb", type=finite_float(0.0, min_open=True), default=None,
+        "--memory-limit", type=positive_memory_size, default=None, metavar="SIZE",
         help="stop before the caches pass this size (default: 90%% of the memory available at the start; "
-        "without it a run predicted to need more is refused)",
+        f"without it a run predicted to need more is refused); {SIZE_HELP}",
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="profile CSV to write (default: profiles/<time>-<model>.csv)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
@@ -162,7 +162,7 @@ def _profile(args) -> int:
     probes = Probes.parse(args.probes, probes)
     text = read_text_file(args.text_file, "--text-file") if args.text_file is not None else None
     out = args.out or Path("profiles") / f"{default_profile_name(args.model, strategies)}.csv"
-    limit = int(args.memory_limit_gb * 1e9) if args.memory_limit_gb else None
+    limit = args.memory_limit
 
     bar = _Progress(args.max_tokens) if sys.stderr.isatty() else None
     try:

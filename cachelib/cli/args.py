@@ -2,8 +2,8 @@
 thing about a bad value: ``nan``, ``inf`` and out-of-range numbers are refused with the range
 allowed (argparse turns the ``ArgumentTypeError`` into one line and exit code 2).
 
-``finite_float(min=0, min_open=True)`` for a size in GB, ``finite_float(0, 1)`` for a share,
-``int_range(min=1)`` (:data:`positive_int`) for counts.
+``memory_size`` for a memory size (a bare number is GiB, or the unit said: 24GiB, 24GB),
+``finite_float(0, 1)`` for a share, ``int_range(min=1)`` (:data:`positive_int`) for counts.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import math
 from typing import Callable
+
+from ..core.units import parse_memory
 
 
 def _number(v: float) -> str:
@@ -64,3 +66,26 @@ def int_range(min: int | None = None, max: int | None = None) -> Callable[[str],
 
 positive_int = int_range(1)
 non_negative_int = int_range(0)
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: a memory size in bytes (a bare number is GiB; see parse_memory)."""
+    try:
+        return parse_memory(text, "size")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("size ").removeprefix("size: ")) from None
+
+
+memory_size.__name__ = "size"
+SIZE_HELP = "a bare number is GiB (2^30 bytes); or say the unit: 24GiB, 24GB (10^9 bytes), 512MiB"
+
+
+def positive_memory_size(text: str) -> int:
+    """:func:`memory_size`, above 0 (a limit of nothing is no limit)."""
+    n = memory_size(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a size > 0, got {text!r}")
+    return n
+
+
+positive_memory_size.__name__ = "size"

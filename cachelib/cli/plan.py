@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from ..core.cells import escape_cell
-from ..core.units import DTYPE_BYTES, human_gib as human_bytes, parse_memory
-from .args import finite_float, non_negative_int, positive_int
+from ..core.units import DTYPE_BYTES, human_gib as human_bytes
+from .args import SIZE_HELP, finite_float, memory_size, non_negative_int, positive_int
 from ..plan.quality import describe
 from ..profile.evidence import DEFAULT_EVIDENCE, load_evidence
 from ..plan.accounting import account
@@ -34,16 +34,6 @@ CSV_COLUMNS = (
 )  # fmt: skip
 
 
-def memory_size(text: str) -> int:
-    """An argparse type: a memory size in bytes (a bare number is GiB; see parse_memory)."""
-    try:
-        return parse_memory(text, "size")
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("size ").removeprefix("size: ")) from None
-
-
-memory_size.__name__ = "size"
-SIZE_HELP = "a bare number is GiB (2^30 bytes); or say the unit: 24GiB, 24GB (10^9 bytes), 512MiB"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

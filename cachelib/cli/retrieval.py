@@ -4,19 +4,22 @@
 :func:`cachelib.profile.retrieval` over the grid of contexts x depths and prints the exact-match
 accuracy per strategy x context x depth (trials out of trials), and writes the rows as an
 evaluation CSV with ``--out`` (the planner reads them as evidence, beside an evaluation's KL).
-Bad input raises ValueError before the model loads (one line, exit 2).
+Bad input raises ValueError before the model loads (one line, exit 2). While it runs, every
+finished trial is already in ``NAME.incomplete.csv`` (rewritten atomically after each), so Ctrl-C
+(exit 130) or a killed process keeps what was measured; a finished run replaces it by ``NAME.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
 
 from ..profile.evaluate import DEFAULT_PREFILL_CHUNK
-from ..profile.evaluation import save_evaluation
-from ..profile.retrieval import TASKS, retrieval
+from ..profile.evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
+from ..profile.retrieval import KIND, TASKS, retrieval
 from .args import finite_float, positive_int
 
 
@@ -40,15 +43,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.suffix.lower() != ".csv":
         raise ValueError(f"--out: evaluations are written as CSV; got {str(args.out)!r}")
-    found = retrieval(
-        args.model, args.strategy or ["standard"], contexts=args.context, depths=args.depth or [0.1, 0.5, 0.9],
-        trials=args.trials, seed=args.seed, prefill_chunk=args.prefill_chunk, backend=args.backend,
-        device=args.device, task=args.task,
-    )  # fmt: skip
+    partial = incomplete_path(args.out) if args.out is not None else None
+    rows: list[dict] = []
+
+    def keep(row: dict) -> None:  # one trial of one strategy measured: it is on disk before the next
+        rows.append(row)
+        if partial is not None:
+            save_evaluation(_partial(rows, f"{len(rows)} trial row(s) so far"), partial)
+
+    try:
+        found = retrieval(
+            args.model, args.strategy or ["standard"], contexts=args.context, depths=args.depth or [0.1, 0.5, 0.9],
+            trials=args.trials, seed=args.seed, prefill_chunk=args.prefill_chunk, backend=args.backend,
+            device=args.device, task=args.task, on_sample=keep,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        where = f"; what was measured is in {partial}" if partial is not None and rows else ""
+        print(f"interrupted (Ctrl-C) after {len(rows)} trial row(s){where}", file=sys.stderr)
+        if rows:
+            print(format_accuracy(typed_frame(rows, KIND)))
+        return 130
     print(format_accuracy(found.retrieval))
     if args.out is not None:
         print(f"retrieval: {save_evaluation(found, args.out)}")
+        partial.unlink(missing_ok=True)
     return 0
+
+
+def _partial(rows: list[dict], reason: str) -> Evaluation:
+    return Evaluation(typed_frame([], "sample"), typed_frame(rows, KIND), status="incomplete", reason=reason)
 
 
 def format_accuracy(rows: pd.DataFrame) -> str:

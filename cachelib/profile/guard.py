@@ -10,32 +10,33 @@ the predictors in (the profiler passes the capacity planner's exact replays,
 from __future__ import annotations
 
 import math
-import re
 from typing import Protocol, Sequence
 
+from ..core.units import parse_memory
 from ..introspect import CacheView
-
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_memory_limit(value: int | float | str | None) -> int | None:
-    """Bytes from ``1_000_000``, ``"512MB"``, ``"1.5 GB"``, ``"2GiB"``; None means no limit."""
+    """Bytes of a memory limit. A number is bytes (``1_000_000``); text is a size as the planner
+    reads it (:func:`cachelib.core.units.parse_memory`): ``"2"`` and ``"2GiB"`` are 2 GiB,
+    ``"1.5GB"`` is 1.5 x 10^9 bytes, ``"512MiB"``. None or empty text means no limit."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
-        raise ValueError(f"memory_limit must be bytes or a size like '2GB', got {value!r}")
+        raise ValueError(f"memory_limit must be bytes or a size like '2GiB' or '2GB', got {value!r}")
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise ValueError(f"memory_limit must be a finite number of bytes, got {value!r}")
-        limit = float(value)
+        limit = int(value)
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"memory_limit {value!r} is not a size; write bytes or e.g. '512MB', '1.5GB', '2GiB'")
-        limit = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not limit > 0 or not math.isfinite(limit):
-        raise ValueError(f"memory_limit must be > 0 and finite, got {value!r}")
-    return int(limit)
+        try:
+            limit = parse_memory(value, "memory_limit")
+        except ValueError:
+            raise ValueError(f"memory_limit {value!r} is not a size; write e.g. '2GiB', '1.5GB' or '512MiB' "
+                             "(a bare number is GiB)") from None  # fmt: skip
+    if not limit > 0:
+        raise ValueError(f"memory_limit must be > 0, got {value!r}")
+    return limit
 
 
 DEFAULT_SHARE = 0.9  # without a limit, the caches may take this share of the memory available at the start

@@ -270,7 +270,7 @@ def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt
             f"the caches of this run would need {human_bytes(total)} ({total:,} bytes: {each}), more than the "
             f"{human_bytes(default)} it may use ({DEFAULT_SHARE:.0%} of the {human_bytes(available)} available on "
             f"{loaded.info.device}); use fewer tokens or smaller strategies, or give a memory limit "
-            "(--memory-limit-gb, memory_limit=) to run under the memory guard anyway"
+            "(--memory-limit, memory_limit=) to run under the memory guard anyway"
         )
     return MemoryGuard(default, predictors, source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start")
 

@@ -123,6 +123,18 @@ def test_plan_table_holds_the_fits_numbers_and_shows_them_as_the_cli_prints_them
     assert f"color: {strategy_colors(SPECS)['quantized:bits=4']}" in styled.to_html()
 
 
+def test_the_page_shows_the_deciding_columns_first_and_keeps_every_column():
+    # issue 13: the sessions column sat past the right edge at 1440 px; the page now leads with
+    # what a reader decides by (strategy pinned), then the byte detail
+    quality = {"quantized:bits=4": Quality(0.0123456, 0.875, "smollm2", "a.csv")}
+    table = plan_charts.plan_table(attach_quality(small_plan(), quality))
+    order = plan_charts.page_column_order(table)
+    assert order[:9] == ["strategy", "fits", "sessions", "max batch", "max context", "mean KL", "top-1", "peak", "per token"]
+    assert sorted(order) == sorted(table.columns)  # nothing dropped, nothing repeated
+    bare = plan_charts.plan_table(small_plan(budget=None))
+    assert plan_charts.page_column_order(bare) == ["strategy", "peak", "per token", "allocated", "used", "activations"]
+
+
 def test_plan_table_without_budget_or_evidence_has_only_the_cache_columns():
     table = plan_charts.plan_table(small_plan(budget=None))
     assert list(table.columns) == ["strategy", "allocated", "used", "peak", "per token", "activations"]

@@ -170,3 +170,35 @@ def test_bundled_ring_of_256_that_evicted_the_needle_fails_where_a_ring_of_1024_
     assert small["exact_match"] < large["exact_match"]
     assert small["key_token_accuracy"] < large["key_token_accuracy"]
     assert (small["kept_fraction"], large["kept_fraction"]) == (256 / 2048, 1024 / 2048)
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_every_finished_trial_in_the_incomplete_file(tmp_path):
+    # issue 11 follow-up: `cachelib retrieval` wrote its CSV only at the end, so Ctrl-C lost every trial
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "needles.csv"
+    partial = tmp_path / "needles.incomplete.csv"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "cachelib", "retrieval", "--model", "tiny-llama", "--context", "160",
+         "--depth", "0.5", "--trials", "500", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=Path(__file__).resolve().parents[2], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not partial.exists() and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.2)
+    assert partial.exists(), run.communicate(timeout=60)
+    time.sleep(1.0)  # a few more trials
+    run.send_signal(signal.SIGINT)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr
+    kept = load_evaluation(partial)
+    assert len(kept.retrieval) >= 1 and set(kept.retrieval["context"]) == {160}
+    assert f"what was measured is in {partial}" in stderr
+    assert not out.exists()  # the finished name is only for a finished run
