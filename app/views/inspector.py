@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, inspector_charts, state
+from app import charts, importance_charts, inspector_charts, state
 from app.data import RunView, nearest_at_or_before
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
@@ -122,6 +122,25 @@ def step_panel() -> None:
         "steps that probe recorded. At steps with a recorded mask, visibility is the mask's; at the others a "
         "decode query is drawn seeing every key the cache holds."
     )
+
+    st.subheader("Kept positions per layer")
+    if not importance_charts.has_slots(view.slots, strategy):
+        st.caption(f"{md(strategy)} recorded no slot table (only rings and importance caches do, with the ring probe).")
+    else:
+        left, right = st.columns(2)
+        with left:
+            fig = importance_charts.kept_layers_figure(view.slots, view.layers, strategy, ring_step)
+            st.plotly_chart(fig, key="insp_kept_layers", config=PLOTLY_CONFIG)
+        with right:
+            fig = importance_charts.kept_steps_figure(view.slots, view.layers, strategy, layer, step)
+            st.plotly_chart(fig, key="insp_kept_steps", config=PLOTLY_CONFIG)
+        st.caption(
+            f"From the slot table (ring probe), step {ring_step}: which absolute positions each layer holds, and "
+            f"which positions layer {layer} holds at each recorded step. For caches that evict per KV head "
+            "(knorm, snapkv, tova, h2o) a cell is the share of the layer's KV heads that hold the position. "
+            "A ring's window climbs the diagonal; SnapKV's prompt positions, chosen once, stay as rows; H2O's "
+            "heavy hitters stay while its recent window climbs."
+        )
 
     st.subheader("Quantization error")
     column = st.radio(
