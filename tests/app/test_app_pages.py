@@ -248,7 +248,9 @@ def test_inspector_steps_through_slots_masks_and_quantization_error(profiles_dir
     at.select_slider(key="insp_step").set_value(20).run()
     assert not at.exception
     figures = plotly_figures(at)
-    assert len(figures) == 6  # slots, masks in slot and temporal order, the mask over the run, error heatmap, bars
+    # slots, masks in slot and temporal order, the mask over the run, kept positions (layers x
+    # positions, positions x steps), error heatmap, bars
+    assert len(figures) == 8
     ring = figures[0]
     slots = [p for row in ring["data"][0]["z"] for p in row if p is not None]
     steps = profile.frame("steps")
