@@ -161,6 +161,51 @@ def test_on_the_bundled_model_batched_and_one_by_one_agree_every_step(backend, l
             assert kl < 1e-5, (spec, kl)
 
 
+def _prefill_logits(loaded, spec: str, nudge: bool) -> np.ndarray:
+    """The prompt's last logits through ``spec`` run alone, with every weight of layer 0's
+    attention output projection moved by at most one float32 ulp when ``nudge``."""
+    runner, probe = Runner(loaded), probe_for(loaded)
+    proj = loaded.model.model.layers[0].self_attn.o_proj
+    before = proj.weight
+    if nudge:
+        if loaded.info.backend == "mlx":
+            proj.weight = before * (1 + 2.0**-23)
+        else:
+            import torch
+
+            before = proj.weight.detach().clone()
+            with torch.no_grad():
+                proj.weight.mul_(1 + 2.0**-23)
+    try:
+        return runner.step(probe.make_cache(parse_spec(spec)), encode_prompt(loaded.tokenizer, PROMPT))
+    finally:
+        if nudge and loaded.info.backend == "mlx":
+            proj.weight = before
+        elif nudge:
+            import torch
+
+            with torch.no_grad():
+                proj.weight.copy_(before)
+
+
+@pytest.mark.slow
+@pytest.mark.bundled
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_ulp_of_rounding_moves_a_quantized_run_by_more_than_float_tolerance(backend, load_model):
+    """The evidence behind docs/profiler.md's claim that no batching can give a quantized row its
+    unbatched logits to 1e-5: the unbatched run itself moves that much when one weight matrix
+    moves by one ulp, while the full cache stays at rounding size."""
+    loaded = load_model("smollm2", backend)
+    kl = {}
+    for spec in ("standard", "quantized:bits=4,group_size=32"):
+        a, b = _prefill_logits(loaded, spec, False), _prefill_logits(loaded, spec, True)
+        kl[spec] = compare(a, b, None)[0]
+    assert kl["standard"] < 1e-8, kl
+    assert kl["quantized:bits=4,group_size=32"] > 1e-5, kl
+    # the model is unchanged afterwards
+    assert np.array_equal(_prefill_logits(loaded, "standard", False), _prefill_logits(loaded, "standard", False))
+
+
 @pytest.mark.slow
 @pytest.mark.bundled
 @pytest.mark.parametrize("backend", BACKENDS)
