@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..profile.evaluate import DEFAULT_PREFILL_CHUNK
 from ..profile.evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
-from ..profile.retrieval import KIND, TASKS, retrieval
+from ..profile.retrieval import KIND, QUESTION_MODES, TASKS, retrieval
 from .args import finite_float, positive_int
 
 
@@ -38,6 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_CHUNK, metavar="K")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, metavar="FILE.csv", help="write the rows here (CSV)")
+    p.add_argument("--question", choices=QUESTION_MODES, default="prompt",
+                   help="prompt (default): the question is prefilled with the prompt, as a served request is; "
+                        "decode: it is teacher-forced after the prefill (a compress-once cache chooses before it)")  # fmt: skip
+    p.add_argument("--one-by-one", action="store_true",
+                   help="one strategy's cache at a time (default: a trial's strategies are the rows of one batch)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         found = retrieval(
             args.model, args.strategy or ["standard"], contexts=args.context, depths=args.depth or [0.1, 0.5, 0.9],
             trials=args.trials, seed=args.seed, prefill_chunk=args.prefill_chunk, backend=args.backend,
-            device=args.device, task=args.task, on_sample=keep,
+            device=args.device, task=args.task, on_sample=keep, question=args.question, one_by_one=args.one_by_one,
         )  # fmt: skip
     except KeyboardInterrupt:
         where = f"; what was measured is in {partial}" if partial is not None and rows else ""
@@ -64,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
             print(format_accuracy(typed_frame(rows, KIND)))
         return 130
     print(format_accuracy(found.retrieval))
+    for strategy, why in found.notes.items():
+        print(f"ran on its own: {strategy}: {why}")
     if args.out is not None:
         print(f"retrieval: {save_evaluation(found, args.out)}")
         partial.unlink(missing_ok=True)

@@ -11,11 +11,20 @@ corpus, ``assets/corpus/``) and asks for it at the end:
   words -> the other 8 are scored.
 
 The prompt goes through the chat template when the tokenizer has one (the bundled model is an
-instruct model). Each strategy gets a fresh cache per trial: the prompt up to the question is
-prefilled through it in chunks of ``prefill_chunk`` tokens (as mlx-lm's ``generate`` does), then
-the question and the key are teacher-forced one token at a time. A trial is an exact match when
-every key token is the model's argmax given the true prefix, which is exactly when greedy
-decoding would reproduce the key.
+instruct model). Each strategy gets a fresh cache per trial. With ``question="prompt"`` (the
+default, what a served request does) the whole prompt, question included, is prefilled through it
+in chunks of ``prefill_chunk`` tokens (as mlx-lm's ``generate`` does), and then the key is
+teacher-forced one token at a time; a cache that compresses once after the prompt (SnapKV) has
+seen the question when it chooses. With ``question="decode"`` the prompt up to the question is
+prefilled and the question is teacher-forced too, one token at a time, before the key (the cache
+chooses before it sees the question). A trial is an exact match when every key token is the
+model's argmax given the true prefix, which is exactly when greedy decoding would reproduce the
+key.
+
+The strategies of a trial that can share a strategy batch are its rows (one forward per prefill
+chunk or forced token for all, :func:`~cachelib.profile.evaluate.teacher_forced_logits_rows`);
+the others, and every strategy with ``one_by_one=True``, run on their own. Each row's
+``seconds`` is then the batch's time.
 
 ``retrieval(...)`` returns an :class:`~cachelib.profile.evaluation.Evaluation` whose
 ``retrieval`` table has one row per strategy x context x depth x trial (``kind`` =
@@ -34,18 +43,21 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..decode import Runner
 from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .evaluate import DEFAULT_PREFILL_CHUNK, check_limit, resolve_texts, teacher_forced_logits
+from .evaluate import DEFAULT_PREFILL_CHUNK, check_limit, resolve_texts, teacher_forced_logits, teacher_forced_logits_rows
 from .evaluation import Evaluation, typed_frame
 from .run import strategy_labels
 
 KIND = "retrieval"
 TASKS = ("passkey", "copy")
+QUESTION_MODES = ("prompt", "decode")  # the question prefilled with the prompt, or teacher-forced
 # Beyond the evaluation file's columns (cachelib.profile.evaluation.COLUMNS), a retrieval row has:
 EXTRA_COLUMNS = (
     "trial",  # 0..trials-1: a new key and filler window each
+    "question",  # prompt: prefilled with the prompt; decode: teacher-forced after the prefill
     "key_token_accuracy",  # fraction of the key's tokens that were the argmax
     "needle_position",  # absolute position of the needle's first token
     "answer",  # the key, as text
@@ -193,6 +205,8 @@ def retrieval(
     task: str = "passkey",
     texts=None,
     on_sample: Callable[[dict], None] | None = None,
+    question: str = "prompt",
+    one_by_one: bool = False,
 ) -> Evaluation:
     """Retrieval accuracy of ``strategies`` over the grid ``contexts`` x ``depths``, ``trials``
     trials per cell (a new key and filler window each; the same prompts for every strategy).
@@ -203,10 +217,14 @@ def retrieval(
     corpus in ``assets/corpus/``); trial ``t`` draws its window from text ``t mod len(texts)``.
     Returns an :class:`~cachelib.profile.evaluation.Evaluation` whose ``retrieval`` table has one
     row per strategy x context x depth x trial. ``on_sample(row)`` is called after every row.
+    ``question``: ``prompt`` (prefilled with the prompt) or ``decode`` (teacher-forced after the
+    prefill); see the module docstring. ``one_by_one=True`` runs one strategy's cache at a time.
     Bad input raises ValueError before the model runs.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
+    if question not in QUESTION_MODES:
+        raise ValueError(f"unknown question mode {question!r}; allowed: {', '.join(QUESTION_MODES)}")
     specs = [parse_spec(s) for s in strategies]
     if not specs:
         raise ValueError("give at least one strategy")
@@ -236,7 +254,7 @@ def retrieval(
 
     probe = probe_for(loaded)
     labels = strategy_labels(specs)
-    rows = []
+    rows, notes = [], {}
     for context in contexts:
         for depth in depths:
             for t in range(trials):
@@ -245,26 +263,65 @@ def retrieval(
                     fillers[i] = prompt.encode(sources[i][1])
                 rng = random.Random(f"{seed}:{task}:{context}:{depth!r}:{t}")
                 trial = make_trial(prompt, fillers[i], context, depth, rng, sources[i][0])
+                batched = {} if one_by_one else _run_batch(loaded, probe, specs, trial, prefill_chunk, question, notes)
                 for label, spec in zip(labels, specs):
+                    measured = batched.pop(label, None) or _run_trial(loaded, probe, spec, trial, prefill_chunk, question)
                     row = {"model": info.name, "backend": info.backend, "device": info.device, "dtype": info.dtype,
                            "strategy": label, "context": context, "prefill_chunk": prefill_chunk, "task": task,
-                           "depth": depth, "trial": t, **_run_trial(loaded, probe, spec, trial, prefill_chunk)}
+                           "depth": depth, "trial": t, "question": question, **measured}
                     rows.append(row)
                     if on_sample is not None:
                         on_sample(row)
-    return Evaluation(typed_frame([], "sample"), typed_frame(rows, KIND))
+    return Evaluation(typed_frame([], "sample"), typed_frame(rows, KIND), notes=notes)
 
 
-def _run_trial(loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chunk: int) -> dict:
+def _split(trial: Trial, question: str) -> tuple[list[int], list[int], int]:
+    """(prefilled ids, teacher-forced ids, index of the first key token among the forced)."""
+    if question == "prompt":
+        return trial.prefill + trial.cue, trial.key, 0
+    return trial.prefill, trial.cue + trial.key, len(trial.cue)
+
+
+def _run_trial(loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chunk: int, question: str = "prompt") -> dict:
     """One strategy on one trial, with a fresh cache: the prompt prefilled in chunks, then the
-    question and the key teacher-forced one token at a time."""
+    rest teacher-forced one token at a time (see :func:`_split`)."""
     start = time.perf_counter()
     cache = probe.make_cache(spec)
+    prefix, forced, first = _split(trial, question)
     with probe.capture(cache):  # importance caches get each step's queries (a no-op otherwise)
-        logits = teacher_forced_logits(loaded, cache, trial.prefill, trial.cue + trial.key, prefill_chunk)
+        logits = teacher_forced_logits(loaded, cache, prefix, forced, prefill_chunk)
     views = probe.views(cache)
     del cache
-    predicted = [int(i) for i in np.argmax(logits[len(trial.cue) :], axis=-1)]
+    return _scored(loaded, spec, trial, logits[first:], views, time.perf_counter() - start)
+
+
+def _run_batch(loaded: LoadedModel, probe, specs: Sequence[Spec], trial: Trial, prefill_chunk: int, question: str,
+               notes: dict[str, str]) -> dict[str, dict]:
+    """The trial's strategies that can share one strategy batch, measured together: label ->
+    the row's measured columns. Empty when fewer than two can (a batch of one is the run alone);
+    ``notes`` gets, per strategy that cannot join, why."""
+    runner = Runner(loaded)
+    caches, joined = [], []
+    for label, spec in zip(strategy_labels(list(specs)), specs):
+        cache = probe.make_cache(spec)
+        problem = runner.batch_problem(cache)
+        if problem is None:
+            caches.append(cache)
+            joined.append((label, spec))
+        else:
+            notes[label] = problem
+    if len(joined) < 2:
+        return {}
+    start = time.perf_counter()
+    prefix, forced, first = _split(trial, question)
+    logits = teacher_forced_logits_rows(loaded, caches, prefix, forced, prefill_chunk)
+    seconds = time.perf_counter() - start  # the batch's time, shared by its rows
+    return {label: _scored(loaded, spec, trial, logits[i, first:], probe.views(c), seconds) for i, ((label, spec), c) in enumerate(zip(joined, caches))}
+
+
+def _scored(loaded: LoadedModel, spec: Spec, trial: Trial, key_logits: np.ndarray, views, seconds: float) -> dict:
+    """The measured columns of one strategy on one trial, from its logits at the key's positions."""
+    predicted = [int(i) for i in np.argmax(key_logits, axis=-1)]
     exact, accuracy = score_key(predicted, trial.key)
     window = spec.window
     context = trial.context
@@ -276,7 +333,7 @@ def _run_trial(loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chu
         "kept_fraction": 1.0 if window is None else min(1.0, window / context),
         "tokens_held": max((v.tokens_held for v in views), default=0),
         "bytes_allocated": sum(v.bytes_allocated for v in views),
-        "seconds": time.perf_counter() - start,
+        "seconds": seconds,
         "needle_position": trial.needle_start,
         "answer": trial.answer,
         "predicted": loaded.tokenizer.decode(predicted).strip(),

@@ -104,6 +104,35 @@ def test_rows_one_per_strategy_context_depth_trial_in_the_evaluation_format(tiny
         assert list(back[col].astype(float)) == list(rows[col].astype(float))
 
 
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_a_trials_strategies_share_one_batch_and_measure_what_they_measure_one_by_one(load_model, backend):
+    model = load_model("tiny-llama", backend)
+    strategies = ["standard", "rotating:max_size=64,keep=4", "static:max_len=256", "knorm:budget=64"]
+    kw = dict(contexts=[160], depths=[0.3], trials=2, texts=[TEXT])
+    batched, alone = retrieval(model, strategies, **kw), retrieval(model, strategies, one_by_one=True, **kw)
+    assert set(batched.notes) == {"knorm:budget=64"} and alone.notes == {}  # importance caches run on their own
+    same = ["strategy", "trial", "answer", "predicted", "exact_match", "key_token_accuracy", "tokens_held", "bytes_allocated"]
+    a, b = batched.retrieval, alone.retrieval
+    assert (a[same].astype(str).values == b[same].astype(str).values).all()
+    # the lossless rows of a trial shared one forward: they report the batch's time
+    first = a[(a.trial == 0) & a.strategy.isin(strategies[:3])]
+    assert first["seconds"].nunique() == 1
+
+
+def test_the_question_is_prefilled_with_the_prompt_or_teacher_forced_after_it(tiny):
+    kw = dict(contexts=[160], depths=[0.5], trials=1, texts=[TEXT])
+    prompt, decode = (retrieval(tiny, ["snapkv:budget=48,window=8"], question=q, **kw).retrieval for q in ("prompt", "decode"))
+    assert list(prompt["question"]) == ["prompt"] and list(decode["question"]) == ["decode"]
+    assert list(prompt["answer"]) == list(decode["answer"])  # the same trial
+    # SnapKV compresses at the first one-token update (the prompt's last token, fed alone): after
+    # the whole prompt, question included, or before the question, whose tokens then add to the 48
+    key = int(prompt["score_tokens"][0])
+    assert int(prompt["tokens_held"][0]) == 48 + key
+    assert int(decode["tokens_held"][0]) > int(prompt["tokens_held"][0])
+    with pytest.raises(ValueError, match=r"unknown question mode 'later'; allowed: prompt, decode"):
+        retrieval(tiny, ["standard"], question="later", **kw)
+
+
 def test_copy_task_and_torch_run_through_the_same_api(load_model):
     model = load_model("tiny-llama", "torch")
     rows = retrieval(model, ["standard"], contexts=[200], depths=[0.5], trials=1, task="copy", texts=[TEXT]).retrieval
