@@ -1,4 +1,4 @@
-"""Decode-speed cost of the importance caches (knorm, snapkv, tova, h2o) against the full cache
+"""Decode-speed cost of the importance caches (knorm, snapkv, pyramidkv, tova, h2o) against the full cache
 and a ring of the same size, per backend, on the bundled model (issue 14).
 
 Every cache of a backend decodes the same token stream in lockstep: a prompt of
@@ -47,6 +47,8 @@ def specs_for(budget: int) -> list[str]:
         f"rotating:max_size={budget},keep=4",
         f"knorm:budget={budget}",
         f"snapkv:budget={budget},window=16",
+        f"snapkv:budget={budget},window=16,adaptive=1",  # Ada-KV's per-head budgets, 20% safeguard
+        f"pyramidkv:budget={budget},window=16,beta={max(1, min(20, budget // 16))}",  # top layer >= the window
         f"tova:budget={budget}",
         f"h2o:budget={budget},recent=32",
     ]

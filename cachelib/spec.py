@@ -118,6 +118,10 @@ class Strategy:
     max_context: str | None = None  # the knob bounding the run itself: a longer run is refused
     lossless: bool = False  # keeps every token at full precision: quality exact by construction
     every_attention_layer: bool = False  # also replaces the model's own sliding-window caches
+    # its full-attention layers differ by depth (PyramidKV's budgets): the `mlx` builder and `plan`
+    # also take layer= (the layer's index among the model's full-attention layers) and layers=
+    # (their count); the `torch` builder reads both from the config
+    layered: bool = False
     check: Callable[[Spec], None] | None = None  # relations between knobs, beyond each knob's range
 
     @property
@@ -191,6 +195,53 @@ def _check_budget(spec: Spec, knob: str) -> None:
             f"{spec.name}: budget={budget} must be greater than {knob}={inner} (those tokens are always kept); "
             f"allowed budget: {inner + 1}..{INDEX_MAX}, or a {knob} of at most {budget - 1}", "budget"
         )
+
+
+def _check_snapkv(spec: Spec) -> None:
+    _check_budget(spec, "window")
+    if "safeguard" in dict(spec.params) and not spec.get("adaptive"):
+        raise SpecError("snapkv: safeguard applies to per-head budgets only; give adaptive=1 with it", "safeguard")
+
+
+def _snapkv_layer(spec: Spec, backend: str) -> LayerCache:
+    if not spec.get("adaptive"):
+        return LayerCache("snapkv", "full", (("budget", spec.get("budget")),))
+    from .core.importance import policy_of
+
+    policy = policy_of(spec)  # safe: the tokens every head keeps, its window included
+    return LayerCache("snapkv", "full", (("budget", policy.budget), ("safe", policy.safe(policy.budget))))
+
+
+def _check_pyramid(spec: Spec) -> None:
+    from .core.importance import max_budget
+
+    budget, window, beta = spec.get("budget"), spec.get("window"), spec.get("beta")
+    if budget < window * beta:
+        raise SpecError(
+            f"pyramidkv: budget={budget} gives the top layer budget/beta = {budget / beta:g} tokens, fewer than "
+            f"window={window} (every layer keeps its observation window); allowed budget: "
+            f"{window * beta}..{max_budget(beta)}, or a beta of at most {max(1, budget // window)}", "budget"
+        )
+    if budget > max_budget(beta):
+        raise SpecError(
+            f"pyramidkv: budget={budget} gives the bottom layer 2*budget - budget/beta tokens, past {INDEX_MAX}; "
+            f"allowed budget: {window * beta}..{max_budget(beta)}", "budget"
+        )
+
+
+def _pyramid_layer(spec: Spec, backend: str, layer: int = 0, layers: int = 1) -> LayerCache:
+    from .core.importance import policy_of
+
+    return LayerCache("pyramidkv", "full", (("budget", policy_of(spec, layer, layers).budget),))
+
+
+def _snapkv_knobs(budget_help: str) -> tuple[Knob, ...]:
+    return (
+        Knob("budget", budget_help, required=True, min=1, max=INDEX_MAX),
+        Knob("window", "last prompt queries whose attention scores the keys (always kept)", 16, min=1, max=INDEX_MAX),
+        Knob("kernel", "width of the pooling kernel over key positions", 5, choices=(1, 3, 5, 7, 9, 11, 13, 15)),
+        Knob("max_pool", "1: max pooling instead of average pooling", 0, choices=(0, 1)),
+    )
 
 
 def _sliding_window(spec: Spec, backend: str) -> LayerCache:
@@ -329,16 +380,32 @@ STRATEGIES: dict[str, Strategy] = {
             "snapkv",
             "keeps `budget` prompt tokens chosen once by an observation window's attention (SnapKV)",
             (
-                _budget(),
-                Knob("window", "last prompt queries whose attention scores the keys (always kept)", 16, min=1, max=INDEX_MAX),
-                Knob("kernel", "width of the pooling kernel over key positions", 5, choices=(1, 3, 5, 7, 9, 11, 13, 15)),
-                Knob("max_pool", "1: max pooling instead of average pooling", 0, choices=(0, 1)),
+                *_snapkv_knobs(_budget().help),
+                Knob("adaptive", "1: Ada-KV: the layer's KV heads share budget x heads unevenly, by score", 0,
+                     choices=(0, 1)),
+                Knob("safeguard", "with adaptive=1: percent of budget every head keeps by its own scores", 20,
+                     min=0, max=100),
             ),
-            plan=_layer("snapkv", "budget"),
+            plan=_snapkv_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
-            check=lambda spec: _check_budget(spec, "window"),
+            check=_check_snapkv,
+        ),
+        Strategy(
+            "pyramidkv",
+            "SnapKV with per-layer budgets shrinking with depth, averaging `budget` (PyramidKV)",
+            (
+                *_snapkv_knobs("mean tokens per full-attention layer; the bottom layer keeps the most"),
+                Knob("beta", "the top layer keeps budget/beta tokens, the bottom 2*budget - budget/beta", 20,
+                     min=1, max=INDEX_MAX),
+            ),
+            plan=_pyramid_layer,
+            mlx="cachelib.mlx.importance:build_importance",
+            torch="cachelib.torch.importance:build_importance",
+            window="budget",
+            layered=True,
+            check=_check_pyramid,
         ),
         Strategy(
             "tova",

@@ -26,6 +26,7 @@ EXAMPLES = {
     "offloaded": "offloaded",
     "knorm": "knorm:budget=256",
     "snapkv": "snapkv:budget=256,window=32",
+    "pyramidkv": "pyramidkv:budget=640,window=32,beta=20",
     "tova": "tova:budget=256",
     "h2o": "h2o:budget=256,recent=32",
 }

@@ -1,6 +1,6 @@
-"""The backend-free rules of the importance-based caches (``knorm``, ``snapkv``, ``tova``,
-``h2o``): when a layer evicts, down to how many tokens, which of its tokens are protected, and
-which slots it keeps given per-slot scores.
+"""The backend-free rules of the importance-based caches (``knorm``, ``snapkv``, ``pyramidkv``,
+``tova``, ``h2o``): when a layer evicts, down to how many tokens, which of its tokens are
+protected, which slots it keeps given per-slot scores, and (``pyramidkv``) each layer's budget.
 
 Both backends score keys on their own arrays (``cachelib.mlx.importance``,
 ``cachelib.torch.importance``, one formula each), bring the float32 scores to the host, and
@@ -18,21 +18,29 @@ scores the keys it holds for the next eviction. So:
   that size does); before a longer update (a prefill chunk) it keeps ``budget``, so the chunk
   attends over ``budget`` older tokens and itself; a prompt given in one update is attended in
   full and cut at the first decode step;
-- compressing once (``snapkv``): at the first one-token update the layer keeps
+- compressing once (``snapkv``, ``pyramidkv``): at the first one-token update the layer keeps
   ``budget`` of the prompt's tokens, and from then on appends without evicting (as SnapKV does).
+  ``pyramidkv`` scores as ``snapkv`` does; only its budget differs by layer
+  (:func:`pyramid_budgets`). With Ada-KV's per-head budgets (``snapkv:adaptive=1``) a layer
+  keeps ``budget x heads`` slots shared unevenly by its KV heads (:func:`select_heads`), padded
+  per head to the largest count (:func:`keep_slots` marks the padding ``-1``).
 
 This module knows integers and numpy arrays only: nothing of MLX, PyTorch or models.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
-METHODS = ("knorm", "snapkv", "tova", "h2o")
-NEEDS_QUERIES = ("snapkv", "tova", "h2o")  # methods that score with attention
-COMPRESS_ONCE = ("snapkv",)
+from .units import INDEX_MAX
+
+METHODS = ("knorm", "snapkv", "pyramidkv", "tova", "h2o")
+NEEDS_QUERIES = ("snapkv", "pyramidkv", "tova", "h2o")  # methods that score with attention
+COMPRESS_ONCE = ("snapkv", "pyramidkv")
 POOLINGS = ("avg", "max")
 
 
@@ -46,6 +54,9 @@ class Policy:
     window: int = 0
     kernel: int = 5
     pooling: str = "avg"
+    # Ada-KV (snapkv only): None keeps `budget` tokens on every KV head; a percent 0..100 keeps
+    # `budget x heads` per layer, each head at least `safeguard`% of `budget` (see select_heads)
+    safeguard: int | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -54,6 +65,22 @@ class Policy:
             raise ValueError(f"{self.method}: budget must be an integer >= 1, got {self.budget!r}")
         if self.pooling not in POOLINGS:
             raise ValueError(f"{self.method}: pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if self.safeguard is not None:
+            if self.method != "snapkv":
+                raise ValueError(f"{self.method}: per-head budgets (safeguard) are a snapkv option only")
+            value = self.safeguard
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+                raise ValueError(f"snapkv: safeguard must be a percent 0..100, got {value!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the KV heads of a layer share its budget unevenly (Ada-KV)."""
+        return self.safeguard is not None
+
+    def safe(self, keep: int) -> int:
+        """Ada-KV: the tokens every head keeps by its own scores when a layer keeps ``keep`` per
+        head on average (its window included)."""
+        return min(keep, max(self.protected(keep), keep * self.safeguard // 100))
 
     @property
     def needs_queries(self) -> bool:
@@ -65,28 +92,77 @@ class Policy:
 
     @property
     def scoring(self) -> str:
-        """The scoring rule of the method."""
-        return self.method
+        """The scoring rule of the method (``pyramidkv`` scores as ``snapkv``)."""
+        return "snapkv" if self.method == "pyramidkv" else self.method
 
     def protected(self, keep: int) -> int:
         """How many of the newest held tokens an eviction down to ``keep`` never drops: SnapKV's
-        observation window, H2O's recent window, TOVA's newest token."""
-        if self.method in ("snapkv", "h2o"):
+        (and PyramidKV's) observation window, H2O's recent window, TOVA's newest token."""
+        if self.method in ("snapkv", "pyramidkv", "h2o"):
             return min(self.window, keep)
         if self.method == "tova":
             return min(1, keep)
         return 0
 
 
-def policy_of(spec) -> Policy:
-    """The layer policy of an importance strategy spec (a :class:`cachelib.spec.Spec`)."""
+def pyramid_budgets(budget: int, window: int, beta: int, layers: int) -> tuple[int, ...]:
+    """PyramidKV's token budget of each of ``layers`` full-attention layers, bottom (index 0) to
+    top: an arithmetic sequence from ``2 * budget - budget / beta`` down to ``budget / beta``,
+    whose mean is ``budget`` (the budgets of kvpress 0.5.5's ``PyramidKVPress``, without its
+    cap at the prompt length: a layer whose budget exceeds the prompt keeps all of it).
+
+    Made exact integers that sum to ``budget * layers``: each layer gets the floor of its real
+    budget, and the layers with the largest fractional parts (ties: the lower layer) one token
+    more; the sequence stays non-increasing. Every budget must be >= ``window`` (the observation
+    window is always kept): ``budget >= window * beta`` guarantees it for any layer count."""
+    for name, value, low in (("budget", budget, 1), ("window", window, 1), ("beta", beta, 1), ("layers", layers, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"pyramidkv: {name} must be an integer >= {low}, got {value!r}")
+    if layers == 1:
+        real = [Fraction(budget)]
+    else:
+        top = Fraction(budget, beta)
+        bottom = 2 * budget - top
+        real = [bottom - (bottom - top) * i / (layers - 1) for i in range(layers)]
+    out = [math.floor(r) for r in real]
+    short = budget * layers - sum(out)  # 0 <= short < layers: the real budgets sum to budget * layers
+    for i in sorted(range(layers), key=lambda i: (out[i] - real[i], i))[:short]:
+        out[i] += 1
+    if out[-1] < window:
+        raise ValueError(
+            f"pyramidkv: budget={budget} with beta={beta} gives the top layer {out[-1]} tokens, fewer than "
+            f"window={window} (every layer keeps its observation window); allowed budget: "
+            f"{window * beta}..{max_budget(beta)}, or a beta of at most {max(1, budget // window)}"
+        )
+    return tuple(out)
+
+
+def max_budget(beta: int, limit: int = INDEX_MAX) -> int:
+    """The largest PyramidKV ``budget`` whose bottom layer (``2 * budget - budget / beta``)
+    stays within ``limit`` tokens."""
+    # 2b - b/beta <= limit  <=>  b * (2 beta - 1) <= limit * beta
+    return limit * beta // (2 * beta - 1)
+
+
+def policy_of(spec, layer: int = 0, layers: int = 1) -> Policy:
+    """The policy of full-attention layer ``layer`` of ``layers`` (its index among the model's
+    full-attention layers and their count) for an importance strategy spec (a
+    :class:`cachelib.spec.Spec`); every layer gets the same policy except with ``pyramidkv``."""
     values = spec.values
+    budget = values["budget"]
+    if spec.name == "pyramidkv":
+        if not 0 <= layer < layers:
+            raise ValueError(
+                f"pyramidkv: layer {layer} is not one of the {layers} full-attention layers (0..{layers - 1})"
+            )
+        budget = pyramid_budgets(budget, values["window"], values["beta"], layers)[layer]
     return Policy(
         spec.name,
-        values["budget"],
+        budget,
         window=values.get("window") or values.get("recent") or 0,
         kernel=values.get("kernel") or 5,
         pooling="max" if values.get("max_pool") else "avg",
+        safeguard=values["safeguard"] if values.get("adaptive") else None,
     )
 
 
@@ -135,3 +211,60 @@ def select(scores: np.ndarray, keep: int, protect: int) -> np.ndarray:
     chosen = np.argsort(-scores[..., :free], axis=-1, kind="stable")[..., : keep - protect]
     newest = np.broadcast_to(np.arange(free, T, dtype=np.int64), (B, H, protect))
     return np.sort(np.concatenate([chosen.astype(np.int64), newest], axis=-1), axis=-1)
+
+
+def select_heads(scores: np.ndarray, keep: int, protect: int, safe: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ada-KV's slots: per batch row, ``keep x H`` slots over the row's ``H`` KV heads, each head
+    keeping its newest ``protect`` slots and its ``safe - protect`` best-scored others, and the
+    rest of the row's slots going to the best-scored (head, slot) pairs left across all heads
+    (ties: the older slot, then the lower head).
+
+    ``scores`` is ``(B, H, T)``; returns ``(slots, counts)``: ``slots`` ``(B, H, M)`` int64, each
+    head's kept slots ascending and then ``-1`` up to ``M``, the largest count of any head;
+    ``counts`` ``(B, H)``, summing to ``keep x H`` on every row."""
+    scores = comparable(scores)
+    B, H, T = scores.shape
+    protect = min(protect, keep)
+    if not 0 <= keep <= T or not protect <= safe <= keep:
+        raise ValueError(f"select_heads: cannot keep {keep} of {T} slots with {safe} safe and {protect} protected")
+    if np.isnan(scores).any():
+        raise ValueError("select_heads: the scores hold NaN (a slot was never scored)")
+    free = T - protect
+    order = np.argsort(-scores[..., :free], axis=-1, kind="stable")  # (B, H, free), best first
+    chosen = np.zeros((B, H, T), dtype=bool)
+    chosen[..., free:] = True
+    rest = keep * H - safe * H  # slots the row's heads compete for
+    for b in range(B):
+        for h in range(H):
+            chosen[b, h, order[b, h, : safe - protect]] = True
+        left = order[b, :, safe - protect :]  # (H, free - safe + protect) candidate slots per head
+        head = np.broadcast_to(np.arange(H)[:, None], left.shape).ravel()
+        slot = left.ravel()
+        score = np.take_along_axis(scores[b, :, :free], left, axis=-1).ravel()
+        best = np.lexsort((head, slot, -score))[:rest]  # by score, then older slot, then lower head
+        chosen[b, head[best], slot[best]] = True
+    counts = chosen.sum(-1)
+    M = int(counts.max())
+    slots = np.full((B, H, M), -1, dtype=np.int64)
+    for b in range(B):
+        for h in range(H):
+            kept = np.flatnonzero(chosen[b, h])
+            slots[b, h, : len(kept)] = kept
+    return slots, counts
+
+
+def keep_slots(policy: Policy, scores: np.ndarray, keep: int) -> np.ndarray:
+    """The slots an eviction down to ``keep`` (per head, on average) keeps: ``(B, H, M)``
+    int64, ascending per head; ``-1`` marks padding, which only Ada-KV's uneven heads have
+    (:func:`select_heads`)."""
+    if policy.adaptive:
+        return select_heads(scores, keep, policy.protected(keep), policy.safe(keep))[0]
+    return select(scores, keep, policy.protected(keep))
+
+
+def tokens_used(positions: np.ndarray | None) -> int:
+    """The tokens batch row 0 holds per KV head on average: its non-padding slots over its heads
+    (an integer: Ada-KV's heads share ``budget x heads`` slots)."""
+    if positions is None:
+        return 0
+    return int((positions[0] >= 0).sum()) // positions.shape[1]

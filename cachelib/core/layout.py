@@ -37,10 +37,13 @@ class LayerCache:
         return text + " offloaded" if self.offloaded else text
 
 
-def rule_for(cache: LayerCache, token_bytes: int, quantized_bytes: int | None, state_bytes: int) -> R.Rule:
+def rule_for(
+    cache: LayerCache, token_bytes: int, quantized_bytes: int | None, state_bytes: int, kv_heads: int = 1
+) -> R.Rule:
     """The byte rule of ``cache``'s class. ``token_bytes`` is one full-precision token slot of the
     layer, ``quantized_bytes`` one quantized slot (None when the layer stores no quantized
-    tokens), ``state_bytes`` a recurrent layer's whole state."""
+    tokens), ``state_bytes`` a recurrent layer's whole state, ``kv_heads`` its KV heads (which
+    share a budget unevenly under Ada-KV)."""
     kind = cache.kind
     # a quantized ring holds quantized slots; every other class says which slots it quantizes
     slot = quantized_bytes if quantized_bytes is not None else token_bytes
@@ -67,7 +70,9 @@ def rule_for(cache: LayerCache, token_bytes: int, quantized_bytes: int | None, s
         return R.StaticSliding(token_bytes, cache.knob("max_cache_len"), cache.knob("window"))
     if kind in ("knorm", "tova", "h2o"):  # importance caches (cachelib.core.importance)
         return R.BudgetEachStep(token_bytes, cache.knob("budget"), kind=kind)
-    if kind == "snapkv":
+    if kind == "snapkv" and "safe" in dict(cache.knobs):  # Ada-KV: heads share the budget unevenly
+        return R.BudgetOnceHeads(token_bytes, cache.knob("budget"), kv_heads, cache.knob("safe"), kind=kind)
+    if kind in ("snapkv", "pyramidkv"):  # pyramidkv: the layer's own budget (its depth's)
         return R.BudgetOnce(token_bytes, cache.knob("budget"), kind=kind)
     if kind in ("ArraysCache", "LinearAttentionLayer"):
         return R.RecurrentState(state_bytes, kind=kind)

@@ -884,9 +884,10 @@ class BudgetEachStep(Rule):
 
 
 class BudgetOnce(Rule):
-    """The importance caches that compress once (``snapkv``): updates concatenate (old + new);
-    the first one-token update first gathers ``budget`` of the held tokens into new arrays when
-    more are held, and from then on nothing is evicted."""
+    """The importance caches that compress once (``snapkv``; ``pyramidkv`` with each layer's own
+    budget): updates concatenate (old + new); the first one-token update first gathers
+    ``budget`` of the held tokens into new arrays when more are held, and from then on nothing
+    is evicted."""
 
     kind = "BudgetOnce"
 
@@ -930,3 +931,44 @@ class BudgetOnce(Rule):
         if not self.done and n == 1:
             return None  # the compression is ahead
         return (self.done,)
+
+
+class BudgetOnceHeads(BudgetOnce):
+    """SnapKV with Ada-KV's per-head budgets (``snapkv:adaptive=1``): as :class:`BudgetOnce`,
+    but at the compression the layer's ``kv_heads`` heads share ``budget x kv_heads`` slots
+    unevenly, each at least ``safe``, stored padded to the largest head's count. The tokens held
+    (the used bytes) are exact; the padded slots depend on the scores, so the allocation is
+    planned at its bound, ``min(held, budget x kv_heads - (kv_heads - 1) x safe)`` (one head
+    taking every slot the others need not keep): measured bytes are at most these."""
+
+    kind = "BudgetOnceHeads"
+
+    def __init__(self, token_bytes: int, budget: int, kv_heads: int, safe: int, kind: str | None = None):
+        super().__init__(token_bytes, budget, kind=kind)
+        self.kv_heads = kv_heads
+        self.safe = safe
+        self.slots = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.slots
+
+    def update(self, n: int) -> int:
+        tb = self.token_bytes
+        peak = self.slots * tb
+        if not self.done and n == 1:
+            self.done = True
+            if self.held > self.budget:
+                padded = min(self.held, self.budget * self.kv_heads - (self.kv_heads - 1) * self.safe)
+                peak = (self.slots + padded) * tb
+                self.held, self.slots = self.budget, padded
+        peak = max(peak, (2 * self.slots + n) * tb if self.slots else n * tb)
+        self.held += n
+        self.slots += n
+        self.offset += n
+        return peak
+
+    def skip(self, k: int) -> None:
+        self.held += k
+        self.slots += k
+        self.offset += k

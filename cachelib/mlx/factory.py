@@ -50,16 +50,28 @@ def make_cache(model, spec: Spec | str) -> list[LayerCache]:
     head_dim = _head_dim(model)
     if group_size is not None and head_dim is not None:
         check_head_dim(head_dim, group_size, f"make_cache({str(spec)!r})")
-    return [_apply(spec, c) for c in make_prompt_cache(model)]
+    own = make_prompt_cache(model)
+    layers = sum(map(_full_layers, own))
+    full = iter(range(layers))  # hands each full-attention layer its index, in model order
+    return [_apply(spec, c, full, layers) for c in own]
 
 
-def _apply(spec: Spec, cache: LayerCache) -> LayerCache:
+def _full_layers(cache: LayerCache) -> int:
     if isinstance(cache, CacheList):
-        return CacheList(*(_apply(spec, c) for c in cache.caches))
+        return sum(map(_full_layers, cache.caches))
+    return int(type(cache) is KVCache)
+
+
+def _apply(spec: Spec, cache: LayerCache, full, layers: int) -> LayerCache:
+    if isinstance(cache, CacheList):
+        return CacheList(*(_apply(spec, c, full, layers) for c in cache.caches))
     if type(cache) is RotatingKVCache:  # the model's own sliding-window layer
         return spec.strategy.builder("mlx")(spec) if spec.strategy.every_attention_layer else cache
     if type(cache) is not KVCache:  # recurrent state, chunked attention, ...: the model's own
         return cache
+    layer = next(full)
+    if spec.strategy.layered:  # the layer's depth decides its cache (PyramidKV's budgets)
+        return spec.strategy.builder("mlx")(spec, layer=layer, layers=layers)
     return spec.strategy.builder("mlx")(spec)
 
 

@@ -8,7 +8,9 @@ their model module imports from ``mlx_lm.models.base``, right after
 module the model is built from, for the duration of a ``with`` block, with a wrapper that calls
 the original unchanged and then, when the ``cache`` it was given is an
 :class:`~cachelib.mlx.importance.ImportanceKVCache` waiting for queries, gives it the post-RoPE
-queries; the original function is restored afterwards.
+queries; the original function is restored afterwards. A cache whose KV heads hold different
+counts (Ada-KV, ``snapkv:adaptive=1``) exposes a per-head ``head_mask``; the wrapper merges it into
+the mask it passes on (:func:`merge_head_mask`), so the padding is never attended.
 
 Cost: one extra ``q @ k^T`` and softmax over the keys held, in float32, per layer per step, for
 the observation window only (SnapKV, at prefill), the last query (TOVA) or every query (H2O),
@@ -23,6 +25,8 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
+import mlx.core as mx
+
 NAME = "scaled_dot_product_attention"
 _patched: dict[str, tuple[object, int]] = {}  # module name -> (original function, depth)
 
@@ -34,13 +38,40 @@ def _model_modules(model) -> list[str]:
     return sorted(n for n in names if hasattr(sys.modules.get(n), NAME))
 
 
+def capturing() -> bool:
+    """Whether some model runs inside :func:`capture` now."""
+    return bool(_patched)
+
+
+def merge_head_mask(mask, head_mask, queries):
+    """``mask`` as mlx-lm passes it (None, ``"causal"``, a boolean or an additive array) with a
+    cache's per-KV-head ``head_mask`` (B, H_kv, S) bool merged in: (B, H_q, L, S), the keys a
+    mask hid or the head lacks (padding) hidden; a query head reads its KV group's row."""
+    B, h_q, L, _ = queries.shape
+    h_kv, S = head_mask.shape[1], head_mask.shape[-1]
+    heads = mx.repeat(head_mask, h_q // h_kv, axis=1)[:, :, None, :]  # (B, H_q, 1, S)
+    if mask is None and L == 1:
+        return heads
+    if mask is None or isinstance(mask, str):  # "causal": the queries are the last L positions
+        mask = mx.arange(S)[None, :] <= mx.arange(S - L, S)[:, None]
+    if mask.dtype == mx.bool_:
+        return heads & mask
+    return mx.where(heads, mask, mx.array(-mx.inf, mask.dtype))
+
+
 def _wrap(original):
     signature = inspect.signature(original)
 
     def scaled_dot_product_attention(*args, **kwargs):
-        out = original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         cache = bound.arguments.get("cache")
+        head_mask = getattr(cache, "head_mask", None)
+        if head_mask is not None:  # Ada-KV's padded heads: hide the padding per head
+            given = bound.arguments.get("mask")
+            bound.arguments["mask"] = merge_head_mask(given, head_mask, bound.arguments["queries"])
+            out = original(*bound.args, **bound.kwargs)
+        else:
+            out = original(*args, **kwargs)
         if getattr(cache, "awaiting", False) and hasattr(cache, "observe"):
             cache.observe(bound.arguments["queries"], bound.arguments.get("scale"))
         return out

@@ -1,6 +1,6 @@
 """Importance-based eviction on MLX: the key scores (:func:`score_keys`) and the layer cache that
 keeps a fixed budget of the best-scored tokens (:class:`ImportanceKVCache`), for ``knorm``,
-``snapkv``, ``tova`` and ``h2o``.
+``snapkv``, ``pyramidkv`` (SnapKV's scores, a budget per layer), ``tova`` and ``h2o``.
 
 The scores are the PyTorch module's formulas (:mod:`cachelib.torch.importance` documents
 exactly what each computes), written on MLX arrays; when a layer evicts and which slots it keeps
@@ -16,8 +16,9 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..core.importance import Policy, compresses_now, evict_to, policy_of, select
+from ..core.importance import Policy, compresses_now, evict_to, keep_slots, policy_of, tokens_used
 from ..introspect import CacheView
+from . import hooks
 from .base import LayerCache, array_bytes, attention_mask, check_trim, dtype_name
 
 SCORED = ("knorm", "snapkv", "tova", "h2o")
@@ -108,7 +109,12 @@ def score_keys(
 class ImportanceKVCache(LayerCache):
     """A full-attention layer cache holding at most a budget of tokens chosen by score (see
     :mod:`cachelib.core.importance` for when it evicts). Slots stay in position order; each KV
-    head keeps its own positions. Arrays are (B, H, T, D), grown by concatenation."""
+    head keeps its own positions. Arrays are (B, H, T, D), grown by concatenation.
+
+    With Ada-KV's per-head budgets (``snapkv:adaptive=1``) the heads keep different counts: each
+    head's kept slots come first, then zeroed padding up to the largest count (position -1),
+    then the appended tokens; :attr:`head_mask` hides the padding, and the capture hook merges
+    it into the attention mask (so such a layer runs only inside ``hooks.capture``)."""
 
     _STATE = ("keys", "values")
 
@@ -122,6 +128,7 @@ class ImportanceKVCache(LayerCache):
         self.compressed = False
         self.awaiting = False
         self.score_seconds = 0.0
+        self.head_mask: mx.array | None = None  # (B, H_kv, held) bool, False on padding; None: none
 
     @property
     def held(self) -> int:
@@ -133,6 +140,11 @@ class ImportanceKVCache(LayerCache):
         keep = evict_to(self.policy, self.held, n, self.compressed)
         if keep is not None:
             self._evict(keep)
+        if self.padded and not hooks.capturing():
+            raise ValueError(
+                f"{self.policy.method}: its KV heads hold different counts (adaptive=1), and only the "
+                "attention-capture hook masks the padding: run the model inside cachelib.mlx.hooks.capture(model)"
+            )
         if compresses_now(self.policy, n, self.compressed):
             self.compressed = True
         new_pos = np.broadcast_to(np.arange(self.offset, self.offset + n, dtype=np.int64), (B, H, n))
@@ -153,7 +165,13 @@ class ImportanceKVCache(LayerCache):
             self.scores = np.concatenate([self.scores, new_scores], axis=-1)
         self.offset += n
         self.awaiting = self.policy.needs_queries and not (self.policy.compress_once and self.compressed)
+        self.head_mask = mx.array(self.positions >= 0) if self.padded else None
         return self.keys, self.values
+
+    @property
+    def padded(self) -> bool:
+        """Whether some slots are padding (Ada-KV's heads keep different counts)."""
+        return self.positions is not None and bool((self.positions < 0).any())
 
     def observe(self, queries: mx.array, scale: float | None) -> None:
         """Score the held keys with this step's queries (called by the attention-capture hook
@@ -182,14 +200,20 @@ class ImportanceKVCache(LayerCache):
                 f"{self.policy.method}: the held keys were never scored; this method needs the step's "
                 "queries: run the model inside cachelib.mlx.hooks.capture(model)"
             )
-        slots = select(self.scores, keep, self.policy.protected(keep))  # (B, H, keep)
-        idx = mx.array(slots.astype(np.int32))[..., None]
-        B, H, _, dk = self.keys.shape
-        self.keys = mx.take_along_axis(self.keys, mx.broadcast_to(idx, (B, H, keep, dk)), axis=2)
-        dv = self.values.shape[-1]
-        self.values = mx.take_along_axis(self.values, mx.broadcast_to(idx, (B, H, keep, dv)), axis=2)
-        self.positions = np.take_along_axis(self.positions, slots, axis=-1)
-        self.scores = np.take_along_axis(self.scores, slots, axis=-1)
+        slots = keep_slots(self.policy, self.scores, keep)  # (B, H, M), -1: padding
+        pad = slots < 0
+        taken = np.maximum(slots, 0)
+        idx = mx.array(taken.astype(np.int32))[..., None]
+        B, H, M = slots.shape
+        dk, dv = self.keys.shape[-1], self.values.shape[-1]
+        self.keys = mx.take_along_axis(self.keys, mx.broadcast_to(idx, (B, H, M, dk)), axis=2)
+        self.values = mx.take_along_axis(self.values, mx.broadcast_to(idx, (B, H, M, dv)), axis=2)
+        if pad.any():  # padding holds zeros, never a stale token
+            real = mx.array(~pad)[..., None]
+            self.keys = mx.where(real, self.keys, mx.zeros((), self.keys.dtype))
+            self.values = mx.where(real, self.values, mx.zeros((), self.values.dtype))
+        self.positions = np.where(pad, -1, np.take_along_axis(self.positions, taken, axis=-1))
+        self.scores = np.where(pad, -np.inf, np.take_along_axis(self.scores, taken, axis=-1)).astype(np.float32)
         self.score_seconds += time.perf_counter() - start
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
@@ -229,14 +253,15 @@ class ImportanceKVCache(LayerCache):
     def introspect(self) -> CacheView:
         held = self.held
         total = self.nbytes
+        used = tokens_used(self.positions)  # == held unless Ada-KV pads some heads
         return CacheView(
             kind=self.policy.method,
             layout="selected",
             offset=self.offset,
-            tokens_held=held,
+            tokens_held=used,
             capacity=held,
             max_capacity=None if self.policy.compress_once else self.policy.budget,
-            bytes_used=total,
+            bytes_used=total * used // held if held else 0,
             bytes_allocated=total,
             write_index=held,
             batch_size=1 if self.keys is None else self.keys.shape[0],
@@ -246,6 +271,8 @@ class ImportanceKVCache(LayerCache):
         )
 
 
-def build_importance(spec) -> ImportanceKVCache:
-    """The MLX cache of one full-attention layer for an importance spec."""
-    return ImportanceKVCache(policy_of(spec))
+def build_importance(spec, layer: int = 0, layers: int = 1) -> ImportanceKVCache:
+    """The MLX cache of full-attention layer ``layer`` of ``layers`` (its index among the
+    model's full-attention layers; only ``pyramidkv``'s budget depends on it) for an importance
+    spec."""
+    return ImportanceKVCache(policy_of(spec, layer, layers))

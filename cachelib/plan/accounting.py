@@ -231,7 +231,12 @@ def _strategy_layout(arch: Arch, spec: Spec, backend: str) -> list[LayerCache]:
         sliding = own or _model_sliding(backend, window)
     recurrent = LayerCache("ArraysCache" if backend == "mlx" else "LinearAttentionLayer", "recurrent")
     by_type = {"full": full, "sliding": sliding, "recurrent": recurrent}
-    return [by_type[k] for k in arch.layer_kinds]
+    layout = [by_type[k] for k in arch.layer_kinds]
+    if strategy.layered:  # each full-attention layer's descriptor depends on its depth (PyramidKV)
+        index = [i for i, k in enumerate(arch.layer_kinds) if k == "full"]
+        for n, i in enumerate(index):
+            layout[i] = replace(layout[i], knobs=strategy.plan(spec, backend, layer=n, layers=len(index)).knobs)
+    return layout
 
 
 def _pad(n: int, to: int) -> int:
@@ -289,7 +294,7 @@ def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int, k
         q = token_bytes(arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits,
                         group_size=cache.group_size)  # fmt: skip
     state = recurrent_state_bytes(arch, backend, dtype, batch=batch) if cache.layer_type == "recurrent" else 0
-    return rule_for(cache, fp, q, state)
+    return rule_for(cache, fp, q, state, kv_heads=arch.kv_heads)
 
 
 def _runtime_rule(cache: LayerCache, arch: Arch, dtype: str, batch: int, fp: int) -> R.Rule:

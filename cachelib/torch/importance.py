@@ -1,6 +1,7 @@
 """Importance-based eviction on PyTorch: the key scores (:func:`score_keys`, a pure function) and
 the transformers attention layer that keeps a fixed budget of the best-scored tokens
-(:class:`ImportanceLayer`), for ``knorm``, ``snapkv``, ``tova`` and ``h2o``.
+(:class:`ImportanceLayer`), for ``knorm``, ``snapkv``, ``pyramidkv`` (SnapKV's scores, a
+budget per layer), ``tova`` and ``h2o``.
 
 When a layer evicts and which slots it keeps is decided in :mod:`cachelib.core.importance`
 (shared with MLX); this module computes the scores. Methods that score with attention get the
@@ -33,7 +34,7 @@ import time
 import numpy as np
 import torch
 
-from ..core.importance import Policy, compresses_now, evict_to, policy_of, select
+from ..core.importance import Policy, compresses_now, evict_to, keep_slots, policy_of, tokens_used
 from ..introspect import CacheView
 from . import hooks
 from .base import AttentionLayer, check_crop, check_ignored_keywords, dtype_name
@@ -124,7 +125,12 @@ def score_keys(
 class ImportanceLayer(AttentionLayer):
     """A full-attention layer holding at most a budget of tokens chosen by score (see
     :mod:`cachelib.core.importance` for when it evicts). Slots stay in position order; each KV
-    head keeps its own positions (``tova`` keeps the same ones on every head)."""
+    head keeps its own positions (``tova`` keeps the same ones on every head).
+
+    With Ada-KV's per-head budgets (``snapkv:adaptive=1``) the heads keep different counts: each
+    head's kept slots come first, then zeroed padding up to the largest count (position -1),
+    then the appended tokens; :attr:`head_mask` hides the padding, and the capture hook merges
+    it into ``attention_mask`` (so such a layer runs only inside ``hooks.capture``)."""
 
     is_croppable = False
 
@@ -139,6 +145,7 @@ class ImportanceLayer(AttentionLayer):
         self.compressed = False
         self.score_seconds = 0.0  # spent scoring in the current step (hook and eviction)
         self.awaiting = False  # updated, and not yet given this step's queries
+        self.head_mask: torch.Tensor | None = None  # (B, H_kv, held) bool, False on padding; None: none
 
     def __repr__(self):
         return f"{type(self).__name__}({self.policy})"
@@ -159,6 +166,11 @@ class ImportanceLayer(AttentionLayer):
         keep = evict_to(self.policy, self.held, n, self.compressed)
         if keep is not None:
             self._evict(keep)
+        if self.padded and not hooks.capturing():
+            raise ValueError(
+                f"{self.policy.method}: its KV heads hold different counts (adaptive=1), and only the "
+                "attention-capture hook masks the padding: run the model inside cachelib.torch.hooks.capture(model)"
+            )
         if compresses_now(self.policy, n, self.compressed):
             self.compressed = True
         new_pos = np.broadcast_to(np.arange(self.offset, self.offset + n, dtype=np.int64), (B, H, n))
@@ -173,9 +185,14 @@ class ImportanceLayer(AttentionLayer):
             self.scores = np.concatenate([self.scores, new_scores], axis=-1)
         self.offset += n
         self.awaiting = self.policy.needs_queries and not (self.policy.compress_once and self.compressed)
-        if self.awaiting:
-            hooks.expect(self)
+        self.head_mask = torch.from_numpy(self.positions >= 0).to(self.device) if self.padded else None
+        hooks.expect(self)  # the capture hook: queries, per-head masks, masks of its own size
         return self.keys, self.values
+
+    @property
+    def padded(self) -> bool:
+        """Whether some slots are padding (Ada-KV's heads keep different counts)."""
+        return self.positions is not None and bool((self.positions < 0).any())
 
     def _knorm(self, key_states) -> np.ndarray:
         start = time.perf_counter()
@@ -209,13 +226,19 @@ class ImportanceLayer(AttentionLayer):
                 f"{self.policy.method}: the held keys were never scored; this method needs the step's "
                 "queries: run the model inside cachelib.torch.hooks.capture(model)"
             )
-        slots = select(self.scores, keep, self.policy.protected(keep))  # (B, H, keep)
-        idx = torch.from_numpy(slots).to(self.keys.device)
+        slots = keep_slots(self.policy, self.scores, keep)  # (B, H, M), -1: padding
+        pad = slots < 0
+        taken = np.maximum(slots, 0)
+        idx = torch.from_numpy(taken).to(self.keys.device)
         gather = idx[..., None].expand(*idx.shape, self.keys.shape[-1])
         self.keys = torch.gather(self.keys, 2, gather)
         self.values = torch.gather(self.values, 2, idx[..., None].expand(*idx.shape, self.values.shape[-1]))
-        self.positions = np.take_along_axis(self.positions, slots, axis=-1)
-        self.scores = np.take_along_axis(self.scores, slots, axis=-1)
+        if pad.any():  # padding holds zeros, never a stale token
+            real = torch.from_numpy(~pad).to(self.keys.device)[..., None]
+            self.keys = torch.where(real, self.keys, 0.0)
+            self.values = torch.where(real, self.values, 0.0)
+        self.positions = np.where(pad, -1, np.take_along_axis(self.positions, taken, axis=-1))
+        self.scores = np.where(pad, -np.inf, np.take_along_axis(self.scores, taken, axis=-1)).astype(np.float32)
         self.score_seconds += time.perf_counter() - start
 
     def get_seq_length(self) -> int:
@@ -235,19 +258,20 @@ class ImportanceLayer(AttentionLayer):
 
     def reset(self) -> None:
         self.keys = self.values = None
-        self.positions = self.scores = None
+        self.positions = self.scores = self.head_mask = None
         self.offset, self.compressed, self.awaiting = 0, False, False
         self.is_initialized = False
 
     def introspect(self) -> CacheView:
         held = self.held
+        used = tokens_used(self.positions)  # == held unless Ada-KV pads some heads
         return self._view(
             layout="selected",
             offset=self.offset,
-            tokens_held=held,
+            tokens_held=used,
             capacity=held,
             max_capacity=None if self.policy.compress_once else self.policy.budget,
-            bytes_used=self.nbytes,
+            bytes_used=self.nbytes * used // held if held else 0,
             write_index=held,
             dtype=dtype_name(self.keys.dtype) if self.keys is not None else "",
             head_positions=None if self.positions is None else self.positions[0].copy(),
@@ -257,6 +281,15 @@ class ImportanceLayer(AttentionLayer):
 
 def build_importance(spec, config) -> Cache:
     """The transformers cache of an importance spec: an :class:`ImportanceLayer` on every
-    full-attention layer; sliding-window and recurrent layers keep their own."""
-    policy = policy_of(spec)
-    return Cache(build_layers(config, lambda: ImportanceLayer(policy)))
+    full-attention layer; sliding-window and recurrent layers keep their own. With
+    ``pyramidkv`` each full-attention layer's budget follows its index among them."""
+    made: list[ImportanceLayer] = []
+
+    def attention() -> ImportanceLayer:
+        made.append(ImportanceLayer(policy_of(spec)))
+        return made[-1]
+
+    layers = build_layers(config, attention)
+    for i, layer in enumerate(made):  # the count is known once every layer is built
+        layer.policy = policy_of(spec, i, len(made))
+    return Cache(layers)

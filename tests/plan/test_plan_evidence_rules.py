@@ -51,6 +51,13 @@ def test_a_bound_that_holds_the_whole_context_is_exact():
     assert j.quality is not None and j.quality.mean_kl == 0 and "whole" in j.reason
 
 
+def test_a_pyramid_is_exact_only_when_its_top_layer_holds_the_whole_context():
+    # PyramidKV's mean budget is its bound, but its top layer keeps budget/beta: 1,024 / 20 = 51
+    assert judge([], "pyramidkv:budget=1024,beta=20", backend="mlx", context=512).quality is None
+    assert judge([], "pyramidkv:budget=1024,beta=2", backend="mlx", context=512).quality == judge([], "snapkv:budget=1024", backend="mlx", context=512).quality
+    assert judge([], "pyramidkv:budget=1024,beta=2", backend="mlx", context=600).quality is None
+
+
 def test_quantized_is_judged_at_a_context_at_least_as_long_else_extrapolated_with_a_note():
     j = judge(QUANT, "quantized:bits=8,group_size=64", backend="mlx", context=4096)
     assert j.quality.context == 8192 and not j.command
