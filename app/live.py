@@ -1,15 +1,18 @@
 """A profiling run in a background thread, readable while it goes.
 
-The page stays responsive: a fragment polls the run a few times a second and redraws from a
-consistent snapshot, and Stop sets an event the profiler checks before every step
-(``should_stop``), which keeps what was recorded. The thread never calls Streamlit; the page
-reads its fields. Runs of all sessions share one lock, so two sessions never decode on the
-same model object at once.
+The page stays responsive: one fragment polls the run's progress twice a second, another redraws
+the charts from a consistent snapshot every ``CHART_SECONDS`` (and as soon as step 0 is in), and
+Stop sets an event the profiler checks before every step (``should_stop``), which keeps what was
+recorded. The thread never calls Streamlit; the page reads its fields. Runs of all sessions share
+one lock, so two sessions never decode on the same model object at once.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,8 +28,12 @@ from cachelib.spec import Spec
 
 from .data import TABLES, RunView, run_view
 
-REFRESH_SECONDS = 0.5  # a live run's charts redraw at most this often (and once at its end)
-UI_SHARE = 1 / 3  # ...and slower when drawing would take more than this share of the time
+PROGRESS_SECONDS = 0.5  # the progress bar and rate of a live run refresh this often
+# The charts redraw this often (and at the first step and the end). Each redraw of a changed
+# plotly figure costs the browser a fresh plot, ~0.1-0.2 CPU seconds a chart on a 2-core
+# machine, on the cores the decode needs (bench/bench_app.py).
+CHART_SECONDS = 2.0
+UI_SHARE = 1 / 3  # ...and slower when building the figures takes more than this share of the time
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,9 @@ class LiveRun:
         self.session_id: str | None = None
         self.done = threading.Event()
         self.refreshes: list[float] = []  # when the page drew new data (UI thread)
-        self.min_gap = REFRESH_SECONDS  # seconds between two snapshots (grows when drawing is slow)
+        self.min_gap = 0.0  # seconds between two snapshots (> 0 when building the figures is slow)
         self.drawn_view: RunView | None = None  # the snapshot the page drew last
+        self._first_draw_asked = False
         self.collected = False  # its result was made the current run
         self._view_at = 0.0
         self._marks: tuple[int, dict[str, int]] = (-1, {})  # (last step, rows per table) at a step end
@@ -76,6 +84,8 @@ class LiveRun:
         self._thread = threading.Thread(target=self._work, name=f"cachelib-run-{name}", daemon=True)
 
     def start(self, lock: threading.Lock) -> "LiveRun":
+        if runtime.exists():  # a real server (AppTest runs in the test process: leave its BLAS alone)
+            leave_a_core()
         ctx = get_script_run_ctx()
         self.session_id = ctx.session_id if ctx is not None else None
         self._lock = lock
@@ -156,6 +166,14 @@ class LiveRun:
             return None
         return self.result or (self.profile if self.step >= 0 else None)
 
+    def first_draw_due(self) -> bool:
+        """True once, when step 0 is recorded and no chart is drawn yet: the page then redraws
+        at once instead of waiting for the charts' next refresh."""
+        if self.step < 0 or self.drawn_view is not None or self._first_draw_asked:
+            return False
+        self._first_draw_asked = True
+        return True
+
     def view(self) -> RunView | None:
         """What has been recorded so far (None before step 0)."""
         final = self.final
@@ -193,7 +211,7 @@ class LiveRun:
     def note_refresh(self, seconds: float) -> None:
         """The page drew a new snapshot in ``seconds``: space the next ones accordingly."""
         self.refreshes.append(time.perf_counter() - self.started)
-        self.min_gap = max(REFRESH_SECONDS, seconds / UI_SHARE)
+        self.min_gap = seconds / UI_SHARE
 
     def rate_text(self) -> str:
         elapsed = time.perf_counter() - self.started
@@ -219,6 +237,39 @@ def batch_text(meta: dict) -> str:
     if notes:
         text += "; on its own: " + ", ".join(notes)
     return text
+
+
+@functools.cache
+def leave_a_core() -> int | None:
+    """Give OpenBLAS, which MLX and PyTorch multiply with on a CPU here (``scripts/env.sh``
+    preloads it), one thread fewer than this process's cores, at least one; returns the thread
+    count set, or None where the process has no OpenBLAS. Once per process.
+
+    The browser drawing a live run shares the machine. With a thread on every core, each
+    multiply waits for the thread the browser (or the page's script) has pushed off its core:
+    on 2 cores a three-strategy decode spent 0.31 CPU seconds a step against 0.18 with one
+    thread, and was slower even without a browser on a machine busy with other work
+    (bench/README.md, "The app"). ``CACHELIB_APP_BLAS_THREADS=N`` sets the count instead; 0
+    leaves OpenBLAS as it is."""
+    try:
+        lib = ctypes.CDLL(None)  # the symbols of the process, the preloaded libraries' included
+    except (OSError, TypeError):  # Windows: no such handle
+        return None
+    set_threads = getattr(lib, "openblas_set_num_threads", None)
+    if set_threads is None:  # macOS (Accelerate), or no preloaded OpenBLAS
+        return None
+    given = os.environ.get("CACHELIB_APP_BLAS_THREADS", "").strip()
+    if given:
+        if not given.isdigit():
+            raise ValueError(f"CACHELIB_APP_BLAS_THREADS must be a whole number (0 = leave OpenBLAS as it is), got {given!r}")
+        if int(given) == 0:
+            return None
+        threads = int(given)
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores - 1)
+    set_threads(threads)
+    return threads
 
 
 def _session_alive(session_id: str) -> bool:

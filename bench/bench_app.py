@@ -14,8 +14,11 @@ presses Run:
 - ``--runs`` warm runs of ``--tokens`` tokens on one server (the model already loaded);
 - ``--stops`` runs stopped by pressing Stop once the page shows step ``--stop-at``: the steps
   recorded after the click, counted against the step the page showed and against the step the
-  run had reached when the click came (read from the run's partial profile file).
+  run had reached when the click came (read from the run's partial profile file just before it).
 
+"First chart" is a chart of the run (the idle page's empty placeholder chart does not count).
+Each warm run also reports the CPU seconds the server and the browser spent on it, which say what
+each side costs however busy the machine is, and the load average, which says how busy it was.
 Medians close the report. The server runs with the environment of ``scripts/env.sh``.
 
     source scripts/env.sh && python bench/bench_app.py [--tokens 256] [--runs 3] [--cold 1] [--stops 3]
@@ -41,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 CHROMIUM = "/usr/bin/chromium"
 DEFAULT_TOKENS = 64  # the slider's first value
 STRATEGIES = 3  # the Live page's default rows
+RUN_CHARTS = "[class*=st-key-live_]"  # the live run's charts (keys live_memory, ...), not the idle page's placeholder
 
 
 def free_port() -> int:
@@ -73,13 +77,35 @@ def server(profiles: Path, log: Path, weights_cache: bool, environ: dict):
                 if time.monotonic() > deadline:
                     raise SystemExit("streamlit did not answer within 90 s") from None
                 time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def cpu_meter(server_pid: int):
+    """``() -> (server CPU s, browser CPU s)`` so far: the Streamlit process, and every Chromium
+    process under this one. CPU seconds, unlike wall seconds, say what each side costs however
+    busy the machine is with other work."""
+    import psutil
+
+    server = psutil.Process(server_pid)
+
+    def seconds(p) -> float:
+        try:
+            t = p.cpu_times()
+            return t.user + t.system
+        except psutil.Error:
+            return 0.0
+
+    def read() -> tuple[float, float]:
+        browser = [c for c in psutil.Process().children(recursive=True) if "chrom" in c.name().lower()]
+        return seconds(server), sum(seconds(c) for c in browser)
+
+    return read
 
 
 def open_page(browser, url: str, tokens: int):
@@ -118,19 +144,25 @@ def caption_figures(page) -> dict:
     }
 
 
-def timed_run(page) -> dict:
-    """Press Run; seconds to the first chart and to the end, and the page's own rate figures."""
+def timed_run(page, meter) -> dict:
+    """Press Run; seconds to the first chart and to the end, the page's own rate figures, and the
+    CPU seconds the server and the browser spent from the click to the end."""
+    cpu = meter()
     clicked = time.perf_counter()
     page.locator(".st-key-run button").click()
     page.wait_for_function("() => document.querySelector('[data-testid=stProgress]')", timeout=600_000, polling=50)
     started = time.perf_counter() - clicked  # the run's progress bar is on the page (the model is loaded)
-    page.wait_for_function("() => document.querySelector('[data-testid=stPlotlyChart]')", timeout=600_000, polling=50)
-    chart_sent = time.perf_counter() - clicked  # the server sent the first chart
-    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 1", timeout=600_000, polling=50)
+    page.wait_for_function(f"() => document.querySelector('{RUN_CHARTS} [data-testid=stPlotlyChart]')", timeout=600_000, polling=50)
+    chart_sent = time.perf_counter() - clicked  # the server sent the run's first chart
+    page.wait_for_function(f"() => document.querySelector('{RUN_CHARTS} .js-plotly-plot')", timeout=600_000, polling=50)
     first_chart = time.perf_counter() - clicked  # ...and plotly drew it
     page.wait_for_function("() => document.querySelectorAll('.st-key-stop').length === 0", timeout=1_200_000)
     ended = time.perf_counter() - clicked
-    return {"started_s": started, "chart_sent_s": chart_sent, "first_chart_s": first_chart, "run_s": ended, **caption_figures(page)}
+    server_cpu, browser_cpu = (b - a for a, b in zip(cpu, meter()))
+    return {
+        "started_s": started, "chart_sent_s": chart_sent, "first_chart_s": first_chart, "run_s": ended,
+        "server_cpu_s": server_cpu, "browser_cpu_s": browser_cpu, **caption_figures(page),
+    }  # fmt: skip
 
 
 def recorded_steps(profiles: Path, strategies: int = STRATEGIES) -> int:
@@ -160,9 +192,9 @@ def stopped_run(page, profiles: Path, stop_at: int) -> dict:
         polling=50,
     )
     shown = shown_step(page)
+    reached = recorded_steps(profiles)  # the run's own count, read right before the click
     clicked = time.perf_counter()
     page.locator(".st-key-stop button").first.click()  # (Streamlit draws a help-text button twice)
-    reached = recorded_steps(profiles)  # read right after the click: the run's own count then
     page.wait_for_function("() => document.querySelectorAll('.st-key-stop').length === 0", timeout=600_000)
     ended = time.perf_counter() - clicked
     (saved,) = set(profiles.glob("*.csv")) - before
@@ -200,6 +232,7 @@ def main() -> None:
     if not args.no_weights_cache:
         hit = weights_cache.lookup(gguf.bundled_path(), "mlx", "dequantized-float32")[1] is not None
         cache_state += ", " + ("cached weights present" if hit else "no cached weights yet: the first cold run writes them")
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the start")
     print(f"bench_app: {args.tokens} tokens x {STRATEGIES} strategies, bundled SmolLM2, backend mlx (the page's default); "
           f"weights cache {cache_state}; {os.cpu_count()} CPU cores", flush=True)  # fmt: skip
     cold, warm, stops = [], [], []
@@ -211,9 +244,10 @@ def main() -> None:
         for i in range(args.cold + (1 if not args.cold and (args.runs or args.stops) else 0)):
             profiles = tmp / f"profiles-{i}"
             last = i == max(args.cold, 1) - 1
-            with server(profiles, tmp / f"streamlit-{i}.log", not args.no_weights_cache, server_env) as url:
+            with server(profiles, tmp / f"streamlit-{i}.log", not args.no_weights_cache, server_env) as (url, pid):
+                meter = cpu_meter(pid)
                 page = open_page(browser, url, args.tokens)
-                r = timed_run(page)
+                r = timed_run(page, meter)
                 page.close()
                 if args.cold:
                     cold.append(r)
@@ -224,13 +258,14 @@ def main() -> None:
                     continue
                 for j in range(args.runs):
                     page = open_page(browser, url, args.tokens)
-                    r = timed_run(page)
+                    r = timed_run(page, meter)
                     page.close()
                     warm.append(r)
                     print(f"warm run {j + 1}: first chart {r['first_chart_s']:.2f} s after Run (progress bar at "
                           f"{r['started_s']:.2f} s, chart sent at {r['chart_sent_s']:.2f} s), run {r['run_s']:.1f} s, "
                           f"{r['steps_per_s']:.2f} steps/s x {STRATEGIES} strategies, charts refreshed "
-                          f"{r['refreshes']} times, every {r['refresh_every_s']:.2f} s", flush=True)  # fmt: skip
+                          f"{r['refreshes']} times, every {r['refresh_every_s']:.2f} s; CPU: server {r['server_cpu_s']:.1f} s, "
+                          f"browser {r['browser_cpu_s']:.1f} s; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
                 for j in range(args.stops):
                     page = open_page(browser, url, args.tokens)
                     r = stopped_run(page, profiles, args.stop_at)
@@ -243,6 +278,7 @@ def main() -> None:
         browser.close()
 
     print()
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     if cold:
         print(f"cold (server started, model not loaded; weights cache {cache_state.split(',')[0]}): "
               f"first chart {median(cold, 'first_chart_s'):.2f} s after Run (chart sent at "
@@ -251,7 +287,8 @@ def main() -> None:
         print(f"warm (model loaded), median of {len(warm)}: first chart {median(warm, 'first_chart_s'):.2f} s after Run; "
               f"(chart sent by the server at {median(warm, 'chart_sent_s'):.2f} s); "
               f"{median(warm, 'steps_per_s'):.2f} steps/s x {STRATEGIES} strategies; charts refreshed every "
-              f"{median(warm, 'refresh_every_s'):.2f} s; run {median(warm, 'run_s'):.1f} s")  # fmt: skip
+              f"{median(warm, 'refresh_every_s'):.2f} s; run {median(warm, 'run_s'):.1f} s; CPU: server "
+              f"{median(warm, 'server_cpu_s'):.1f} s, browser {median(warm, 'browser_cpu_s'):.1f} s")  # fmt: skip
     if stops:
         print(f"Stop, median of {len(stops)}: {median(stops, 'steps_after_click'):.0f} step(s) after the click "
               f"({median(stops, 'steps_after_shown'):.0f} after the step the page showed), ended "

@@ -8,8 +8,9 @@ from dataclasses import replace
 import streamlit as st
 
 from app import panels, state, streams, widgets
+from app.figures import empty_figure
 from app.keys import Keys
-from app.live import LiveRun, REFRESH_SECONDS
+from app.live import CHART_SECONDS, PROGRESS_SECONDS, LiveRun
 from app.plain import md
 from cachelib.profile import default_profile_name, parse_memory_limit
 
@@ -81,18 +82,31 @@ if clicked:
     run = None  # the start failed: no run of this click to show
 
 
-def live_panel(run: LiveRun) -> None:
+def live_progress(run: LiveRun) -> None:
+    """The progress bar and rate, polled often: cheap to send and to draw, so the step shown
+    stays close to the run's own (what Stop is pressed against)."""
     if not run.running:
         state.collect(run)
-        st.rerun()  # the final redraw, outside the polling fragment
+        st.rerun()  # the final redraw, outside the polling fragments
     done = max(run.step + 1, 0)
     st.progress(done / max(run.total, 1), text=run.rate_text())
     if run.waiting:
         st.info("Waiting for another session's run to finish…")
+    elif run.step < 0:
+        st.info("Prefilling the prompt…")
+    elif run.first_draw_due():
+        st.rerun()  # the first step is in: draw the charts now, not at their next refresh
+
+
+def live_charts(run: LiveRun) -> None:
+    """The charts of what the run recorded so far, redrawn every ``CHART_SECONDS``: each redraw
+    of a changed figure costs the browser a fresh plotly plot, on the cores the decode needs."""
+    if not run.running:
+        state.collect(run)
+        st.rerun()
     start = time.perf_counter()
     view = run.view()
     if view is None:
-        st.info("Prefilling the prompt…")
         return
     panels.charts_grid(view, key="live")
     if view is not run.drawn_view:
@@ -101,14 +115,20 @@ def live_panel(run: LiveRun) -> None:
 
 
 if running:
-    # Stop lives outside the polling fragment: a button redrawn every tick loses clicks (the
+    # Stop lives outside the polling fragments: a button redrawn every tick loses clicks (the
     # browser's element is replaced under the pointer), and a full rerun interrupts the fragment.
     stopping = run.stop_event.is_set()
     st.button(
         "Stopping…" if stopping else "Stop", key=Keys.STOP, on_click=run.stop, disabled=stopping,
         help="stop after the current step; keeps what was recorded",
     )  # fmt: skip
-    st.fragment(run_every=REFRESH_SECONDS)(live_panel)(run)
+    # The charts are drawn before the progress bar (into the box below it), so that a full rerun
+    # draws them first and the progress bar, seeing them drawn, asks for no rerun of its own.
+    progress_box, charts_box = st.container(), st.container()
+    with charts_box:
+        st.fragment(run_every=CHART_SECONDS)(live_charts)(run)
+    with progress_box:
+        st.fragment(run_every=PROGRESS_SECONDS)(live_progress)(run)
 else:
     if run is not None and run.error:
         st.error(md(run.error))
@@ -123,3 +143,9 @@ else:
             streams.generated_text(view, state.decoder_of(view.meta))
     elif not clicked:
         st.info("Press **Run** to decode with the strategies above (defaults: the bundled SmolLM2, 64 tokens).")
+        # An empty chart where the charts will be: the browser fetches and starts plotly (a
+        # 4.7 MB script, seconds on a busy 2-core machine) while the run is set up, not after Run.
+        st.plotly_chart(
+            empty_figure("Cache memory", "the charts of a run fill in here as it goes", height=200),
+            key="idle_chart", config=panels.PLOTLY_CONFIG,
+        )  # fmt: skip
