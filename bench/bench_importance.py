@@ -15,8 +15,8 @@ the hook's extra attention and the eviction), and the cache bytes at the end.
 
 ``--retrieval`` measures quality instead: the passkey task of :mod:`cachelib.profile.retrieval`
 (needle at ``--depth`` of a ``--context``-token prompt, ``--trials`` trials) with the question
-prefilled as part of the prompt, as SnapKV is meant to see it (``retrieval()`` teacher-forces
-the question after the prefill, so a compress-once cache chooses before the question). Per
+prefilled as part of the prompt, as SnapKV is meant to see it (as ``cachelib retrieval`` does by
+default, ``--question prompt``; this script adds the KL over the key tokens). Per
 strategy and budget: exact-match accuracy, mean key-token accuracy, mean KL(full || strategy)
 over the key tokens, and the cache bytes at the end:
 
