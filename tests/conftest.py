@@ -37,3 +37,22 @@ def load_model():
         return cache[name, backend]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def kept_positions(load_model):
+    """``kept_positions(name, backend, strategies, prompt, max_tokens)``: the positions each
+    layer and KV head of each strategy held at each step of a profile (the ``ring`` probe's slot
+    table, rows with a head), as (strategy, step, layer, head, positions) rows."""
+    from cachelib.profile import Probes, run_profile
+
+    probes = Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0)
+
+    def get(name: str, backend: str, strategies: list[str], prompt: str, max_tokens: int):
+        profile = run_profile(load_model(name, backend), strategies, prompt=prompt, max_tokens=max_tokens, probes=probes)
+        assert profile.complete, profile.meta["reason"]
+        slots = profile.frame("slots")
+        slots = slots[slots["head"].notna()]
+        return slots[["strategy", "step", "layer", "head", "positions"]].reset_index(drop=True)
+
+    return get

@@ -117,17 +117,9 @@ def test_measured_bytes_equal_planned_bytes_and_each_layer_keeps_its_budget(name
         assert len(set(budgets)) > 1
 
 
-def _kept(name: str, backend: str, load_model):
-    profile = run_profile(load_model(name, backend), PYRAMIDS, prompt=PROMPT, max_tokens=8, probes=RING_PROBES)
-    assert profile.complete, profile.meta["reason"]
-    slots = profile.frame("slots")
-    slots = slots[slots["head"].notna()]
-    return slots[["strategy", "step", "layer", "head", "positions"]].reset_index(drop=True)
-
-
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
-def test_both_backends_keep_the_same_positions_per_layer_and_head(name, load_model):
-    mine, theirs = _kept(name, "mlx", load_model), _kept(name, "torch", load_model)
+def test_both_backends_keep_the_same_positions_per_layer_and_head(name, kept_positions):
+    mine, theirs = (kept_positions(name, b, PYRAMIDS, PROMPT, 8) for b in ("mlx", "torch"))
     assert len(mine) == len(theirs) > 0
     assert mine.equals(theirs), mine[mine.positions != theirs.positions].head()
     last = mine[mine.step == mine.step.max()]

@@ -15,7 +15,6 @@ from cachelib.mlx import hooks
 from cachelib.mlx.factory import make_cache
 from cachelib.mlx.importance import ImportanceKVCache
 from cachelib.mlx.importance import score_keys as mlx_scores
-from cachelib.profile import Probes, run_profile
 from cachelib.torch.importance import ImportanceLayer
 from cachelib.torch.importance import score_keys as torch_scores
 
@@ -74,18 +73,9 @@ def test_cache_calls_keep_the_same_positions_on_both_backends(policy):
     assert ours.offset == 45 and ours.held < 45  # it did evict
 
 
-def _kept(name: str, backend: str, load_model):
-    probes = Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0)
-    profile = run_profile(load_model(name, backend), ["standard"] + SPECS, prompt=PROMPT, max_tokens=24, probes=probes)
-    assert profile.complete, profile.meta["reason"]
-    slots = profile.frame("slots")
-    slots = slots[slots["head"].notna()]
-    return slots[["strategy", "step", "layer", "head", "positions"]].reset_index(drop=True)
-
-
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
-def test_profiles_keep_the_same_positions_on_both_backends(name, load_model):
-    mine, theirs = _kept(name, "mlx", load_model), _kept(name, "torch", load_model)
+def test_profiles_keep_the_same_positions_on_both_backends(name, kept_positions):
+    mine, theirs = (kept_positions(name, b, ["standard"] + SPECS, PROMPT, 24) for b in ("mlx", "torch"))
     assert len(mine) == len(theirs) > 0
     assert mine.equals(theirs), mine[mine.positions != theirs.positions].head()
     # and the positions are a real choice: after prefill, not a window of the newest tokens
