@@ -32,6 +32,18 @@ class MLXProbe:
         return make_cache(self.model, spec)
 
     def views(self, cache: list) -> list[CacheView]:
+        # the quantization-error terms of the last update are lazy arrays, one pair per layer:
+        # evaluate them together here, not one small graph per layer as each view reads its own
+        pending = [
+            t
+            for layer in cache
+            for c in getattr(layer, "caches", (layer,))
+            if isinstance(getattr(c, "_error", None), tuple)
+            for t in c._error
+            if isinstance(t, mx.array)
+        ]
+        if pending:
+            mx.eval(pending)
         return introspect(cache)
 
     def set_track_error(self, cache: list, on: bool) -> None:
