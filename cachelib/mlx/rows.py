@@ -44,7 +44,7 @@ def batch_problem(cache: Sequence) -> str | None:
     for i, layer in enumerate(cache):
         if type(layer) not in ROW_CLASSES:
             names = ", ".join(c.__name__ for c in ROW_CLASSES)
-            return f"layer {i} holds a {type(layer).__name__}, which cannot share a batch (rows may hold: {names})"
+            return f"layer {i} holds {_a(type(layer).__name__)}, which cannot share a batch (rows may hold: {names})"
     return None
 
 
@@ -213,3 +213,8 @@ def _padded(parts: list[mx.array], lengths: list[int], width: int) -> mx.array:
         return mx.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
     padded = [p if n == width else mx.pad(p, [(0, 0), (0, 0), (0, width - n), (0, 0)]) for p, n in zip(parts, lengths)]
     return mx.concatenate(padded, axis=0)
+
+
+def _a(name: str) -> str:
+    """``name`` with its indefinite article (a KVCache, an ImportanceKVCache)."""
+    return f"{'an' if name[:1].upper() in 'AEIOU' else 'a'} {name}"

@@ -61,7 +61,7 @@ def batch_problem(cache, config=None) -> str | None:
     for i, layer in enumerate(cache.layers):
         if type(layer) not in ROW_LAYERS:
             names = ", ".join(c.__name__ for c in ROW_LAYERS)
-            return f"layer {i} is a {type(layer).__name__}, which cannot share a batch (rows may hold: {names})"
+            return f"layer {i} is {_a(type(layer).__name__)}, which cannot share a batch (rows may hold: {names})"
     return None
 
 
@@ -158,3 +158,8 @@ class RowsCache(_tf.Cache):
 def _padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
     parts = [p if p.shape[-2] == width else torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[-2])) for p in parts]
     return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+
+
+def _a(name: str) -> str:
+    """``name`` with its indefinite article (a KVCache, an ImportanceKVCache)."""
+    return f"{'an' if name[:1].upper() in 'AEIOU' else 'a'} {name}"
