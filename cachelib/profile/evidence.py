@@ -38,7 +38,9 @@ DEFAULT_EVIDENCE = Path(__file__).resolve().parents[2] / "assets" / "evidence"
 
 # what makes two evaluation samples the same measurement
 SAMPLE_IDENTITY = ("model", "backend", "strategy", "context", "score_tokens", "prefill_chunk", "text", "window_start")
-RETRIEVAL_IDENTITY = ("model", "backend", "strategy", "context", "depth", "trial", "task")
+# a trial is its prompt (the key drawn for it, so two seeds are two trials) and how the question
+# reached the cache (files written before ``question`` existed lack it: one mode among themselves)
+RETRIEVAL_IDENTITY = ("model", "backend", "strategy", "context", "depth", "trial", "task", "answer", "question")
 
 def ci95(values: Sequence[float]) -> float | None:
     """Half-width of the 95% confidence interval of the mean (Student t); None for fewer than
