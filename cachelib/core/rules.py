@@ -58,9 +58,11 @@ class Rule:
     kind = ""
     bounded = False  # True: the allocation can never pass a fixed size, whatever the updates
 
-    def __init__(self, token_bytes: int):
+    def __init__(self, token_bytes: int, kind: str | None = None):
         self.token_bytes = token_bytes  # one token slot, whole batch, keys + values
         self.offset = 0
+        if kind:  # the class it stands for, where a rule models several (DynamicLayer, ...)
+            self.kind = kind
 
     # -- what the cache holds now
     @property
@@ -143,11 +145,9 @@ class StepGrowth(Rule):
     kind = "KVCache"
 
     def __init__(self, token_bytes: int, step: int = STEP, kind: str | None = None):
-        super().__init__(token_bytes)
+        super().__init__(token_bytes, kind)
         self.step = step
         self.cap = 0
-        if kind:
-            self.kind = kind
 
     @property
     def capacity(self) -> int:
@@ -188,9 +188,7 @@ class Concatenate(Rule):
     kind = "ConcatenateKVCache"
 
     def __init__(self, token_bytes: int, kind: str | None = None):
-        super().__init__(token_bytes)
-        if kind:
-            self.kind = kind
+        super().__init__(token_bytes, kind)
 
     @property
     def capacity(self) -> int:
@@ -633,11 +631,9 @@ class RecurrentState(Rule):
     bounded = True
 
     def __init__(self, state_bytes: int, kind: str | None = None):
-        super().__init__(0)
+        super().__init__(0, kind)
         self.state_bytes = state_bytes
         self.started = False
-        if kind:
-            self.kind = kind
 
     @property
     def capacity(self) -> int:
@@ -706,12 +702,10 @@ class Paged(Rule):
     kind = "PagedBlocks"
 
     def __init__(self, token_bytes: int, block_size: int, max_slots: int | None = None, kind: str | None = None):
-        super().__init__(token_bytes)
+        super().__init__(token_bytes, kind)
         self.block = block_size
         self.max_slots = max_slots  # a cap on the slots (None: none)
         self.bounded = max_slots is not None
-        if kind:
-            self.kind = kind
 
     @property
     def capacity(self) -> int:
@@ -792,10 +786,8 @@ class Preallocated(Rule):
     bounded = True
 
     def __init__(self, token_bytes: int, slots: int, limit: int | None = None, kind: str | None = None):
-        super().__init__(token_bytes)
+        super().__init__(token_bytes, kind)
         self.slots, self.limit = slots, limit
-        if kind:
-            self.kind = kind
 
     @property
     def capacity(self) -> int:
@@ -840,11 +832,9 @@ class BudgetEachStep(Rule):
     bounded = True
 
     def __init__(self, token_bytes: int, budget: int, kind: str | None = None):
-        super().__init__(token_bytes)
+        super().__init__(token_bytes, kind)
         self.budget = budget
         self.held = 0
-        if kind:
-            self.kind = kind
 
     @property
     def capacity(self) -> int:
@@ -892,12 +882,10 @@ class BudgetOnce(Rule):
     kind = "BudgetOnce"
 
     def __init__(self, token_bytes: int, budget: int, kind: str | None = None):
-        super().__init__(token_bytes)
+        super().__init__(token_bytes, kind)
         self.budget = budget
         self.held = 0
         self.done = False
-        if kind:
-            self.kind = kind
 
     @property
     def capacity(self) -> int:
