@@ -39,7 +39,11 @@ from .arch import Arch
 from .solver import Fit, Quality
 
 EVIDENCE_MODEL = "smollm2"  # the bundled model: what the default evidence was measured on
-EVIDENCE_MAX_CONTEXT = 8192  # its context limit
+EVIDENCE_MAX_CONTEXT = 8192  # its context limit (positions)
+EVIDENCE_SCORE_TOKENS = 64  # tokens the committed evidence scores after each context
+# the longest context the evidence measures: context + score_tokens - 1 positions must fit the
+# limit; the evidence grid (assets/sweeps/evidence.toml) uses this 8,128
+EVIDENCE_LONGEST = EVIDENCE_MAX_CONTEXT - EVIDENCE_SCORE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -193,16 +197,18 @@ def _join(*parts: str) -> str:
 
 
 def measure_command(spec: str | Spec, context: int, backend: str, model: str = EVIDENCE_MODEL) -> str:
-    """The evaluation that would measure ``spec`` at ``context``: on the bundled model the
-    context is capped at its limit, and a bounded strategy keeps the target's kept fraction."""
+    """The evaluation that would measure ``spec`` at ``context``, scoring as the committed evidence
+    does: on the bundled model the context is capped at the longest it can score
+    (:data:`EVIDENCE_LONGEST`), and a bounded strategy keeps the target's kept fraction."""
     spec = parse_spec(spec)
-    measured_at = min(context, EVIDENCE_MAX_CONTEXT)
+    measured_at = min(context, EVIDENCE_LONGEST) if model == EVIDENCE_MODEL else context
     probe = spec
     if spec.window is not None and measured_at < context:
         size = max(1, round(spec.window * measured_at / context))
         probe = _with_bound(spec, size) or spec
     argv = ["python", "-m", "cachelib", "evaluate", "--model", model, "--backend", backend,
-            "--context", str(measured_at), "--strategy", "standard", "--strategy", str(probe),
+            "--context", str(measured_at), "--score-tokens", str(EVIDENCE_SCORE_TOKENS),
+            "--strategy", "standard", "--strategy", str(probe),
             "--out", f"profiles/evidence/{_slug(str(probe))}-{measured_at}.csv"]  # fmt: skip
     return shlex.join(argv)
 

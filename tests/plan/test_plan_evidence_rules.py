@@ -37,8 +37,25 @@ def test_a_ring_is_judged_by_the_closest_kept_fraction_at_or_below_its_own():
 def test_a_ring_keeping_less_than_anything_measured_is_not_covered_and_says_how_to_measure_it():
     j = judge(RINGS, "rotating:max_size=128,keep=4", backend="mlx", context=32768)  # kept 0.39%
     assert j.quality is None and "not covered by evidence" in j.reason
-    # the bundled model reaches 8,192 tokens: the same kept fraction there is a ring of 32
-    assert "--context 8192" in j.command and "rotating:max_size=32,keep=4" in j.command
+    # the bundled model scores 64 tokens after at most 8,128: the same kept fraction there is a ring of 32
+    assert "--context 8128 --score-tokens 64" in j.command and "rotating:max_size=32,keep=4" in j.command
+
+
+def test_the_printed_command_is_one_the_evaluation_accepts_on_the_bundled_model():
+    import shlex
+    from types import SimpleNamespace
+
+    from cachelib.cli import build_parser
+    from cachelib.profile.evaluate import check_limit
+
+    for spec in ("rotating:max_size=128,keep=4", "quantized:bits=8"):
+        j = judge(RINGS + QUANT, spec, backend="mlx", context=32768)
+        argv = shlex.split(j.command)
+        assert argv[:4] == ["python", "-m", "cachelib", "evaluate"]
+        args = build_parser().parse_args(argv[3:])  # what `python -m cachelib` parses
+        assert args.model == "smollm2" and args.context == [8128] and args.score_tokens == 64
+        # the bundled model's limit: the check evaluate runs before it loads anything
+        check_limit(SimpleNamespace(name="SmolLM2-135M-Instruct", max_position_embeddings=8192), args.context, args.score_tokens)
 
 
 def test_keep_zero_is_another_family_than_keep_four():
@@ -62,7 +79,7 @@ def test_quantized_is_judged_at_a_context_at_least_as_long_else_extrapolated_wit
     j = judge(QUANT, "quantized:bits=8,group_size=64", backend="mlx", context=4096)
     assert j.quality.context == 8192 and not j.command
     j = judge(QUANT, "quantized:bits=8", backend="mlx", context=32768)
-    assert j.quality.context == 8192 and "extrapolated" in j.quality.note and "--context 8192" in j.command
+    assert j.quality.context == 8192 and "extrapolated" in j.quality.note and "--context 8128" in j.command
     assert judge(QUANT, "quantized:bits=4", backend="mlx", context=4096).quality is None
 
 
