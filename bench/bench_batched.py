@@ -1,11 +1,26 @@
 """Steps/s of a teacher-forced profile of k strategies: a strategy batch (one forward per step,
 one row per strategy) against one by one (k forwards per step), on the bundled model, both
-backends.
+backends; beside it, in the same run, what the runtime's own batching reaches on this machine and
+what the probes cost.
 
-Targets (issue #15): at least 2.5x for 4 strategies, at least 4x for 8. The two modes run
-interleaved (batched, one by one, batched, ...) in one process so drift hits them alike; a
-step's time is the interval between consecutive step callbacks of ``run_profile`` (default
-probes), decode steps only. Medians are quoted.
+Targets (issue #15): at least 2.5x for 4 strategies, at least 4x for 8. Per backend and k, six
+decodes of ``--tokens`` steps run side by side, one step of each in turn (a round robin in
+threads, one running at a time), so drift and other jobs on the machine hit them alike:
+
+- ``strategy batch`` and ``one by one``: ``run_profile`` with the default probes;
+- the same two with every per-step probe off (``Probes.none()``): the difference is the probe cost;
+- ``runtime, batch of k`` and ``runtime, batch 1``: the reference runtime's plain cache (mlx-lm's
+  ``make_prompt_cache``, transformers' ``DynamicCache``) decoding the same model with k identical
+  rows and with one, fed the same token stream (the runtime's own greedy tokens at batch 1, taken
+  before the timing), no probes. ``k x batch 1 / batch of k`` is the runtime's batching ceiling on
+  this machine: a strategy batch, whose rows are k different caches, should not beat it.
+
+A step's time runs from the moment its decode gets its turn to its step callback (decode steps
+only: the prefill, step 0, is left out); the wall time and the CPU time of the process
+(``time.process_time``, the steadier figure on a shared machine) are both quoted, as medians over
+``--rounds`` repeats. Speed-ups are against ``one by one`` (default probes) for the strategy
+batch, ``one by one, probes off`` for the probe-free batch, and k x ``runtime, batch 1`` for the
+runtime's batch.
 
     python bench/bench_batched.py [--backend mlx torch] [--tokens 256] [--rounds 2] [--strategies 4 8]
 """
@@ -13,11 +28,17 @@ probes), decode steps only. Medians are quoted.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import threading
 import time
+from typing import Callable
 
+import numpy as np
+
+from cachelib.decode import Runner, encode_prompt
 from cachelib.models import load
-from cachelib.profile import run_profile
+from cachelib.profile import Probes, run_profile
 
 STRATEGIES = [
     "standard",
@@ -32,15 +53,128 @@ STRATEGIES = [
 PROMPT = "Explain what a KV cache is, and why it matters for serving language models."
 
 
-def step_intervals(loaded, strategies: list[str], tokens: int, one_by_one: bool) -> tuple[list[float], list[float]]:
-    """(wall seconds, CPU seconds) of each decode step."""
-    stamps: list[tuple[float, float]] = []
-    run_profile(
-        loaded, strategies, prompt=PROMPT, max_tokens=tokens, one_by_one=one_by_one,
-        on_step=lambda e: stamps.append((time.perf_counter(), time.process_time())),
-    )  # fmt: skip
-    pairs = list(zip(stamps[1:], stamps[2:]))  # the interval ending at step k >= 2 is step k
-    return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs]
+class RoundRobin:
+    """Runs decodes in threads, one step of each in turn, and times each step: from the moment its
+    decode gets the turn to the moment it calls ``done`` (wall and process CPU seconds)."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.turn = 0
+        self.finished: set[str] = set()
+        self.cv = threading.Condition()
+        self.steps: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+        self._start: dict[str, tuple[float, float]] = {}
+
+    def _wait(self, name: str) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.names[self.turn] == name)
+        self._start[name] = (time.perf_counter(), time.process_time())
+
+    def _pass(self, name: str, finished: bool = False) -> None:
+        with self.cv:
+            if finished:
+                self.finished.add(name)
+            if len(self.finished) < len(self.names):
+                nxt = (self.turn + 1) % len(self.names)
+                while self.names[nxt] in self.finished:
+                    nxt = (nxt + 1) % len(self.names)
+                self.turn = nxt
+            self.cv.notify_all()
+
+    def done(self, name: str) -> None:
+        """End of one step of ``name``: record it, hand the turn on, wait for the next."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        start = self._start[name]
+        self.steps[name].append((wall - start[0], cpu - start[1]))
+        self._pass(name)
+        self._wait(name)
+
+    def run(self, decodes: dict[str, Callable[[Callable[[], None]], None]]) -> dict[str, list[tuple[float, float]]]:
+        """``decodes``: name -> a function that decodes, calling its argument after every step."""
+        errors: list[BaseException] = []
+
+        def body(name, decode):
+            try:
+                self._wait(name)
+                decode(lambda: self.done(name))
+            except BaseException as e:  # re-raised below, once every thread has ended
+                errors.append(e)
+            finally:
+                self._pass(name, finished=True)
+
+        threads = [threading.Thread(target=body, args=(n, decodes[n])) for n in self.names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return self.steps
+
+
+class RuntimeDecode:
+    """The reference runtime's plain cache (``Runner.default_cache``: mlx-lm's
+    ``make_prompt_cache``, transformers' ``DynamicCache``) decoding ``rows`` identical rows, no
+    probes; the logits of the last position come back to the host as numpy, as the profiler's do."""
+
+    def __init__(self, loaded, rows: int):
+        self.loaded, self.rows = loaded, rows
+        self.runner = Runner(loaded)
+        self.cache = self.runner.default_cache()
+
+    def step(self, ids: list[int]) -> np.ndarray:
+        model = self.loaded.model
+        if self.loaded.info.backend == "mlx":
+            import mlx.core as mx
+
+            out = model(mx.array([ids] * self.rows), cache=self.cache)[:, -1, :]
+            mx.eval(out)
+            return np.array(out.astype(mx.float32), copy=False)
+        import torch
+
+        with torch.inference_mode():
+            x = torch.tensor([ids] * self.rows, dtype=torch.long, device=self.loaded.info.device)
+            out = model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        return out.float().cpu().numpy()
+
+
+def token_stream(loaded, prompt_ids: list[int], tokens: int) -> list[list[int]]:
+    """The ids fed at each step: the prompt, then the runtime's greedy tokens at batch 1."""
+    decode = RuntimeDecode(loaded, 1)
+    feed, out = prompt_ids, []
+    for _ in range(tokens):
+        out.append(feed)
+        feed = [int(np.argmax(decode.step(feed)[0]))]
+    return out
+
+
+def decodes(loaded, strategies: list[str], feeds: list[list[int]]) -> dict[str, Callable]:
+    k, tokens = len(strategies), len(feeds)
+
+    def profile(one_by_one: bool, probes: Probes | None):
+        def decode(done):
+            run_profile(loaded, strategies, prompt=PROMPT, max_tokens=tokens, one_by_one=one_by_one,
+                        probes=probes, on_step=lambda e: done())  # fmt: skip
+
+        return decode
+
+    def runtime(rows: int):
+        def decode(done):
+            d = RuntimeDecode(loaded, rows)
+            for ids in feeds:
+                d.step(ids)
+                done()
+
+        return decode
+
+    return {
+        "strategy batch": profile(False, None),
+        "one by one": profile(True, None),
+        "strategy batch, probes off": profile(False, Probes.none()),
+        "one by one, probes off": profile(True, Probes.none()),
+        f"runtime, batch of {k}": runtime(k),
+        "runtime, batch 1": runtime(1),
+    }
 
 
 def main() -> None:
@@ -52,26 +186,49 @@ def main() -> None:
     args = ap.parse_args()
     for backend in args.backend:
         loaded = load("smollm2", backend)
-        print(f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.tokens} tokens x {args.rounds} rounds, teacher-forced")
-        print(f"{'k':>3} {'mode':<15} {'median step ms':>15} {'steps/s':>8} {'speed-up':>9} {'CPU ms/step':>12} {'CPU speed-up':>13}")
+        prompt_ids = encode_prompt(loaded.tokenizer, PROMPT)
+        feeds = token_stream(loaded, prompt_ids, args.tokens)
+        load_avg = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.tokens} tokens x {args.rounds} rounds, "
+              f"teacher-forced, load average at start {load_avg}")  # fmt: skip
         for k in args.strategies:
             strategies = STRATEGIES[:k]
-            step_intervals(loaded, strategies, 4, False)  # warm-up
-            step_intervals(loaded, strategies, 4, True)
-            wall: dict[str, list[float]] = {"strategy batch": [], "one by one": []}
-            cpu: dict[str, list[float]] = {"strategy batch": [], "one by one": []}
+            names = list(decodes(loaded, strategies, feeds))
+            RoundRobin(names).run(decodes(loaded, strategies, feeds[:4]))  # warm-up
+            wall: dict[str, list[float]] = {n: [] for n in names}
+            cpu: dict[str, list[float]] = {n: [] for n in names}
             for _ in range(args.rounds):
-                for mode, one_by_one in (("strategy batch", False), ("one by one", True)):
-                    w, c = step_intervals(loaded, strategies, args.tokens, one_by_one)
-                    wall[mode] += w
-                    cpu[mode] += c
-            alone, alone_cpu = statistics.median(wall["one by one"]), statistics.median(cpu["one by one"])
-            for mode in wall:
-                med, med_cpu = statistics.median(wall[mode]), statistics.median(cpu[mode])
-                print(
-                    f"{k:>3} {mode:<15} {med * 1e3:15.2f} {1 / med:8.2f} {alone / med:8.2f}x "
-                    f"{med_cpu * 1e3:12.2f} {alone_cpu / med_cpu if med_cpu else float('nan'):12.2f}x"
-                )
+                for name, steps in RoundRobin(names).run(decodes(loaded, strategies, feeds)).items():
+                    wall[name] += [w for w, _ in steps[1:]]  # decode steps: step 0 is the prefill
+                    cpu[name] += [c for _, c in steps[1:]]
+            report(k, wall, cpu)
+
+
+def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
+    med = {n: (statistics.median(wall[n]), statistics.median(cpu[n])) for n in wall}
+    base = {  # what each mode's speed-up is taken against: (name, times it)
+        "strategy batch": ("one by one", 1),
+        "strategy batch, probes off": ("one by one, probes off", 1),
+        f"runtime, batch of {k}": ("runtime, batch 1", k),
+    }
+    print(f"{'k':>3} {'mode':<28} {'median step ms':>15} {'steps/s':>8} {'speed-up':>9} {'CPU ms/step':>12} {'CPU speed-up':>13}")
+    speedup: dict[str, tuple[float, float]] = {}
+    for name, (w, c) in med.items():
+        ref, times = base.get(name, (name, 1))
+        speedup[name] = (times * med[ref][0] / w, times * med[ref][1] / c if c else float("nan"))
+        print(f"{k:>3} {name:<28} {w * 1e3:15.2f} {1 / w:8.2f} {speedup[name][0]:8.2f}x {c * 1e3:12.2f} {speedup[name][1]:12.2f}x")
+    ceiling = speedup[f"runtime, batch of {k}"]
+    for name in ("strategy batch", "strategy batch, probes off"):
+        ours = speedup[name]
+        print(f"    {name}: {ours[0]:.2f}x wall, {ours[1]:.2f}x CPU against the runtime's own batching ceiling "
+              f"{ceiling[0]:.2f}x wall, {ceiling[1]:.2f}x CPU: {ours[0] / ceiling[0]:.0%} / {ours[1] / ceiling[1]:.0%} of it")  # fmt: skip
+    runtime = med[f"runtime, batch of {k}"]
+    for name in ("strategy batch, probes off", "strategy batch"):
+        print(f"    {name}: a step takes {med[name][0] / runtime[0]:.2f}x the wall, {med[name][1] / runtime[1]:.2f}x the CPU "
+              f"of a step of the runtime's own batch of {k}")  # fmt: skip
+    for mode, off in (("strategy batch", "strategy batch, probes off"), ("one by one", "one by one, probes off")):
+        print(f"    probe cost, {mode}: {(med[mode][0] - med[off][0]) * 1e3:+.1f} ms wall, "
+              f"{(med[mode][1] - med[off][1]) * 1e3:+.1f} ms CPU per step (default probes against all off)")  # fmt: skip
 
 
 if __name__ == "__main__":

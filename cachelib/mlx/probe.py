@@ -32,10 +32,16 @@ class MLXProbe:
         return make_cache(self.model, spec)
 
     def views(self, cache: list) -> list[CacheView]:
+        return self.views_of([cache])[0]
+
+    def views_of(self, caches: list[list]) -> list[list[CacheView]]:
+        """The views of several whole-model caches (the rows of a strategy batch)."""
         # the quantization-error terms of the last update are lazy arrays, one pair per layer:
-        # evaluate them together here, not one small graph per layer as each view reads its own
+        # evaluate those of every cache together here, not one small graph per layer (or per
+        # cache) as each view reads its own
         pending = [
             t
+            for cache in caches
             for layer in cache
             for c in getattr(layer, "caches", (layer,))
             if isinstance(getattr(c, "_error", None), tuple)
@@ -44,7 +50,7 @@ class MLXProbe:
         ]
         if pending:
             mx.eval(pending)
-        return introspect(cache)
+        return [introspect(cache) for cache in caches]
 
     def set_track_error(self, cache: list, on: bool) -> None:
         for layer in cache:
@@ -68,6 +74,9 @@ class MLXProbe:
     def masks_after(self, before: list[Any], views: list[CacheView], n_queries: int) -> list[np.ndarray | None]:
         """Resolve ``masks_before`` into dense boolean (query x key) arrays, keys in the order the
         cache returned them (slot order). None for layers without an attention mask."""
+        arrays = [raw[1] for raw in before if raw is not None and raw[0] == "array" and isinstance(raw[1], mx.array)]
+        if arrays:
+            mx.eval(arrays)  # one evaluation for every layer's mask, not one per np.array below
         out: list[np.ndarray | None] = []
         for raw, view in zip(before, views):
             if raw is None:

@@ -61,6 +61,14 @@ class _Strategy:
         self.last_token: int | None = None
         self.tokens: list[int] = []
         self.departed = False
+        # The views its last step ended with: the cache holds still between steps, so the guard
+        # and the next step's mask probe read these instead of introspecting it again.
+        self.views: list[CacheView] | None = None
+
+    def views_now(self, probe) -> list[CacheView]:
+        if self.views is None:
+            self.views = probe.views(self.cache)
+        return self.views
 
 
 def strategy_labels(specs: Sequence[Spec]) -> list[str]:
@@ -166,7 +174,7 @@ def run_profile(
                 status, reason = "incomplete", f"stopped by request before step {step}"
                 break
             if guard is not None:
-                verdict = guard.check(len(feed), [probe.views(s.cache) for s in states])
+                verdict = guard.check(len(feed), [s.views_now(probe) for s in states])
                 if verdict:
                     status, reason = "incomplete", verdict
                     break
@@ -329,8 +337,9 @@ class _StrategyBatch:
         start = time.perf_counter()
         logits = self.runner.step_rows(self.rows, ids)
         wall = time.perf_counter() - start  # the one forward every row took
+        views = probe.views_of([st.cache for st in self.states])  # one evaluation for every row's pending terms
         return {
-            st.label: (logits[r], _after_step(probe, probes, st, step, last, ids[r], logits[r], wall, *before[r]))
+            st.label: (logits[r], _after_step(probe, probes, st, step, last, ids[r], logits[r], wall, *before[r], views[r]))
             for r, st in enumerate(self.states)
         }
 
@@ -343,24 +352,26 @@ def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bo
     with probe.capture(st.cache):  # importance caches get the step's queries (a no-op otherwise)
         logits = runner.step(st.cache, ids)
     wall = time.perf_counter() - start
-    return logits, _after_step(probe, probes, st, step, last, ids, logits, wall, masks_raw, want_error)
+    return logits, _after_step(probe, probes, st, step, last, ids, logits, wall, masks_raw, want_error, probe.views(st.cache))
 
 
 def _before_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, n: int):
     """What the probes read from ``st``'s cache before its forward: (raw masks, error tracking on)."""
     want_masks = probes.on("masks", step, last)
     want_error = probes.on("quant_error", step, last)
-    masks_raw = probe.masks_before(st.cache, probe.views(st.cache), n) if want_masks else None
+    masks_raw = probe.masks_before(st.cache, st.views_now(probe), n) if want_masks else None
     if want_error:
         probe.set_track_error(st.cache, True)
     return masks_raw, want_error
 
 
 def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids: list[int], logits, wall: float,
-                masks_raw, want_error: bool) -> dict[str, Any]:
-    """The rows of ``st``'s step, read from its cache after the forward that gave ``logits``."""
+                masks_raw, want_error: bool, views: list[CacheView]) -> dict[str, Any]:
+    """The rows of ``st``'s step, read from its cache after the forward that gave ``logits``;
+    ``views`` are its views taken after that forward, while error tracking was still on (so
+    they carry this step's quantization error)."""
     n = len(ids)
-    views = probe.views(st.cache)  # while error tracking is on: the views carry this step's error
+    st.views = views
     if want_error:
         probe.set_track_error(st.cache, False)
     token = int(np.argmax(logits))
@@ -399,6 +410,7 @@ def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids
             for i, v in enumerate(views)
         ]
     if probes.on("ring", step, last):
+        ring_texts: dict[tuple, str] = {}
         rows["slots"] = [
             {
                 "strategy": st.label,
@@ -406,7 +418,7 @@ def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids
                 "layer": i,
                 "write_index": v.write_index,
                 "keep": v.keep,
-                "positions": " ".join(map(str, v.slot_positions().tolist())),
+                "positions": _ring_text(v, ring_texts),
             }
             for i, v in enumerate(views)
             if v.layout == "ring"
@@ -432,18 +444,36 @@ def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids
 MAX_MASK_QUERIES = 64  # prefill masks keep their last 64 query rows (documented in profiles/README.md)
 
 
+def _ring_text(v: CacheView, texts: dict) -> str:
+    """The slot -> position table of a ring view as text. The table is a function of four ints
+    the layers of one cache mostly share, so ``texts`` keeps each one made this step."""
+    key = (v.offset, v.write_index, v.keep, v.capacity)
+    text = texts.get(key)
+    if text is None:
+        text = texts[key] = " ".join(map(str, v.slot_positions().tolist()))
+    return text
+
+
 def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: int) -> list[dict]:
     rows = []
+    key_texts: dict[tuple, str] = {}  # the layers of one cache mostly hold the same slots
+    first = max(0, n - MAX_MASK_QUERIES)
     for layer, (mask, view) in enumerate(zip(masks, views)):
         if mask is None:
             continue
-        positions = view.slot_positions()
-        if positions.ndim > 1:
-            positions = positions[0]
-        keys = positions[positions >= 0] if view.layout == "linear" else positions
-        keys = keys[: mask.shape[1]]
-        key_text = " ".join(map(str, keys.tolist()))
-        first = max(0, n - MAX_MASK_QUERIES)
+        width = mask.shape[1]
+        key = (view.layout, view.offset, view.tokens_held, view.capacity, view.write_index, view.keep,
+               view.start_position, view.left_padding, width)  # fmt: skip
+        key_text = key_texts.get(key) if view.layout in ("linear", "ring") else None
+        if key_text is None:
+            positions = view.slot_positions()
+            if positions.ndim > 1:
+                positions = positions[0]
+            keys = positions[positions >= 0] if view.layout == "linear" else positions
+            key_text = " ".join(map(str, keys[:width].tolist()))
+            key_texts[key] = key_text
+        # "1" / "0" per key: the bytes of the boolean row shifted to ASCII digits
+        digits = np.asarray(mask[first:n], dtype=bool).view(np.uint8) + np.uint8(ord("0"))
         for q in range(first, n):
             rows.append(
                 {
@@ -452,7 +482,7 @@ def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: in
                     "layer": layer,
                     "query": q,
                     "query_position": view.offset - n + q,
-                    "mask": "".join("1" if b else "0" for b in mask[q].tolist()),
+                    "mask": digits[q - first].tobytes().decode("ascii"),
                     "key_positions": key_text,
                 }
             )
@@ -489,11 +519,18 @@ def _layer_row(label: str, step: int, layer: int, v: CacheView, ring: bool, erro
     return row
 
 
+_PROCESS: dict[int, Any] = {}  # pid -> its psutil handle, made once (making one reads /proc/<pid>/stat)
+
+
 def _rss() -> int | None:
     try:
-        import psutil
+        pid = os.getpid()  # a forked child gets its own handle
+        if pid not in _PROCESS:
+            import psutil
 
-        return int(psutil.Process().memory_info().rss)
+            _PROCESS.clear()
+            _PROCESS[pid] = psutil.Process(pid)
+        return int(_PROCESS[pid].memory_info().rss)
     except Exception:  # psutil missing or the platform refuses: the column stays empty
         return None
 

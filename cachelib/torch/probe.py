@@ -36,6 +36,10 @@ class TorchProbe:
     def views(self, cache: Cache) -> list[CacheView]:
         return cache.introspect()
 
+    def views_of(self, caches: list[Cache]) -> list[list[CacheView]]:
+        """The views of several whole-model caches (the rows of a strategy batch)."""
+        return [cache.introspect() for cache in caches]
+
     def set_track_error(self, cache: Cache, on: bool) -> None:
         cache.track_error = on  # the whole-model cache passes it to every quantizing layer
 

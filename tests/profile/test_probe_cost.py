@@ -1,0 +1,73 @@
+"""What the default probes cost per step (issue #15): each cache is read once per step (the memory
+guard and the next step's mask probe reuse the views the step ended with), and the fast paths
+that build the probe rows give the text the rule gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachelib.core.masks import visible_held
+from cachelib.profile import Probes, run_profile
+from cachelib.profile.backends import probe_for
+
+BACKENDS = ["mlx", "torch"]
+PROMPT = "Explain what a KV cache is, and why it matters for serving language models."
+STRATEGIES = ["standard", "rotating:max_size=12,keep=2", "quantized:bits=4,group_size=32"]
+
+
+@pytest.mark.parametrize("one_by_one", [False, True], ids=["strategy batch", "one by one"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_cache_is_read_once_per_step(backend, one_by_one, load_model, monkeypatch):
+    loaded = load_model("tiny-llama", backend)
+    probe_class = type(probe_for(loaded))
+    reads: list[int] = []  # id of every whole-model cache the profiler took views of
+    views_of = probe_class.views_of
+
+    def counted_views(self, cache):
+        reads.append(id(cache))
+        return views_of(self, [cache])[0]
+
+    def counted_views_of(self, caches):
+        reads.extend(id(c) for c in caches)
+        return views_of(self, caches)
+
+    monkeypatch.setattr(probe_class, "views", counted_views)
+    monkeypatch.setattr(probe_class, "views_of", counted_views_of)
+    steps = 6
+    caches: dict[str, int] = {}
+    profile = run_profile(loaded, STRATEGIES, prompt=PROMPT, max_tokens=steps, one_by_one=one_by_one,
+                          probes=Probes(masks=1), memory_limit="1GiB",  # a guard that reads views before every step
+                          on_step=lambda e: caches.update({k: id(c) for k, c in e.caches.items()}))  # fmt: skip
+    assert profile.complete and len(profile.frame("masks")) > 0
+    # once after every step, and once before the first (the guard); never twice for one step
+    assert {label: reads.count(cache) for label, cache in caches.items()} == {s: steps + 1 for s in profile.strategies}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mask_rows_show_the_causal_rule_over_their_key_positions(backend, load_model):
+    loaded = load_model("tiny-llama", backend)
+    profile = run_profile(loaded, STRATEGIES, prompt=PROMPT, max_tokens=20, probes=Probes(masks=1))
+    masks = profile.frame("masks")
+    assert set(masks["step"]) == set(range(20))
+    linear = masks[~masks["strategy"].str.startswith("rotating")]  # (a ring's sinks and window: test_profile.py)
+    assert set(linear["strategy"]) == {"standard", "quantized:bits=4,group_size=32"}
+    for row in linear.itertuples():
+        positions = [int(p) for p in row.key_positions.split()]
+        expected = "".join("1" if visible_held(row.query_position, p) else "0" for p in positions)
+        assert row.mask == expected, (row.strategy, row.step, row.layer, row.query)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ring_slot_tables_are_each_layers_own(backend, load_model):
+    loaded = load_model("tiny-llama", backend)
+    captured: list = []
+    probe = probe_for(loaded)
+
+    def on_step(e):
+        cache = e.caches["rotating:max_size=12,keep=2"]
+        captured.append([" ".join(map(str, v.slot_positions().tolist())) for v in probe.views(cache) if v.layout == "ring"])
+
+    profile = run_profile(loaded, STRATEGIES, prompt=PROMPT, max_tokens=16, on_step=on_step)
+    slots = profile.frame("slots")
+    for step, texts in enumerate(captured):
+        assert list(slots[slots["step"] == step]["positions"]) == texts
