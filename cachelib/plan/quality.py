@@ -182,6 +182,14 @@ def judge(
     best = max(pool, key=lambda e: (preference(e), e.context, e.samples))
     how = (f"extrapolated: measured up to {best.context:,} tokens, planned at {context:,}; quantization error "
            "accumulates over more tokens, so the quality there may be worse")  # fmt: skip
+    # the point judged is the preferred backend's; where the other backend measured the strategy
+    # at a longer context, say what it found there (a reader weighs it; it is not judged)
+    further = [e for e in pool if e.backend != best.backend and e.context > best.context and e.model == best.model]
+    if further:
+        f = max(further, key=lambda e: (e.context, e.samples))
+        ci = f" ± {f.mean_kl_ci95:.2g}" if f.mean_kl_ci95 is not None else ""
+        how += (f"; {f.backend} measured it up to {f.context:,} tokens: mean KL {f.mean_kl:.4g}{ci} nats, "
+                f"top-1 agreement {f.top1_agreement:.1%}")  # fmt: skip
     note = _join(how, _other(best, backend))
     return Judgement(text, best.quality(note=note), how, measure_command(spec, context, backend))
 

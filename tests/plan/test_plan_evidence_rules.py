@@ -91,6 +91,20 @@ def test_the_planned_backend_wins_and_the_other_backend_is_named():
     assert judge(both, "quantized:bits=8", backend="mlx", context=4096).quality.mean_kl == 0.005
 
 
+def test_an_extrapolated_point_says_what_the_other_backend_measured_further():
+    """The planned backend's 2,048-token point is judged; torch's 8,128-token point is quoted
+    beside it, not used in its place."""
+    points = [point("quantized:bits=8", 2048, 0.0005, 0.99), point("quantized:bits=8", 8128, 0.0007, 0.98, backend="torch")]
+    j = judge(points, "quantized:bits=8", backend="mlx", context=32768)
+    assert j.quality.mean_kl == 0.0005 and j.quality.backend == "mlx" and j.quality.context == 2048
+    assert "extrapolated: measured up to 2,048 tokens" in j.quality.note
+    assert "torch measured it up to 8,128 tokens: mean KL 0.0007 ± 0.01 nats, top-1 agreement 98.0%" in j.quality.note
+    # nothing to add where the judged point is already the longest, or the other model's
+    assert "measured it up to" not in judge(points[:1], "quantized:bits=8", backend="mlx", context=32768).quality.note
+    other = [points[0], point("quantized:bits=8", 8128, 0.0007, 0.98, backend="torch", model="Other")]
+    assert "measured it up to" not in judge(other, "quantized:bits=8", backend="mlx", context=32768).quality.note
+
+
 def test_ring_evidence_does_not_cross_backends():
     """mlx-lm windows each query of an overflowing prefill chunk; transformers' mask does not."""
     j = judge(RINGS, "rotating:max_size=4096,keep=4", backend="torch", context=32768)
