@@ -338,8 +338,11 @@ class _StrategyBatch:
         logits = self.runner.step_rows(self.rows, ids)
         wall = time.perf_counter() - start  # the one forward every row took
         views = probe.views_of([st.cache for st in self.states])  # one evaluation for every row's pending terms
+        # the process's memory after the one forward is every row's: read it once, not once a row
+        system = (*probe.device_memory(), _rss()) if probes.on("system", step, last) else None
         return {
-            st.label: (logits[r], _after_step(probe, probes, st, step, last, ids[r], logits[r], wall, *before[r], views[r]))
+            st.label: (logits[r], _after_step(probe, probes, st, step, last, ids[r], logits[r], wall, *before[r], views[r],
+                                              system=system))  # fmt: skip
             for r, st in enumerate(self.states)
         }
 
@@ -366,10 +369,11 @@ def _before_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, n:
 
 
 def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids: list[int], logits, wall: float,
-                masks_raw, want_error: bool, views: list[CacheView]) -> dict[str, Any]:
+                masks_raw, want_error: bool, views: list[CacheView], system: tuple | None = None) -> dict[str, Any]:
     """The rows of ``st``'s step, read from its cache after the forward that gave ``logits``;
     ``views`` are its views taken after that forward, while error tracking was still on (so
-    they carry this step's quantization error)."""
+    they carry this step's quantization error). ``system``: (device active, device peak, RSS)
+    bytes already read after a strategy batch's forward, which every row of it shares."""
     n = len(ids)
     st.views = views
     if want_error:
@@ -389,13 +393,13 @@ def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids
     }
     rows: dict[str, Any] = {"steps": row}
     if probes.on("system", step, last):
-        active, peak = probe.device_memory()
+        active, peak, rss = system if system is not None else (*probe.device_memory(), _rss())
         row.update(
             wall_seconds=wall,
             tokens_per_second=n / wall if wall > 0 else None,
             device_active_bytes=active,
             device_peak_bytes=peak,
-            rss_bytes=_rss(),
+            rss_bytes=rss,
         )
     if probes.on("memory", step, last):
         row.update(
