@@ -448,10 +448,15 @@ def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids
 MAX_MASK_QUERIES = 64  # prefill masks keep their last 64 query rows (documented in profiles/README.md)
 
 
+def _geometry(v: CacheView) -> tuple:
+    """What a linear or ring view's slot -> position table is a function of: the layers of one
+    cache mostly share it, so a step makes each distinct table's text once."""
+    return (v.layout, v.offset, v.tokens_held, v.capacity, v.write_index, v.keep, v.start_position, v.left_padding)
+
+
 def _ring_text(v: CacheView, texts: dict) -> str:
-    """The slot -> position table of a ring view as text. The table is a function of four ints
-    the layers of one cache mostly share, so ``texts`` keeps each one made this step."""
-    key = (v.offset, v.write_index, v.keep, v.capacity)
+    """The slot -> position table of a ring view as text (``texts``: those made this step)."""
+    key = _geometry(v)
     text = texts.get(key)
     if text is None:
         text = texts[key] = " ".join(map(str, v.slot_positions().tolist()))
@@ -466,8 +471,7 @@ def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: in
         if mask is None:
             continue
         width = mask.shape[1]
-        key = (view.layout, view.offset, view.tokens_held, view.capacity, view.write_index, view.keep,
-               view.start_position, view.left_padding, width)  # fmt: skip
+        key = (*_geometry(view), width)
         key_text = key_texts.get(key) if view.layout in ("linear", "ring") else None
         if key_text is None:
             positions = view.slot_positions()
