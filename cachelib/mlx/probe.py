@@ -20,6 +20,7 @@ from ..spec import Spec
 from .factory import introspect, make_cache
 from .hooks import capture
 from .importance import ImportanceKVCache
+from .quantized import Terms, resolve_terms
 
 
 class MLXProbe:
@@ -36,20 +37,18 @@ class MLXProbe:
 
     def views_of(self, caches: list[list]) -> list[list[CacheView]]:
         """The views of several whole-model caches (the rows of a strategy batch)."""
-        # the quantization-error terms of the last update are lazy arrays, one pair per layer:
-        # evaluate those of every cache together here, not one small graph per layer (or per
-        # cache) as each view reads its own
-        pending = [
+        # the quantization-error terms of the last update, a pair per quantizing layer, are
+        # computed here for every cache together (one stacked graph per width and shape), not
+        # one small graph per layer as each view reads its own
+        resolve_terms([
             t
             for cache in caches
             for layer in cache
             for c in getattr(layer, "caches", (layer,))
             if isinstance(getattr(c, "_error", None), tuple)
             for t in c._error
-            if isinstance(t, mx.array)
-        ]
-        if pending:
-            mx.eval(pending)
+            if isinstance(t, Terms)
+        ])  # fmt: skip
         return [introspect(cache) for cache in caches]
 
     def set_track_error(self, cache: list, on: bool) -> None:

@@ -12,10 +12,10 @@ Quantized rows: mlx-lm's attention takes its quantized path only for a cache wit
 one batch has one attention call, so the wrapper has no ``bits`` and a row that hands back
 ``(packed, scales, biases)`` is dequantized here (mlx-lm's quantized path multiplies by the same
 dequantized values inside ``quantized_matmul``; the two agree to float rounding, not bit for bit).
-On the CPU the 2-, 4- and 8-bit widths are unpacked by elementwise ops rather than by
-``mx.dequantize``: its CPU kernel took ~28 ms of CPU per step of two quantized rows (SmolLM2,
-30 layers, ~80 tokens held), the elementwise ops ~11 ms, to the same values bit for bit
-(checked once per width and dtype against ``mx.dequantize``).
+On the CPU the 2-, 4- and 8-bit widths are unpacked by :func:`.quantized.dequantize`'s
+compiled elementwise graph rather than by ``mx.dequantize``: its CPU kernel took ~28 ms of CPU
+per step of two quantized rows (SmolLM2, 30 layers, ~80 tokens held), the elementwise ops ~11 ms,
+to the same values bit for bit (checked once per width and dtype against ``mx.dequantize``).
 
 The mask is made before any layer runs, so the key count of each row is known ahead: from the
 row's own mask where it is an array, else (one query, no mask: every returned key visible) from
@@ -31,7 +31,7 @@ import mlx.core as mx
 from .base import LayerCache
 from .kivi import KIVICache
 from .kv import ConcatenateKVCache, KVCache, StaticKVCache
-from .quantized import QuantizedKVCache
+from .quantized import QuantizedKVCache, dequantize
 from .rotating import QuantizedRotatingKVCache, RotatingKVCache
 
 # Layer caches a row may hold: every attention cache that makes its own mask. Chunked (the model
@@ -169,43 +169,9 @@ def _causal_end(n: int, length: int) -> mx.array:
 def _float(x, cache: LayerCache, bits: int | None, dtype) -> mx.array:
     """``x`` as float: a quantized (packed, scales, biases) triple is dequantized."""
     if isinstance(x, (list, tuple)):
-        gs = cache.group_size
-        out = _unpacked(*x, gs, bits) if _unpacks(bits, gs, x[1].dtype) else mx.dequantize(*x, group_size=gs, bits=bits)
+        out = dequantize(x, cache.group_size, bits)
         return out if out.dtype == dtype else out.astype(dtype)
     return x
-
-
-def _unpacked(packed: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
-    """``mx.dequantize`` of a 2-, 4- or 8-bit triple by elementwise ops: the same values bit for
-    bit (``w * scale + bias`` in the scales' dtype) in a third to a half of the CPU time of
-    MLX's CPU kernel. A code of ``bits`` bits never straddles a byte; codes sit LSB first."""
-    *lead, n, _ = packed.shape  # (..., T, D * bits / 32)
-    codes = packed.view(mx.uint8)  # (..., T, D * bits / 8)
-    per_byte = 8 // bits
-    if per_byte > 1:
-        shifts = mx.array([bits * i for i in range(per_byte)], dtype=mx.uint8)
-        codes = (codes[..., None] >> shifts) & ((1 << bits) - 1)
-    groups = scales.shape[-1]
-    w = codes.reshape(*lead, n, groups, group_size).astype(scales.dtype)
-    return (w * scales[..., None] + biases[..., None]).reshape(*lead, n, groups * group_size)
-
-
-_UNPACKS: dict[tuple, bool] = {}
-
-
-def _unpacks(bits: int, group_size: int, dtype) -> bool:
-    """Whether :func:`_unpacked` serves this width: on the CPU only (a GPU has a fast kernel),
-    for widths whose codes never straddle a byte, and once checked bit-equal to
-    ``mx.dequantize`` on random codes of this dtype (so a change of MLX's packing falls back)."""
-    if bits not in (2, 4, 8) or mx.default_device() != mx.cpu:
-        return False
-    key = (bits, group_size, str(dtype))
-    if key not in _UNPACKS:
-        x = mx.random.normal((1, 2, 16, 2 * group_size), key=mx.random.key(0)).astype(dtype)
-        parts = mx.quantize(x, group_size=group_size, bits=bits)
-        same = mx.array_equal(_unpacked(*parts, group_size, bits), mx.dequantize(*parts, group_size=group_size, bits=bits))
-        _UNPACKS[key] = bool(same.item())
-    return _UNPACKS[key]
 
 
 def _padded(parts: list[mx.array], lengths: list[int], width: int) -> mx.array:

@@ -78,7 +78,9 @@ class RowsCache(_tf.Cache):
             if problem:
                 raise ValueError(f"RowsCache: row {i}: {problem}")
         self.rows = list(rows)
-        self._lengths: dict[int, list[int]] = {}  # layer -> key count per row promised by the mask
+        # layer -> (key count per row the mask was made for, slots per row it shows)
+        self._lengths: dict[int, tuple[list[int], list[int]]] = {}
+        self._buffers: list[torch.Tensor | None] = [None, None]  # the batch's keys and values (see _batched)
 
     def __len__(self):
         return len(self.rows[0])
@@ -98,18 +100,22 @@ class RowsCache(_tf.Cache):
         same sizes, as a full-attention model applies one mask to all."""
         seen = self.get_seq_length()
         query = seen + torch.arange(n, device=device)[:, None]  # (n, 1)
-        masks, lengths = [], []
+        masks, lengths, extents = [], [], []
         for r, row in enumerate(self.rows):
             sizes = {row.get_mask_sizes(n, layer) for layer in range(len(row.layers))}
             if len(sizes) != 1:
                 raise ValueError(f"strategy batch: row {r}'s layers give different mask sizes {sorted(sizes)}; run it on its own")
             kv_length, kv_offset = sizes.pop()
-            masks.append(visible(query, kv_offset + torch.arange(kv_length, device=device)[None, :]))
+            # keys past the last query's position are hidden from every query (a static row's
+            # unwritten slots): the batch leaves them out rather than pad every row to them
+            extent = min(kv_length, max(seen + n - kv_offset, 0))
+            masks.append(visible(query, kv_offset + torch.arange(extent, device=device)[None, :]))
             lengths.append(kv_length)
+            extents.append(extent)
         for layer in range(len(self)):
-            self._lengths[layer] = lengths
-        width = max(lengths)
-        if n == 1 and all(bool(m.all()) for m in masks) and len(set(lengths)) == 1:
+            self._lengths[layer] = (lengths, extents)
+        width = max(extents)
+        if n == 1 and all(bool(m.all()) for m in masks) and len(set(extents)) == 1:
             return None
         padded = [m if m.shape[1] == width else torch.nn.functional.pad(m, (0, width - m.shape[1])) for m in masks]
         return torch.stack(padded)[:, None]  # (B, 1, n, L)
@@ -126,13 +132,33 @@ class RowsCache(_tf.Cache):
         promised = self._lengths.pop(layer_idx, None)
         if promised is None:
             raise ValueError("strategy batch: call attention_mask(n, device) before each forward and pass its mask to the model")
-        if lengths != promised:
+        if lengths != promised[0]:
             raise ValueError(
-                f"strategy batch: layer {layer_idx}'s rows returned {lengths} keys but their masks covered {promised}; "
+                f"strategy batch: layer {layer_idx}'s rows returned {lengths} keys but their masks covered {promised[0]}; "
                 "run these strategies one by one"
             )
-        width = max(lengths)
-        return _padded(out_k, width), _padded(out_v, width)
+        extents = promised[1]
+        return self._batched(out_k, extents, 0), self._batched(out_v, extents, 1)
+
+    def _batched(self, parts: list[torch.Tensor], extents: list[int], which: int) -> torch.Tensor:
+        """The rows' keys (``which`` 0) or values (1), row ``i`` cut to its first ``extents[i]``
+        slots, as one ``(B, H, max(extents), D)`` tensor. It is a view of a buffer this batch
+        keeps and every layer overwrites (the layers run one after another, and each layer's
+        attention reads its keys before the next layer's update), so no layer allocates, pads
+        and concatenates afresh; slots past a row's extent hold finite leftovers that its mask
+        hides."""
+        if len(parts) == 1:
+            return parts[0][:, :, : extents[0]]
+        width = max(extents)
+        first = parts[0]
+        b, h, d = len(parts), first.shape[1], first.shape[-1]
+        buf = self._buffers[which]
+        if buf is None or buf.shape[2] < width or buf.shape[1] != h or buf.shape[3] != d or buf.dtype != first.dtype or buf.device != first.device:
+            cap = -(-width // 256) * 256
+            buf = self._buffers[which] = torch.zeros(b, h, cap, d, dtype=first.dtype, device=first.device)
+        for i, (part, n) in enumerate(zip(parts, extents)):
+            buf[i, :, :n].copy_(part[0, :, :n])
+        return buf[:, :, :width]
 
     # what generation code or the mask helpers may read
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
@@ -155,9 +181,6 @@ class RowsCache(_tf.Cache):
         return sum(row.nbytes for row in self.rows)
 
 
-def _padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
-    parts = [p if p.shape[-2] == width else torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[-2])) for p in parts]
-    return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
 
 
 def _a(name: str) -> str:

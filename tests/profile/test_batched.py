@@ -87,6 +87,35 @@ def test_a_strategy_batch_gives_each_row_its_own_logits_on_a_tiny_model(backend,
     assert max(worst) < 1e-5, dict(zip(TINY, worst))
 
 
+def test_a_static_rows_unwritten_slots_do_not_widen_the_torch_batch(load_model):
+    """transformers' static layer hands back all ``max_len`` slots; the batch's attention covers
+    only the slots some row's mask shows (the longest row so far), and the logits stay the rows' own."""
+    loaded = load_model("tiny-llama", "torch")
+    runner, probe = Runner(loaded), probe_for(loaded)
+    specs = [parse_spec(s) for s in ("standard", "static:max_len=256", "rotating:max_size=6,keep=2")]
+    rows = runner.rows_cache([probe.make_cache(s) for s in specs])
+    alone = [probe.make_cache(s) for s in specs]
+    widths = []
+    update = rows.update
+
+    def spy(k, v, layer, *a, **kw):
+        out = update(k, v, layer, *a, **kw)
+        widths.append(out[0].shape[-2])
+        return out
+
+    rows.update = spy
+    feed = [5, 9, 2, 7]
+    for step in range(6):
+        batch = runner.step_rows(rows, [feed] * 3)
+        one = [runner.step(c, feed) for c in alone]
+        for a, b in zip(one, batch):
+            assert compare(a, b, int(np.argmax(a)))[0] < 1e-5
+        seen = 4 + step
+        assert set(widths) == {seen}, (step, set(widths))  # the standard row's length, not 256
+        widths.clear()
+        feed = [int(np.argmax(one[0]))]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_batched_profile_has_the_rows_columns_and_bytes_of_the_one_by_one_profile(backend, load_model):
     loaded = load_model("tiny-llama", backend)
