@@ -153,7 +153,8 @@ class RowsCache(_tf.Cache):
         first = parts[0]
         b, h, d = len(parts), first.shape[1], first.shape[-1]
         buf = self._buffers[which]
-        if buf is None or buf.shape[2] < width or buf.shape[1] != h or buf.shape[3] != d or buf.dtype != first.dtype or buf.device != first.device:
+        fits = buf is not None and buf.shape[1] == h and buf.shape[2] >= width and buf.shape[3] == d
+        if not fits or buf.dtype != first.dtype or buf.device != first.device:
             cap = -(-width // 256) * 256
             buf = self._buffers[which] = torch.zeros(b, h, cap, d, dtype=first.dtype, device=first.device)
         for i, (part, n) in enumerate(zip(parts, extents)):
@@ -179,8 +180,6 @@ class RowsCache(_tf.Cache):
     @property
     def nbytes(self) -> int:
         return sum(row.nbytes for row in self.rows)
-
-
 
 
 def _a(name: str) -> str:
