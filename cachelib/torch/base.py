@@ -15,7 +15,6 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from ..introspect import CacheView, QuantError
-from .quantizer import quant_error_of
 
 Arrays = Union[torch.Tensor, tuple[torch.Tensor, ...]]
 
@@ -184,25 +183,64 @@ class AttentionLayer(CacheLayerMixin):
 
 
 class QuantErrorProbe:
-    """The ``track_error`` switch of quantizing layers (off by default, zero work when off)."""
+    """The ``track_error`` switch of quantizing layers (off by default, zero work when off).
+
+    A small update's error (a decode step's few tokens) is computed only when read, and
+    :func:`resolve_errors` computes those of many layers together: some twenty small ops and
+    six host reads a layer were the probe's cost, not their arithmetic. A large update's (a
+    prefill chunk) is computed at once, so its inputs are not held into the next forward."""
 
     track_error = False
     _last_error: QuantError | None = None
+    _pending_error: list | None = None  # [(x, x_hat), (x, x_hat)] of keys and values, flattened
 
     def _record_error(self, pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         """Set the error of this update from (keys, keys_hat, values, values_hat) chunks; called
-        only when ``track_error`` is on."""
+        only when ``track_error`` is on (``[]``: the update quantized nothing)."""
+        self._last_error = self._pending_error = None
         if not pairs:
-            self._last_error = None
             return
-        k = torch.cat([p[0].flatten() for p in pairs])
-        k_hat = torch.cat([p[1].flatten() for p in pairs])
-        v = torch.cat([p[2].flatten() for p in pairs])
-        v_hat = torch.cat([p[3].flatten() for p in pairs])
-        k_rel, k_max = quant_error_of(k, k_hat)
-        v_rel, v_max = quant_error_of(v, v_hat)
-        self._last_error = QuantError(k_rel, k_max, v_rel, v_max)
+        flat = [torch.cat([p[i].flatten() for p in pairs]) if len(pairs) > 1 else pairs[0][i].flatten() for i in range(4)]
+        self._pending_error = [(flat[0], flat[1]), (flat[2], flat[3])]
+        if flat[0].numel() > DEFERRED_ERROR_ELEMENTS:
+            resolve_errors([self])
 
     @property
     def quant_error(self) -> QuantError | None:
-        return self._last_error if self.track_error else None
+        if not self.track_error:
+            return None
+        if self._pending_error is not None:
+            resolve_errors([self])
+        return self._last_error
+
+
+DEFERRED_ERROR_ELEMENTS = 1 << 16  # an update of more key elements has its error computed at once
+
+
+def resolve_errors(layers) -> None:
+    """Compute the pending quantization error of every one of ``layers`` (those without one are
+    skipped): the keys and values of equal size are stacked, one set of reductions in float64
+    and one host read per size, the same formula as :func:`.quantizer.quant_error_of`."""
+    groups: dict[tuple, list] = {}
+    pending = []
+    for layer in layers:
+        pairs = getattr(layer, "_pending_error", None)
+        if pairs is None:
+            continue
+        layer._pending_error = None
+        slot = [0.0, 0.0, 0.0, 0.0]
+        pending.append((layer, slot))
+        for j, (x, x_hat) in enumerate(pairs):
+            groups.setdefault((x.numel(), x.device), []).append((slot, j, x, x_hat))
+    for (numel, _), items in groups.items():
+        if numel == 0:
+            for slot, j, _, _ in items:
+                slot[2 * j], slot[2 * j + 1] = 0.0, 0.0
+            continue
+        x = torch.stack([it[2] for it in items]).double()
+        diff = torch.stack([it[3] for it in items]).double() - x
+        terms = torch.stack([torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(diff, dim=1), diff.abs().amax(dim=1)], 1)
+        for (slot, j, _, _), (norm, err, worst) in zip(items, terms.tolist()):
+            slot[2 * j], slot[2 * j + 1] = (err / norm if norm > 0 else 0.0), worst
+    for layer, slot in pending:
+        layer._last_error = QuantError(*slot)

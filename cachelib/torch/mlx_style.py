@@ -190,7 +190,7 @@ class QuantizedKVCacheLayer(QuantErrorProbe, KVCacheLayer):
             self.quantized = True
         if not self.quantized:
             if self.track_error:
-                self._last_error = None
+                self._record_error([])
             return key_states, value_states
         new_keys, new_values = encode_pair(self.key_codec, self.value_codec, key_states, value_states)
         if self.track_error:

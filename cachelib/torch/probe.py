@@ -17,6 +17,7 @@ import torch
 from ..core.masks import visible
 from ..introspect import CacheView
 from ..spec import Spec
+from .base import resolve_errors
 from .cache import Cache
 from .factory import make_cache
 from .hooks import capture
@@ -34,10 +35,13 @@ class TorchProbe:
         return make_cache(self.model, spec)
 
     def views(self, cache: Cache) -> list[CacheView]:
-        return cache.introspect()
+        return self.views_of([cache])[0]
 
     def views_of(self, caches: list[Cache]) -> list[list[CacheView]]:
         """The views of several whole-model caches (the rows of a strategy batch)."""
+        # the quantization error of each quantizing layer's last update is computed here for
+        # every cache together (stacked by size), not a few small ops and host reads a layer
+        resolve_errors([layer for cache in caches for layer in getattr(cache, "layers", ())])
         return [cache.introspect() for cache in caches]
 
     def set_track_error(self, cache: Cache, on: bool) -> None:

@@ -91,7 +91,7 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
             self.keys, self.values = self.keys[..., :0, :].clone(), self.values[..., :0, :].clone()
         else:
             if self.track_error:
-                self._last_error = None
+                self._record_error([])
             self.keys = torch.cat((self.keys, key_states), dim=-2)
             self.values = torch.cat((self.values, value_states), dim=-2)
         return out_k, out_v
