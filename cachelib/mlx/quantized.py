@@ -168,7 +168,8 @@ def error_terms(x: mx.array, parts, group_size: int, bits: int) -> Terms:
 
 def resolve_terms(terms: list[Terms]) -> None:
     """Read the values of every one of ``terms`` with one evaluation: terms of one width and one
-    shape are stacked and computed by one compiled, shape-free graph."""
+    shape are stacked and computed together (a decode step's one-token terms by one compiled
+    graph per width; a prefill chunk's uncompiled, its length varying)."""
     groups: dict[tuple, list[Terms]] = {}
     built: list[tuple[Terms, mx.array]] = []
     for t in terms:
