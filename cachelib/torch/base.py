@@ -233,9 +233,7 @@ def resolve_errors(layers) -> None:
         for j, (x, x_hat) in enumerate(pairs):
             groups.setdefault((x.numel(), x.device), []).append((slot, j, x, x_hat))
     for (numel, _), items in groups.items():
-        if numel == 0:
-            for slot, j, _, _ in items:
-                slot[2 * j], slot[2 * j + 1] = 0.0, 0.0
+        if numel == 0:  # nothing quantized: the slots' zeros stand
             continue
         x = torch.stack([it[2] for it in items]).double()
         diff = torch.stack([it[3] for it in items]).double() - x
