@@ -38,26 +38,31 @@ BYTE_COLUMNS = ["cache_tokens_held", "cache_bytes_used", "cache_bytes_allocated"
 LAYER_COLUMNS = ["offset", "tokens_held", "capacity", "bytes_used", "bytes_allocated", "quantized_tokens"]
 
 
-def _batched_against_one_by_one(loaded, strategies, prompt_ids, steps):
-    """Per strategy: (worst per-step KL of the batched row against its own run, steps whose
-    top-1 differs, worst per-step KL of its own run against the baseline's); every run fed the
-    baseline's greedy tokens."""
+def _per_step(loaded, strategies, prompt_ids, steps):
+    """Per strategy and step, every run fed the baseline's greedy tokens: (KL of the batched row
+    against the strategy run alone, KL of the run alone against the baseline run alone, KL of
+    the batched row against the baseline run alone, whether the two runs' top-1 agree)."""
     runner, probe = Runner(loaded), probe_for(loaded)
     specs = [parse_spec(s) for s in strategies]
     alone = [probe.make_cache(s) for s in specs]
     rows = runner.rows_cache([probe.make_cache(s) for s in specs])
-    worst, differ, own = [0.0] * len(specs), [0] * len(specs), [0.0] * len(specs)
+    out = [[] for _ in specs]
     feed = prompt_ids
     for _ in range(steps):
         one = [runner.step(c, feed) for c in alone]
         batch = runner.step_rows(rows, [feed] * len(specs))
         for i, (a, b) in enumerate(zip(one, batch)):
             kl, agree, _ = compare(a, b, int(np.argmax(a)))
-            worst[i] = max(worst[i], kl)
-            differ[i] += not agree
-            own[i] = max(own[i], compare(one[0], a, 0)[0])
+            out[i].append((kl, compare(one[0], a, 0)[0], compare(one[0], b, 0)[0], agree))
         feed = [int(np.argmax(one[0]))]
-    return worst, differ, own
+    return out
+
+
+def _batched_against_one_by_one(loaded, strategies, prompt_ids, steps):
+    """Per strategy: (worst per-step KL of the batched row against its own run, steps whose
+    top-1 differs, worst per-step KL of its own run against the baseline's)."""
+    per = _per_step(loaded, strategies, prompt_ids, steps)
+    return ([max(r[0] for r in p) for p in per], [sum(not r[3] for r in p) for p in per], [max(r[1] for r in p) for p in per])
 
 
 def _assert_same_profile(loaded, strategies, **kw):
@@ -169,35 +174,43 @@ def test_rows_that_advance_apart_are_refused(backend, load_model):
         runner.step_rows(runner.rows_cache([probe.make_cache(parse_spec("standard")) for _ in range(2)]), [[1, 2], [1]])
 
 
+LOSSY = ("quantized", "kivi")  # rows that round keys or values to codes
+
+
 @pytest.mark.slow
 @pytest.mark.bundled
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_on_the_bundled_model_batched_and_one_by_one_agree_every_step(backend, load_model):
-    """Same top-1 every step for all; KL < 1e-5 for rows whose attention sees float keys made
-    the same way (standard, rotating, static, KIVI). A quantized-KV row can differ more: a
-    1e-6 float difference (the batch's matmuls; on MLX also mlx-lm's quantized attention against
-    attention over the dequantized keys) can move a key or value across a rounding boundary, and
-    that code then differs for the rest of the run (docs/profiler.md). Its batched difference
-    must stay below the strategy's own difference from the baseline."""
+    """Same top-1 every step for all; KL < 1e-5 for rows that keep float keys and values
+    (standard, rotating, static). A row that rounds keys or values to codes (quantized, KIVI)
+    can differ more: a 1e-6 float difference (the batch's matmuls; on MLX also mlx-lm's
+    quantized attention against attention over the dequantized keys) can move a key or value
+    across a rounding boundary, and that code then differs for the rest of the run
+    (docs/profiler.md; whether any code moves depends on the CPU's matmul kernels). Such a row
+    then differs from its own run by another draw of its own quantization noise, never by more
+    than the two runs' distances from the full cache together: per step, sqrt(KL) of batched
+    against alone stays within sqrt(KL alone vs full) + sqrt(KL batched vs full), the triangle
+    inequality of the (locally metric) square root of KL, with 50% slack for its curvature."""
     loaded = load_model("smollm2", backend)
     prompt = encode_prompt(loaded.tokenizer, PROMPT)
-    worst, differ, own = _batched_against_one_by_one(loaded, BUNDLED, prompt, steps=24)
-    assert differ == [0] * len(BUNDLED), dict(zip(BUNDLED, differ))
-    for spec, kl, own_kl in zip(BUNDLED, worst, own):
-        if spec.startswith("quantized"):
-            assert kl < own_kl, (spec, kl, own_kl)
+    per = _per_step(loaded, BUNDLED, prompt, steps=24)
+    for spec, steps in zip(BUNDLED, per):
+        assert all(agree for *_, agree in steps), (spec, [i for i, r in enumerate(steps) if not r[3]])
+        if spec.startswith(LOSSY):
+            for i, (kl, alone_kl, batched_kl, _) in enumerate(steps):
+                assert kl <= 1.5 * (np.sqrt(alone_kl) + np.sqrt(batched_kl)) ** 2 + 1e-5, (spec, i, kl, alone_kl, batched_kl)
         else:
-            assert kl < 1e-5, (spec, kl)
+            assert max(r[0] for r in steps) < 1e-5, (spec, max(r[0] for r in steps))
 
 
-def _prefill_logits(loaded, spec: str, nudge: bool) -> np.ndarray:
-    """The prompt's last logits through ``spec`` run alone, with every weight of layer 0's
-    attention output projection moved by at most one float32 ulp when ``nudge``."""
+def _prefill_logits(loaded, spec: str, layer: int | None) -> np.ndarray:
+    """The prompt's last logits through ``spec`` run alone, with every weight of ``layer``'s
+    attention key projection moved by one or two float32 ulps (none when ``layer`` is None)."""
     runner, probe = Runner(loaded), probe_for(loaded)
-    proj = loaded.model.model.layers[0].self_attn.o_proj
-    before = proj.weight
-    if nudge:
+    proj = None if layer is None else loaded.model.model.layers[layer].self_attn.k_proj
+    if proj is not None:
         if loaded.info.backend == "mlx":
+            before = proj.weight
             proj.weight = before * (1 + 2.0**-23)
         else:
             import torch
@@ -208,9 +221,9 @@ def _prefill_logits(loaded, spec: str, nudge: bool) -> np.ndarray:
     try:
         return runner.step(probe.make_cache(parse_spec(spec)), encode_prompt(loaded.tokenizer, PROMPT))
     finally:
-        if nudge and loaded.info.backend == "mlx":
+        if proj is not None and loaded.info.backend == "mlx":
             proj.weight = before
-        elif nudge:
+        elif proj is not None:
             import torch
 
             with torch.no_grad():
@@ -223,16 +236,21 @@ def _prefill_logits(loaded, spec: str, nudge: bool) -> np.ndarray:
 def test_one_ulp_of_rounding_moves_a_quantized_run_by_more_than_float_tolerance(backend, load_model):
     """The evidence behind docs/profiler.md's claim that no batching can give a quantized row its
     unbatched logits to 1e-5: the unbatched run itself moves that much when one weight matrix
-    moves by one ulp, while the full cache stays at rounding size."""
+    moves by one ulp, while the full cache stays at rounding size. Which nudge moves a code
+    depends on the CPU's matmul kernels and thread count (measured 2026-12-02: 11 of 60 nudges
+    on torch with one thread, 21 of 60 on MLX), so every layer's key projection is nudged in
+    turn, for an 8-bit and a 4-bit cache."""
     loaded = load_model("smollm2", backend)
+    layers = range(len(loaded.model.model.layers))
     kl = {}
-    for spec in ("standard", "quantized:bits=4,group_size=32"):
-        a, b = _prefill_logits(loaded, spec, False), _prefill_logits(loaded, spec, True)
-        kl[spec] = compare(a, b, None)[0]
-    assert kl["standard"] < 1e-8, kl
-    assert kl["quantized:bits=4,group_size=32"] > 1e-5, kl
+    for spec in ("standard", "quantized:bits=8", "quantized:bits=4,group_size=32"):
+        base = _prefill_logits(loaded, spec, None)
+        kl[spec] = [compare(base, _prefill_logits(loaded, spec, i), None)[0] for i in layers]
+    assert max(kl["standard"]) < 1e-8, max(kl["standard"])
+    moved = {s: sum(k > 1e-5 for k in v) for s, v in kl.items() if s != "standard"}
+    assert sum(moved.values()) > 0, moved
     # the model is unchanged afterwards
-    assert np.array_equal(_prefill_logits(loaded, "standard", False), _prefill_logits(loaded, "standard", False))
+    assert np.array_equal(_prefill_logits(loaded, "standard", None), _prefill_logits(loaded, "standard", None))
 
 
 @pytest.mark.slow

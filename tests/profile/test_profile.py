@@ -191,11 +191,11 @@ def test_exception_at_step_k_leaves_rows_before_k_and_incomplete_status(tiny, tm
     real_step = Runner.step
     calls = {"n": 0}
 
-    def failing_step(self, cache, ids):
+    def failing_step(self, cache, ids, extra=None):
         if calls["n"] == k:  # one strategy: the k-th call is step k
             raise RuntimeError("simulated device failure")
         calls["n"] += 1
-        return real_step(self, cache, ids)
+        return real_step(self, cache, ids, extra)
 
     monkeypatch.setattr(Runner, "step", failing_step)
     out = tmp_path / "broken.csv"
