@@ -63,13 +63,15 @@ class Runner:
 
         return DynamicCache(config=model.config)
 
-    def logits(self, cache, ids: list[int]) -> Any:
+    def logits(self, cache, ids: list[int], extra: Callable[[], list] | None = None) -> Any:
         """Forward ``ids`` (one sequence) through the model with ``cache``; logits of every
-        position as a backend array of shape (len(ids), vocab), already computed."""
+        position as a backend array of shape (len(ids), vocab), already computed. ``extra``: on
+        MLX, called after the forward is built, the further lazy arrays to compute in the same
+        evaluation (a probe's, see ``BackendProbe.pending``); torch computes as it goes."""
         if self.backend == "mlx":
             mx = self._mx
             out = self.loaded.model(mx.array([ids]), cache=cache)[0]
-            mx.eval(out)
+            mx.eval(out, extra() if extra else [])
             return out
         torch = self._torch
         with torch.inference_mode():
@@ -77,9 +79,10 @@ class Runner:
             out = self.loaded.model(input_ids=x, cache=cache, use_cache=True).logits[0]
         return out
 
-    def step(self, cache, ids: list[int]) -> np.ndarray:
-        """Forward ``ids`` and return the float32 logits of the last position."""
-        out = self.logits(cache, ids)[-1]
+    def step(self, cache, ids: list[int], extra: Callable[[], list] | None = None) -> np.ndarray:
+        """Forward ``ids`` and return the float32 logits of the last position (``extra`` as in
+        :meth:`logits`)."""
+        out = self.logits(cache, ids, extra)[-1]
         if self.backend == "mlx":
             return np.array(out.astype(self._mx.float32), copy=False)
         return out.float().cpu().numpy()
@@ -108,15 +111,16 @@ class Runner:
 
         return RowsCache(caches, self.loaded.model.config.get_text_config(decoder=True))
 
-    def step_rows(self, rows, ids: list[list[int]]) -> np.ndarray:
+    def step_rows(self, rows, ids: list[list[int]], extra: Callable[[], list] | None = None) -> np.ndarray:
         """Forward ``ids[i]`` through row ``i`` (every row the same number of tokens) and return
-        the float32 logits of each row's last position, shape (rows, vocab)."""
+        the float32 logits of each row's last position, shape (rows, vocab); ``extra`` as in
+        :meth:`logits`."""
         if len({len(r) for r in ids}) != 1:
             raise ValueError(f"step_rows: every row takes the same number of tokens, got {[len(r) for r in ids]}")
         if self.backend == "mlx":
             mx = self._mx
             out = self.loaded.model(mx.array(ids), cache=rows)[:, -1, :]
-            mx.eval(out)
+            mx.eval(out, extra() if extra else [])
             return np.array(out.astype(mx.float32), copy=False)
         torch = self._torch
         with torch.inference_mode():

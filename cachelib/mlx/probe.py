@@ -20,7 +20,7 @@ from ..spec import Spec
 from .factory import introspect, make_cache
 from .hooks import capture
 from .importance import ImportanceKVCache
-from .quantized import Terms, resolve_terms
+from .quantized import Terms, resolve_terms, stage_terms
 
 
 class MLXProbe:
@@ -38,18 +38,17 @@ class MLXProbe:
     def views_of(self, caches: list[list]) -> list[list[CacheView]]:
         """The views of several whole-model caches (the rows of a strategy batch)."""
         # the quantization-error terms of the last update, a pair per quantizing layer, are
-        # computed here for every cache together (one stacked graph per width and shape), not
-        # one small graph per layer as each view reads its own
-        resolve_terms([
-            t
-            for cache in caches
-            for layer in cache
-            for c in getattr(layer, "caches", (layer,))
-            if isinstance(getattr(c, "_error", None), tuple)
-            for t in c._error
-            if isinstance(t, Terms)
-        ])  # fmt: skip
+        # read here for every cache together (computed by the forward's own evaluation where
+        # the runner was given :meth:`pending`, else by one evaluation here), not one small
+        # graph per layer as each view reads its own
+        resolve_terms(_terms(caches))
         return [introspect(cache) for cache in caches]
+
+    def pending(self, caches: list[list]) -> list:
+        """The probe arrays a forward over ``caches`` just built and left uncomputed (a decode
+        step's quantization-error terms, stacked per width and shape), for the runner to
+        evaluate with the logits: one evaluation a step, not a second one for the probe."""
+        return stage_terms(_terms(caches))
 
     def set_track_error(self, cache: list, on: bool) -> None:
         for layer in cache:
@@ -107,3 +106,16 @@ class MLXProbe:
     def device_memory(self) -> tuple[int | None, int | None]:
         """(active bytes, peak bytes since reset_peak) of MLX's allocator."""
         return int(mx.get_active_memory()), int(mx.get_peak_memory())
+
+
+def _terms(caches: list[list]) -> list[Terms]:
+    """The error terms the last update of every quantizing layer of ``caches`` recorded."""
+    return [
+        t
+        for cache in caches
+        for layer in cache
+        for c in getattr(layer, "caches", (layer,))
+        if isinstance(getattr(c, "_error", None), tuple)
+        for t in c._error
+        if isinstance(t, Terms)
+    ]

@@ -135,29 +135,51 @@ def _stacked_error_terms(x: mx.array, packed, scales, biases, group_size: int, b
 _STACKED_FNS: dict[tuple, object] = {}
 
 
+class _Stack:
+    """The ``(N, 3)`` error terms of N :class:`Terms` computed as one array, read once."""
+
+    __slots__ = ("array", "rows")
+
+    def __init__(self, array: mx.array):
+        self.array: mx.array | None = array
+        self.rows: list[list[float]] | None = None
+
+    def read(self) -> list[list[float]]:
+        if self.rows is None:
+            self.rows, self.array = self.array.tolist(), None
+        return self.rows
+
+
 class Terms:
     """The error terms ``[sum sq error, sum sq x, max abs error]`` of ``parts`` reconstructing
     ``x``, computed only when read: a profiled decode step records two per quantizing layer, and
-    :func:`resolve_terms` computes all of a step's together (one stacked graph per width and
-    shape instead of some ten small ops each, whose dispatch, not their arithmetic, was the
-    probe's cost on a CPU). Holds the update's own new keys or values until then."""
+    :func:`stage_terms` builds all of a step's together (one stacked graph per width and shape
+    instead of some ten small ops each, whose dispatch, not their arithmetic, was the probe's
+    cost on a CPU), for the forward's own evaluation to compute. Holds the update's own new keys
+    or values until then."""
 
-    __slots__ = ("x", "parts", "group_size", "bits", "array", "floats")
+    __slots__ = ("x", "parts", "group_size", "bits", "array", "stack", "index", "floats")
 
     def __init__(self, x=None, parts=None, group_size: int = 0, bits: int = 0, array: mx.array | None = None):
         self.x, self.parts, self.group_size, self.bits = x, parts, group_size, bits
-        self.array = array  # the lazy (3,) terms once built
+        self.array = array  # the lazy (3,) terms once built alone
+        self.stack: _Stack | None = None  # or row ``index`` of a stack of them
+        self.index = 0
         self.floats: list[float] | None = None  # their values once read
 
     def built(self) -> mx.array:
         if self.array is None:
-            self.array = _error_terms(self.x, self.parts, self.group_size, self.bits)
-            self.x = self.parts = None
+            if self.stack is not None:
+                rows = self.stack.rows
+                self.array = mx.array(rows[self.index]) if rows is not None else self.stack.array[self.index]
+            else:
+                self.array = _error_terms(self.x, self.parts, self.group_size, self.bits)
+                self.x = self.parts = None
         return self.array
 
     def values(self) -> list[float]:
         if self.floats is None:
-            self.floats = self.built().tolist()
+            self.floats = self.stack.read()[self.index] if self.stack is not None else self.built().tolist()
         return self.floats
 
 
@@ -166,24 +188,28 @@ def error_terms(x: mx.array, parts, group_size: int, bits: int) -> Terms:
     return Terms(x, list(parts), group_size, bits)
 
 
-def resolve_terms(terms: list[Terms]) -> None:
-    """Read the values of every one of ``terms`` with one evaluation: terms of one width and one
-    shape are stacked and computed together (a decode step's one-token terms by one compiled
-    graph per width; a prefill chunk's uncompiled, its length varying)."""
+def stage_terms(terms: list[Terms]) -> list[mx.array]:
+    """Build, without computing, the graphs that give every unread one of ``terms``: terms of
+    one width and one shape are stacked and computed together (a decode step's one-token terms
+    by one compiled graph per width; a prefill chunk's uncompiled, its length varying). Returns
+    the arrays to evaluate, which a forward evaluates with its logits (one evaluation, not two)."""
     groups: dict[tuple, list[Terms]] = {}
-    built: list[tuple[Terms, mx.array]] = []
+    out: list[mx.array] = []
     for t in terms:
         if t.floats is not None:
             continue
+        if t.stack is not None:
+            if t.stack.array is not None:
+                out.append(t.stack.array)
+            continue
         if t.array is not None:
-            built.append((t, t.array))
+            out.append(t.array)
             continue
         key = (t.group_size, t.bits, t.x.shape, t.x.dtype, *((p.shape, p.dtype) for p in t.parts))
         groups.setdefault(key, []).append(t)
-    stacked: list[tuple[list[Terms], mx.array]] = []
     for key, group in groups.items():
         if len(group) == 1:
-            built.append((group[0], group[0].built()))
+            out.append(group[0].built())
             continue
         gs, bits = key[0], key[1]
         x = mx.stack([t.x for t in group])
@@ -195,15 +221,21 @@ def resolve_terms(terms: list[Terms]) -> None:
                 fn = _STACKED_FNS[(gs, bits)] = mx.compile(partial(_stacked_error_terms, group_size=gs, bits=bits))
         else:  # a prefill chunk's length varies: a compiled graph per length would pile up
             fn = partial(_stacked_error_terms, group_size=gs, bits=bits)
-        stacked.append((group, fn(x, packed, scales, biases)))
-    if not built and not stacked:
-        return
-    mx.eval([a for _, a in built] + [a for _, a in stacked])
-    for t, a in built:
-        t.floats = a.tolist()
-    for group, a in stacked:
-        for t, row in zip(group, a.tolist()):
-            t.floats, t.x, t.parts = row, None, None
+        stack = _Stack(fn(x, packed, scales, biases))
+        for i, t in enumerate(group):
+            t.stack, t.index, t.x, t.parts = stack, i, None, None
+        out.append(stack.array)
+    return list({id(a): a for a in out}.values())
+
+
+def resolve_terms(terms: list[Terms]) -> None:
+    """Read the values of every one of ``terms`` with at most one evaluation (none when a
+    forward already computed what :func:`stage_terms` built)."""
+    arrays = stage_terms(terms)
+    if arrays:
+        mx.eval(arrays)
+    for t in terms:
+        t.values()
 
 
 def merge_terms(a: Terms | None, b: Terms) -> Terms:

@@ -25,6 +25,11 @@ class BackendProbe(Protocol):
 
     def views(self, cache: Any) -> list[CacheView]: ...
 
+    def pending(self, caches: list[Any]) -> list[Any]:
+        """Probe work a forward over ``caches`` built and left uncomputed (a lazy backend),
+        for the runner to compute in the forward's own evaluation; [] where there is none."""
+        ...
+
     def set_track_error(self, cache: Any, on: bool) -> None: ...
 
     def masks_before(self, cache: Any, views: list[CacheView], n_queries: int) -> list[Any]:

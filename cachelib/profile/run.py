@@ -335,9 +335,11 @@ class _StrategyBatch:
         if probes.system:
             probe.reset_peak()
         start = time.perf_counter()
-        logits = self.runner.step_rows(self.rows, ids)
+        caches = [st.cache for st in self.states]
+        # the probes' pending work (error terms) is computed in the forward's own evaluation
+        logits = self.runner.step_rows(self.rows, ids, extra=lambda: probe.pending(caches))
         wall = time.perf_counter() - start  # the one forward every row took
-        views = probe.views_of([st.cache for st in self.states])  # one evaluation for every row's pending terms
+        views = probe.views_of(caches)  # reads every row's error terms, computed by the forward
         # the process's memory after the one forward is every row's: read it once, not once a row
         system = (*probe.device_memory(), _rss()) if probes.on("system", step, last) else None
         return {
@@ -353,7 +355,7 @@ def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bo
         probe.reset_peak()
     start = time.perf_counter()
     with probe.capture(st.cache):  # importance caches get the step's queries (a no-op otherwise)
-        logits = runner.step(st.cache, ids)
+        logits = runner.step(st.cache, ids, extra=lambda: probe.pending([st.cache]))
     wall = time.perf_counter() - start
     return logits, _after_step(probe, probes, st, step, last, ids, logits, wall, masks_raw, want_error, probe.views(st.cache))
 

@@ -44,6 +44,11 @@ class TorchProbe:
         resolve_errors([layer for cache in caches for layer in getattr(cache, "layers", ())])
         return [cache.introspect() for cache in caches]
 
+    def pending(self, caches: list[Cache]) -> list:
+        """Nothing: torch computes a forward as it runs, so no probe work waits for the logits'
+        evaluation (the quantization error is read in :meth:`views_of`)."""
+        return []
+
     def set_track_error(self, cache: Cache, on: bool) -> None:
         cache.track_error = on  # the whole-model cache passes it to every quantizing layer
 
