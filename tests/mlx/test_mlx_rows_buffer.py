@@ -1,0 +1,71 @@
+"""The MLX strategy batch keeps each layer's keys and values in buffers and writes only what a
+step changed (the new tokens of an appending row, the whole of a ring or KIVI row): the logits
+are those of the batch that copies every row afresh each step, bit for bit, through the
+buffers' growth past a step of 256 slots, and after the batch passes its byte limit and drops
+them mid-run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cachelib.decode import Runner
+from cachelib.mlx.rows import make_rows_cache
+from cachelib.profile.backends import probe_for
+from cachelib.spec import parse_spec
+
+STRATEGIES = [
+    "standard",
+    "concat",
+    "static:max_len=300",
+    "rotating:max_size=12,keep=2",
+    "quantized:bits=8,group_size=32",
+    "quantized:bits=4,group_size=32",
+    "quantized:bits=4,group_size=32,start=20",
+    "kivi:bits=4,group_size=32,residual=4",
+]
+
+
+def _decode(loaded, buffer_bytes: int, prompt: list[int], steps: int):
+    runner, probe = Runner(loaded), probe_for(loaded)
+    caches = [probe.make_cache(parse_spec(s)) for s in STRATEGIES]
+    rows = make_rows_cache(caches, buffer_bytes=buffer_bytes)
+    out, feed = [], prompt
+    for _ in range(steps):
+        logits = runner.step_rows(rows, [feed] * len(STRATEGIES))
+        out.append(logits)
+        feed = [int(np.argmax(logits[0]))]
+    return np.stack(out), rows
+
+
+@pytest.fixture(scope="module")
+def tiny(load_model):
+    return load_model("tiny-llama", "mlx")
+
+
+def test_buffered_batch_gives_the_logits_of_a_batch_copied_afresh_every_step(tiny):
+    prompt = [int(i) for i in np.random.default_rng(1).integers(1, 100, 250)]  # the buffers grow at 256
+    copied, rows = _decode(tiny, 0, prompt, 12)
+    assert rows[0]._buffers == [None, None]
+    buffered, rows = _decode(tiny, 1 << 30, prompt, 12)
+    assert rows[0]._buffers[0] is not None and rows[0]._buffers[0].shape[2] == 512
+    assert np.array_equal(buffered, copied)
+
+
+def test_a_batch_past_its_buffer_limit_drops_the_buffers_and_gives_the_same_logits(tiny):
+    prompt = [int(i) for i in np.random.default_rng(2).integers(1, 100, 250)]
+    copied, _ = _decode(tiny, 0, prompt, 12)
+    # room for every layer's 256-slot buffers, not for their growth to 512 slots at token 257
+    layers, kv_heads, head_dim = len(tiny.model.layers), tiny.model.args.num_key_value_heads, tiny.model.args.head_dim
+    one_step = 2 * len(STRATEGIES) * kv_heads * 256 * head_dim * 4 * layers
+    dropped, rows = _decode(tiny, one_step, prompt, 12)
+    assert rows[0]._expected.unbuffered and all(r._buffers == [None, None] for r in rows)
+    assert rows[0]._expected.buffered == 0
+    assert np.array_equal(dropped, copied)
+
+
+def test_a_negative_buffer_limit_is_refused(tiny):
+    probe = probe_for(tiny)
+    caches = [probe.make_cache(parse_spec("standard")) for _ in range(2)]
+    with pytest.raises(ValueError, match="buffer_bytes must be an integer >= 0"):
+        make_rows_cache(caches, buffer_bytes=-1)
