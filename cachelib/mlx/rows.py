@@ -127,15 +127,14 @@ class RowsCache(LayerCache):
         if keys.shape[0] != len(self.rows):
             raise ValueError(f"strategy batch: the forward has {keys.shape[0]} rows but the batch holds {len(self.rows)} caches")
         before = self.offset
-        out_k, out_v, fresh = [], [], []
+        out_k, out_v, lengths, fresh = [], [], [], []
         for i, c in enumerate(self.rows):
             appends = isinstance(c, _APPENDING) or (type(c) is QuantizedKVCache and c.quantized)
             k, v = c.update_and_fetch(keys[i : i + 1], values[i : i + 1])
             out_k.append(k)
             out_v.append(v)
-            n = _length(k)
+            lengths.append(n := _length(k))
             fresh.append(self._held[i] if appends and n >= self._held[i] else 0)  # first slot that changed
-        lengths = [_length(k) for k in out_k]
         promised = self._expected.by_kind.get(self._kind)
         if promised is not None and promised[0] == before:
             if lengths != promised[1]:
@@ -193,7 +192,6 @@ class RowsCache(LayerCache):
                 bk[i : i + 1, :, start:n, :] = _float(_tokens(k, start, n), c, getattr(c, "key_bits", None), k_dtype)
                 bv[i : i + 1, :, start:n, :] = _float(_tokens(v, start, n), c, getattr(c, "value_bits", None), v_dtype)
             self._held[i] = n
-        self._buffers = [bk, bv]
         if width == bk.shape[2]:
             return bk, bv
         return bk[..., :width, :], bv[..., :width, :]
