@@ -12,12 +12,23 @@ It knows nothing about any one strategy: each strategy is its own class in a sib
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import mlx.core as mx
 
 from ..core.masks import visible
 from ..introspect import CacheView
+
+
+class Written(NamedTuple):
+    """What one ``update_and_fetch`` changed in the keys/values it handed back, against those
+    the update before handed back: slots ``[start, end)`` are new; every other slot below the
+    new length holds what it held. ``verbatim``: those slots hold the update's input keys and
+    values as given (stored at full precision, not quantized, nothing else moved)."""
+
+    start: int
+    end: int
+    verbatim: bool
 
 
 class LayerCache:
@@ -28,6 +39,9 @@ class LayerCache:
     """
 
     _STATE: tuple[str, ...] = ()  # names of the entries of ``state``, for error messages
+    # What the last update changed in what it handed back (a strategy batch copies only that);
+    # None: not known, every slot may have changed.
+    written: Written | None = None
 
     @property
     def state(self) -> Any:

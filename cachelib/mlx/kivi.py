@@ -20,7 +20,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..introspect import CacheView
-from .base import array_bytes, attention_mask, check_array, check_int, check_trim, dtype_name, token_length
+from .base import Written, array_bytes, attention_mask, check_array, check_int, check_trim, dtype_name, token_length
 from .quantized import QuantizingCache, check_bits, dequantize, error_terms, quantize
 
 
@@ -29,6 +29,7 @@ class KIVICache(QuantizingCache):
     precision, older ones stored at ``bits`` bits in groups of ``group_size``."""
 
     _STATE = ("keys", "values", "residual_keys", "residual_values", "offset", "residual", "group_size", "bits")
+    _store_returned = None  # store tokens behind the arrays the last update handed back (None: not known)
 
     def __init__(self, residual: int = 128, group_size: int = 64, bits: int = 4):
         where = "KIVICache"
@@ -46,8 +47,18 @@ class KIVICache(QuantizingCache):
             self._check_dims(keys, values)
             self._append_quantized(keys, values)
             self.residual_keys, self.residual_values = keys[..., :0, :], values[..., :0, :]
+            self.written = Written(self.offset, self.offset + keys.shape[2], True)
+            self._store_returned = 0
             self.offset += keys.shape[2]
             return keys, values
+        # What comes back is the store as it is now, dequantized, then residual and new tokens at
+        # full precision; against the last return, the tokens the store took since are new.
+        stored, prev = self.quantized_tokens, self.offset
+        if self._store_returned == stored:
+            self.written = Written(prev, prev + keys.shape[2], True)
+        else:
+            self.written = None if self._store_returned is None else Written(self._store_returned, prev + keys.shape[2], False)
+        self._store_returned = stored
         out_k, out_v = self._with_store(
             mx.concatenate([self.residual_keys, keys], axis=2), mx.concatenate([self.residual_values, values], axis=2)
         )
@@ -130,6 +141,7 @@ class KIVICache(QuantizingCache):
         self.keys, self.values = None if keys is None else list(keys), None if values is None else list(values)
         self.residual_keys, self.residual_values = res_k, res_v
         self.offset, self.residual = offset, residual
+        self._store_returned = None
 
     def is_trimmable(self) -> bool:
         return True
@@ -154,6 +166,7 @@ class KIVICache(QuantizingCache):
                 self.keys = [p[..., :keep, :] for p in self.keys]
                 self.values = [p[..., :keep, :] for p in self.values]
         self.offset -= n
+        self._store_returned = None
         return n
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):

@@ -15,6 +15,7 @@ from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
     LayerCache,
+    Written,
     array_bytes,
     attention_mask,
     check_array,
@@ -70,6 +71,7 @@ class KVCache(LayerCache):
         self.keys = write_linear(self.keys, prev, keys, self.step)
         self.values = write_linear(self.values, prev, values, self.step)
         self.offset = prev + keys.shape[2]
+        self.written = Written(prev, self.offset, True)
         return self.keys_and_values()
 
     def keys_and_values(self):
@@ -161,11 +163,14 @@ class ConcatenateKVCache(LayerCache):
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         if self.keys is None:
+            held = 0
             self.keys, self.values = keys, values
         else:
+            held = self.keys.shape[2]
             self.keys = mx.concatenate([self.keys, keys], axis=2)
             self.values = mx.concatenate([self.values, values], axis=2)
         self.offset = self.keys.shape[2]
+        self.written = Written(held, self.offset, True)
         return self.keys, self.values
 
     def keys_and_values(self):
@@ -319,6 +324,7 @@ class StaticKVCache(LayerCache):
         self.keys[..., prev:end, :] = keys
         self.values[..., prev:end, :] = values
         self.offset = end
+        self.written = Written(prev, end, True)
         return self.keys_and_values()
 
     def keys_and_values(self):

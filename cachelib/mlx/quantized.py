@@ -24,6 +24,7 @@ from ..introspect import CacheView, QuantError
 from ..spec import GROUP_SIZES, QUANT_BITS
 from .base import (
     LayerCache,
+    Written,
     array_bytes,
     attention_mask,
     check_int,
@@ -348,11 +349,13 @@ class QuantizedKVCache(QuantizingCache):
         prev = self.offset
         if self.keys is None:
             self._check_dims(keys, values)
+        converts = self._pending and self.keys is not None
         if self._pending:
             if prev < self.start:
                 self.keys = write_linear(self.keys, prev, keys, self.step)
                 self.values = write_linear(self.values, prev, values, self.step)
                 self.offset = prev + keys.shape[2]
+                self.written = Written(prev, self.offset, True)
                 if self.track_error:
                     self._error = None
                 return self.keys_and_values()
@@ -369,6 +372,8 @@ class QuantizedKVCache(QuantizingCache):
         for buf, new in zip(self.values, qv):
             buf[..., prev:end, :] = new
         self.offset = end
+        # a conversion rewrote every held token; otherwise the new tokens alone are new
+        self.written = None if converts else Written(prev, end, False)
         if self.track_error:
             kt, vt = error_terms(keys, qk, gs, kb), error_terms(values, qv, gs, vb)
             if self._error_pending is not None:  # this update also converted the held tokens

@@ -24,6 +24,7 @@ from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
     LayerCache,
+    Written,
     array_bytes,
     causal_mask,
     check_int,
@@ -103,6 +104,7 @@ class _Ring(LayerCache):
             self.values = _cut(self._in_order(self.values, plan.wrapped, plan.held), self.keep, plan.drop, new_v)
         self.offset += n
         self._idx = plan.capacity
+        self.written = None  # the held tokens were put in time order: slots may all have moved
         return self._fetched(self.keys, self.values)
 
     def _write_one(self, keys: mx.array, values: mx.array):
@@ -131,6 +133,8 @@ class _Ring(LayerCache):
             self.values[..., i : i + 1, :] = new_v
         self.offset += 1
         self._idx = i + 1
+        # one slot written, the others where they were (a cut moves them all)
+        self.written = None if w.cut else Written(i, i + 1, new_k is keys)
         return self.keys_and_values()
 
     def keys_and_values(self):

@@ -19,14 +19,17 @@ to the same values bit for bit (checked once per width and dtype against ``mx.de
 
 The batch's keys and values: each layer keeps one ``(B, H, slots, D)`` float buffer for keys and
 one for values, row ``i`` holding row ``i``'s returned keys (dequantized) in its first slots, the
-rest zeros that the mask hides. A step writes into it only what changed: for a row whose cache
-only appends (the plain, static and concatenating caches, and the quantized cache once it
-quantizes) the new tokens alone, dequantized alone (a token's codes never change once written,
-so the buffer holds exactly ``dequantize`` of the whole cache); for any other row (rings, KIVI,
-whose flush requantizes a block) the row's whole returned keys. Without it every layer copied
-every row's whole cache into a fresh padded batch and dequantized each quantized row's whole
-cache, every step: at 256 tokens on this CPU that was most of the difference between 8 rows and
-the runtime's own batch of 8. The buffers cost a float copy of every row padded to the longest,
+rest zeros that the mask hides. A step writes into it only what changed, as each row's cache says
+in :attr:`~.base.LayerCache.written`: an appending row's new tokens (a quantized row's dequantized
+alone: a token's codes never change once written, so the buffer holds exactly ``dequantize`` of
+the whole cache), the one slot a ring overwrote, the tokens KIVI's store took since its last
+return; a row that rewrote everything (a ring putting its tokens in time order, a quantized cache
+converting at ``start``) is copied whole. Where a row's new slots are its input as given, the
+input is written, not the row's returned arrays: a KIVI row then never dequantizes its whole
+store (what it does alone, every step), since nothing reads that part of what it returned. A
+decode step in which every row changed one slot writes each buffer with one scatter. Without the
+buffers every layer copied every row's whole cache into a fresh padded batch and dequantized each
+quantized row's whole cache, every step. The buffers cost a float copy of every row padded to the longest,
 ``2 x B x H x slots x D`` elements a layer; past :data:`BUFFER_BYTES` for the whole batch (a long
 evaluation), the batch drops them and goes back to copying the rows into a padded batch per
 layer, which holds one layer's copy at a time.
@@ -52,8 +55,6 @@ from .rotating import QuantizedRotatingKVCache, RotatingKVCache
 # Layer caches a row may hold: every attention cache that makes its own mask. Chunked (the model
 # builds its mask), recurrent state and batch caches run one by one.
 ROW_CLASSES = (KVCache, ConcatenateKVCache, RotatingKVCache, QuantizedRotatingKVCache, QuantizedKVCache, KIVICache, StaticKVCache)
-# caches whose update only appends: the tokens they returned before stay where they were, unchanged
-_APPENDING = (KVCache, ConcatenateKVCache, StaticKVCache)
 # the most the batch's key/value buffers may hold, all layers together, before it copies per layer instead
 BUFFER_BYTES = 1 << 30
 
@@ -77,6 +78,13 @@ class _Expected:
         self.buffer_limit = buffer_bytes
         self.buffered = 0  # bytes held by every layer's buffers
         self.unbuffered = False  # set for good once the buffers would pass the limit
+        self._slots: tuple[tuple[int, ...], mx.array] | None = None
+
+    def slots(self, starts: tuple[int, ...]) -> mx.array:
+        """``starts`` as a (B, 1, 1, 1) index array, shared by the layers of one step."""
+        if self._slots is None or self._slots[0] != starts:
+            self._slots = (starts, mx.array(starts, dtype=mx.int32).reshape(-1, 1, 1, 1))
+        return self._slots[1]
 
 
 class RowsCache(LayerCache):
@@ -90,6 +98,7 @@ class RowsCache(LayerCache):
         self._kind = tuple((type(c), getattr(c, "max_size", None)) for c in self.rows)
         self._buffers: list[mx.array | None] = [None, None]  # keys, values: (B, H, slots, D)
         self._held = [0] * len(self.rows)  # per row, the leading slots of the buffers that are its keys now
+        self._offsets = [None] * len(self.rows)  # per row, its offset after the batch's last write of it
 
     @property
     def offset(self) -> int:
@@ -127,14 +136,15 @@ class RowsCache(LayerCache):
         if keys.shape[0] != len(self.rows):
             raise ValueError(f"strategy batch: the forward has {keys.shape[0]} rows but the batch holds {len(self.rows)} caches")
         before = self.offset
-        out_k, out_v, lengths, fresh = [], [], [], []
+        in_k = [keys[i : i + 1] for i in range(len(self.rows))]
+        in_v = [values[i : i + 1] for i in range(len(self.rows))]
+        out_k, out_v, lengths, writes = [], [], [], []
         for i, c in enumerate(self.rows):
-            appends = isinstance(c, _APPENDING) or (type(c) is QuantizedKVCache and c.quantized)
-            k, v = c.update_and_fetch(keys[i : i + 1], values[i : i + 1])
+            k, v = c.update_and_fetch(in_k[i], in_v[i])
             out_k.append(k)
             out_v.append(v)
             lengths.append(n := _length(k))
-            fresh.append(self._held[i] if appends and n >= self._held[i] else 0)  # first slot that changed
+            writes.append(self._changed(i, c, k, n, before, keys))
         promised = self._expected.by_kind.get(self._kind)
         if promised is not None and promised[0] == before:
             if lengths != promised[1]:
@@ -149,7 +159,7 @@ class RowsCache(LayerCache):
             )
         width = max(lengths)
         if self._buffered(keys, values, width):
-            return self._write(out_k, out_v, lengths, fresh, keys.dtype, values.dtype, width)
+            return self._write(in_k, in_v, out_k, out_v, lengths, writes, width)
         self._held = [0] * len(self.rows)
         fk = [_float(k, c, getattr(c, "key_bits", None), keys.dtype) for k, c in zip(out_k, self.rows)]
         fv = [_float(v, c, getattr(c, "value_bits", None), values.dtype) for v, c in zip(out_v, self.rows)]
@@ -184,14 +194,55 @@ class RowsCache(LayerCache):
         shared.buffered += size - held
         return True
 
-    def _write(self, out_k, out_v, lengths, fresh, k_dtype, v_dtype, width):
-        """Write each row's slots ``[fresh, length)`` into the buffers; their first ``width`` slots."""
+    def _changed(self, i: int, c: LayerCache, k, n: int, before: int, keys: mx.array) -> tuple[int, int, bool]:
+        """(start, end, verbatim): the slots of row ``i``'s returned keys/values that the buffers
+        must take this step, and whether they are the row's input as given. The row's
+        :attr:`~.base.LayerCache.written` says what its update changed against its last return,
+        which the buffers hold in their first ``_held[i]`` slots when this batch made that return
+        (the row's offset is where the batch left it); anything else is a copy of the whole row."""
+        w = c.written
+        if w is None or self._offsets[i] != before or not 0 <= w.start <= w.end <= n:
+            return 0, n, False
+        if w.start > self._held[i] or (w.end < n and n > self._held[i]):
+            return 0, n, False
+        verbatim = w.verbatim and w.end - w.start == keys.shape[2] and not isinstance(k, (list, tuple)) and k.dtype == keys.dtype
+        return w.start, w.end, verbatim
+
+    def _write(self, in_k, in_v, out_k, out_v, lengths, writes, width):
+        """Write each row's changed slots into the buffers; their first ``width`` slots.
+
+        A decode step where every row changed one slot is one scatter per buffer; otherwise
+        every row's slots are written in turn."""
         bk, bv = self._buffers
-        for i, (k, v, c, n, start) in enumerate(zip(out_k, out_v, self.rows, lengths, fresh)):
-            if start < n:
-                bk[i : i + 1, :, start:n, :] = _float(_tokens(k, start, n), c, getattr(c, "key_bits", None), k_dtype)
-                bv[i : i + 1, :, start:n, :] = _float(_tokens(v, start, n), c, getattr(c, "value_bits", None), v_dtype)
-            self._held[i] = n
+        parts = []  # per row, (keys, values) of its changed slots, at full precision
+        for k, v, c, (start, end, verbatim), x, y in zip(out_k, out_v, self.rows, writes, in_k, in_v):
+            if verbatim:
+                parts.append((x, y))
+            elif start < end:
+                parts.append(
+                    (
+                        _float(_tokens(k, start, end), c, getattr(c, "key_bits", None), x.dtype),
+                        _float(_tokens(v, start, end), c, getattr(c, "value_bits", None), y.dtype),
+                    )
+                )
+            else:
+                parts.append(None)
+        if all(end - start == 1 for start, end, _ in writes):
+            slots = self._expected.slots(tuple(start for start, _, _ in writes))
+            new_k = [p[0] for p in parts]
+            new_v = [p[1] for p in parts]
+            if all(x is p for x, p in zip(in_k, new_k)):  # every row's token as it came in
+                new_k, new_v = in_k, in_v
+            bk = mx.put_along_axis(bk, slots, mx.concatenate(new_k, axis=0), axis=2)
+            bv = mx.put_along_axis(bv, slots, mx.concatenate(new_v, axis=0), axis=2)
+            self._buffers = [bk, bv]
+        else:
+            for i, (part, (start, end, _)) in enumerate(zip(parts, writes)):
+                if part is not None:
+                    bk[i : i + 1, :, start:end, :] = part[0]
+                    bv[i : i + 1, :, start:end, :] = part[1]
+        self._held = list(lengths)
+        self._offsets = [c.offset for c in self.rows]
         if width == bk.shape[2]:
             return bk, bv
         return bk[..., :width, :], bv[..., :width, :]

@@ -1,8 +1,10 @@
 """The MLX strategy batch keeps each layer's keys and values in buffers and writes only what a
-step changed (the new tokens of an appending row, the whole of a ring or KIVI row): the logits
-are those of the batch that copies every row afresh each step, bit for bit, through the
-buffers' growth past a step of 256 slots, and after the batch passes its byte limit and drops
-them mid-run."""
+step changed (what each row's cache says it wrote: an appending row's new tokens, the slot a ring
+overwrote, the tokens KIVI's store took), one scatter per buffer when every row changed one slot:
+the logits are those of the batch that copies every row afresh each step, bit for bit, through
+the buffers' growth past a step of 256 slots, rings wrapping and cutting a long prompt, KIVI
+flushing, a quantized cache converting at ``start``, and after the batch passes its byte limit
+and drops them mid-run."""
 
 from __future__ import annotations
 
@@ -24,15 +26,17 @@ STRATEGIES = [
     "quantized:bits=4,group_size=32,start=20",
     "kivi:bits=4,group_size=32,residual=4",
 ]
+# rows that take the other paths: a quantized ring, a ring without sinks, KIVI flushing every step
+MORE = ["rotating:max_size=10,keep=1,bits=4,group_size=32", "rotating:max_size=7,keep=0", "kivi:bits=8,group_size=32,residual=1"]
 
 
-def _decode(loaded, buffer_bytes: int, prompt: list[int], steps: int):
+def _decode(loaded, buffer_bytes: int, prompt: list[int], steps: int, strategies=STRATEGIES):
     runner, probe = Runner(loaded), probe_for(loaded)
-    caches = [probe.make_cache(parse_spec(s)) for s in STRATEGIES]
+    caches = [probe.make_cache(parse_spec(s)) for s in strategies]
     rows = make_rows_cache(caches, buffer_bytes=buffer_bytes)
     out, feed = [], prompt
     for _ in range(steps):
-        logits = runner.step_rows(rows, [feed] * len(STRATEGIES))
+        logits = runner.step_rows(rows, [feed] * len(strategies))
         out.append(logits)
         feed = [int(np.argmax(logits[0]))]
     return np.stack(out), rows
@@ -49,6 +53,14 @@ def test_buffered_batch_gives_the_logits_of_a_batch_copied_afresh_every_step(tin
     assert rows[0]._buffers == [None, None]
     buffered, rows = _decode(tiny, 1 << 30, prompt, 12)
     assert rows[0]._buffers[0] is not None and rows[0]._buffers[0].shape[2] == 512
+    assert np.array_equal(buffered, copied)
+
+
+def test_a_short_prompt_and_a_long_decode_give_the_logits_of_a_batch_copied_afresh(tiny):
+    prompt = [int(i) for i in np.random.default_rng(3).integers(1, 100, 5)]
+    copied, _ = _decode(tiny, 0, prompt, 40, STRATEGIES + MORE)
+    buffered, rows = _decode(tiny, 1 << 30, prompt, 40, STRATEGIES + MORE)
+    assert rows[0]._buffers[0] is not None
     assert np.array_equal(buffered, copied)
 
 
