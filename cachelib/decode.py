@@ -119,8 +119,10 @@ class Runner:
             raise ValueError(f"step_rows: every row takes the same number of tokens, got {[len(r) for r in ids]}")
         if self.backend == "mlx":
             mx = self._mx
+            from .mlx.rows import row_states
+
             out = self.loaded.model(mx.array(ids), cache=rows)[:, -1, :]
-            mx.eval(out, extra() if extra else [])
+            mx.eval(out, extra() if extra else [], row_states(rows))
             return np.array(out.astype(mx.float32), copy=False)
         torch = self._torch
         with torch.inference_mode():
@@ -136,8 +138,10 @@ class Runner:
             raise ValueError(f"advance_rows: every row takes the same number of tokens, got {[len(r) for r in ids]}")
         if self.backend == "mlx":
             mx = self._mx
+            from .mlx.rows import row_states
+
             self.loaded.model(mx.array(ids), cache=rows)
-            mx.eval([c.state for layer in rows for c in layer.rows])
+            mx.eval(row_states(rows))
             mx.clear_cache()
             return
         torch = self._torch

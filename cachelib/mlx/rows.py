@@ -159,7 +159,7 @@ class RowsCache(LayerCache):
             )
         width = max(lengths)
         if self._buffered(keys, values, width):
-            return self._write(in_k, in_v, out_k, out_v, lengths, writes, width)
+            return self._write(keys, values, in_k, in_v, out_k, out_v, lengths, writes, width)
         self._held = [0] * len(self.rows)
         fk = [_float(k, c, getattr(c, "key_bits", None), keys.dtype) for k, c in zip(out_k, self.rows)]
         fv = [_float(v, c, getattr(c, "value_bits", None), values.dtype) for v, c in zip(out_v, self.rows)]
@@ -208,37 +208,41 @@ class RowsCache(LayerCache):
         verbatim = w.verbatim and w.end - w.start == keys.shape[2] and not isinstance(k, (list, tuple)) and k.dtype == keys.dtype
         return w.start, w.end, verbatim
 
-    def _write(self, in_k, in_v, out_k, out_v, lengths, writes, width):
+    def _write(self, keys, values, in_k, in_v, out_k, out_v, lengths, writes, width):
         """Write each row's changed slots into the buffers; their first ``width`` slots.
 
-        A decode step where every row changed one slot is one scatter per buffer; otherwise
-        every row's slots are written in turn."""
+        A decode step where every row changed one slot writes each buffer once (one slice when
+        the rows' slots line up, else one scatter); otherwise every row's slots are written in
+        turn."""
         bk, bv = self._buffers
-        parts = []  # per row, (keys, values) of its changed slots, at full precision
-        for k, v, c, (start, end, verbatim), x, y in zip(out_k, out_v, self.rows, writes, in_k, in_v):
-            if verbatim:
-                parts.append((x, y))
-            elif start < end:
-                parts.append(
-                    (
-                        _float(_tokens(k, start, end), c, getattr(c, "key_bits", None), x.dtype),
-                        _float(_tokens(v, start, end), c, getattr(c, "value_bits", None), y.dtype),
-                    )
-                )
-            else:
-                parts.append(None)
+        # rows whose changed slots are not their input: taken from what they handed back
+        returned = []  # (row, 0 keys / 1 values, the slots as handed back, cache, bits, dtype)
+        for i, (k, v, c, (start, end, verbatim)) in enumerate(zip(out_k, out_v, self.rows, writes)):
+            if verbatim or start == end:
+                continue
+            returned.append((i, 0, _tokens(k, start, end), c, getattr(c, "key_bits", None), keys.dtype))
+            returned.append((i, 1, _tokens(v, start, end), c, getattr(c, "value_bits", None), values.dtype))
+        parts = [[x, y] for x, y in zip(in_k, in_v)]  # per row, (keys, values) of its changed slots
+        for i, which, x, c, bits, dtype in returned:
+            parts[i][which] = _float(x, c, bits, dtype)
         if all(end - start == 1 for start, end, _ in writes):
-            slots = self._expected.slots(tuple(start for start, _, _ in writes))
-            new_k = [p[0] for p in parts]
-            new_v = [p[1] for p in parts]
-            if all(x is p for x, p in zip(in_k, new_k)):  # every row's token as it came in
-                new_k, new_v = in_k, in_v
-            bk = mx.put_along_axis(bk, slots, mx.concatenate(new_k, axis=0), axis=2)
-            bv = mx.put_along_axis(bv, slots, mx.concatenate(new_v, axis=0), axis=2)
-            self._buffers = [bk, bv]
+            starts = tuple(start for start, _, _ in writes)
+            if returned:
+                new_k = mx.concatenate([p[0] for p in parts], axis=0)
+                new_v = mx.concatenate([p[1] for p in parts], axis=0)
+            else:  # every row's token as it came in
+                new_k, new_v = keys, values
+            if len(set(starts)) == 1:
+                bk[:, :, starts[0] : starts[0] + 1, :] = new_k
+                bv[:, :, starts[0] : starts[0] + 1, :] = new_v
+            else:
+                slots = self._expected.slots(starts)
+                bk = mx.put_along_axis(bk, slots, new_k, axis=2)
+                bv = mx.put_along_axis(bv, slots, new_v, axis=2)
+                self._buffers = [bk, bv]
         else:
             for i, (part, (start, end, _)) in enumerate(zip(parts, writes)):
-                if part is not None:
+                if start < end:
                     bk[i : i + 1, :, start:end, :] = part[0]
                     bv[i : i + 1, :, start:end, :] = part[1]
         self._held = list(lengths)
@@ -279,6 +283,13 @@ def make_rows_cache(caches: Sequence[Sequence[LayerCache]], buffer_bytes: int = 
             raise ValueError(f"make_rows_cache: row {row}: {problem}")
     expected = _Expected(buffer_bytes)
     return [RowsCache([c[layer] for c in caches], expected) for layer in range(layers.pop())]
+
+
+def row_states(rows: Sequence[RowsCache]) -> list:
+    """Every row cache's state, to evaluate with each forward of the batch ``rows``: a row whose
+    new slots the batch writes from its input is read by nothing else that forward evaluates,
+    and its updates would pile up unevaluated step after step."""
+    return [c.state for layer in rows for c in layer.rows]
 
 
 def _next_length(c: LayerCache, n: int) -> int:

@@ -8,6 +8,10 @@ and drops them mid-run."""
 
 from __future__ import annotations
 
+import tempfile
+
+import mlx.core as mx
+import mlx.utils
 import numpy as np
 import pytest
 
@@ -62,6 +66,20 @@ def test_a_short_prompt_and_a_long_decode_give_the_logits_of_a_batch_copied_afre
     buffered, rows = _decode(tiny, 1 << 30, prompt, 40, STRATEGIES + MORE)
     assert rows[0]._buffers[0] is not None
     assert np.array_equal(buffered, copied)
+
+
+def test_every_row_cache_is_evaluated_with_each_forward(tiny):
+    # a row whose new token the batch writes from its input is read by nothing the logits need:
+    # unless the forward evaluates the rows' states too, their updates pile up unevaluated
+    prompt = [int(i) for i in np.random.default_rng(4).integers(1, 100, 5)]
+    _, rows = _decode(tiny, 1 << 30, prompt, 6, STRATEGIES + MORE)
+    with tempfile.NamedTemporaryFile("w+", suffix=".dot") as f:
+        for layer in rows:
+            for cache in layer.rows:
+                arrays = [x for _, x in mlx.utils.tree_flatten(cache.state) if isinstance(x, mx.array)]
+                mx.export_to_dot(f.name, *arrays)
+                pending = open(f.name).read().count("shape=rectangle")
+                assert pending == 0, f"{type(cache).__name__}: {pending} operations of its state left unevaluated"
 
 
 def test_a_batch_past_its_buffer_limit_drops_the_buffers_and_gives_the_same_logits(tiny):
