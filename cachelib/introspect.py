@@ -6,6 +6,9 @@ A view is built from a handful of integers the cache already keeps, so it is che
 take every decode step; the one per-slot table (:meth:`CacheView.slot_positions`) is computed
 only when asked for, from those integers alone.
 
+A layer cache that can be a row of a strategy batch also says, after each update, which slots
+of what it handed back the update changed (:class:`Written`), so the batch copies only those.
+
 This module knows nothing of MLX or PyTorch: it holds the record, the slot tables of the cache
 layouts (append-only, chunked, left-padded batches; the ring's comes from
 :mod:`cachelib.core.ring`) and the quantization-error summary.
@@ -14,7 +17,7 @@ layouts (append-only, chunked, left-padded batches; the ring's comes from
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -22,6 +25,17 @@ from .core.masks import visible_held
 from .core.ring import ring_slot_positions
 
 Layout = Literal["linear", "ring", "selected", "recurrent", "none"]
+
+
+class Written(NamedTuple):
+    """What one ``update_and_fetch`` changed in the keys/values it handed back, against those
+    the update before handed back: slots ``[start, end)`` are new; every other slot below the
+    new length holds what it held. ``verbatim``: those slots hold the update's input keys and
+    values as given (stored at full precision, not quantized, nothing else moved)."""
+
+    start: int
+    end: int
+    verbatim: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,23 +12,12 @@ It knows nothing about any one strategy: each strategy is its own class in a sib
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 
 from ..core.masks import visible
-from ..introspect import CacheView
-
-
-class Written(NamedTuple):
-    """What one ``update_and_fetch`` changed in the keys/values it handed back, against those
-    the update before handed back: slots ``[start, end)`` are new; every other slot below the
-    new length holds what it held. ``verbatim``: those slots hold the update's input keys and
-    values as given (stored at full precision, not quantized, nothing else moved)."""
-
-    start: int
-    end: int
-    verbatim: bool
+from ..introspect import CacheView, Written
 
 
 class LayerCache:
