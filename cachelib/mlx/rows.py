@@ -27,9 +27,12 @@ return; a row that rewrote everything (a ring putting its tokens in time order, 
 converting at ``start``) is copied whole. Where a row's new slots are its input as given, the
 input is written, not the row's returned arrays: a KIVI row then never dequantizes its whole
 store (what it does alone, every step), since nothing reads that part of what it returned. A
-decode step in which every row changed one slot writes each buffer with one scatter. Without the
-buffers every layer copied every row's whole cache into a fresh padded batch and dequantized each
-quantized row's whole cache, every step. The buffers cost a float copy of every row padded to the longest,
+decode step in which every row changed one slot writes each buffer once (a slice where the
+rows' slots line up, else one scatter). Since such a row's own cache is then read by nothing the
+logits need, each forward evaluates every row's state with the logits (:func:`row_states`), or
+its updates would pile up unevaluated. Without the buffers every layer copied every row's whole
+cache into a fresh padded batch and dequantized each quantized row's whole cache, every step.
+The buffers cost a float copy of every row padded to the longest,
 ``2 x B x H x slots x D`` elements a layer; past :data:`BUFFER_BYTES` for the whole batch (a long
 evaluation), the batch drops them and goes back to copying the rows into a padded batch per
 layer, which holds one layer's copy at a time.
