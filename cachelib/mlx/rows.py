@@ -101,7 +101,7 @@ class RowsCache(LayerCache):
         self._kind = tuple((type(c), getattr(c, "max_size", None)) for c in self.rows)
         self._buffers: list[mx.array | None] = [None, None]  # keys, values: (B, H, slots, D)
         self._held = [0] * len(self.rows)  # per row, the leading slots of the buffers that are its keys now
-        self._offsets = [None] * len(self.rows)  # per row, its offset after the batch's last write of it
+        self._written_at: int | None = None  # the rows' offset after the batch's last write of them
 
     @property
     def offset(self) -> int:
@@ -202,11 +202,15 @@ class RowsCache(LayerCache):
         must take this step, and whether they are the row's input as given. The row's
         :attr:`~.base.LayerCache.written` says what its update changed against its last return,
         which the buffers hold in their first ``_held[i]`` slots when this batch made that return
-        (the row's offset is where the batch left it); anything else is a copy of the whole row."""
-        w = c.written
-        if w is None or self._offsets[i] != before or not 0 <= w.start <= w.end <= n:
-            return 0, n, False
-        if w.start > self._held[i] or (w.end < n and n > self._held[i]):
+        (the rows' offset is where the batch left it); anything else is a copy of the whole row."""
+        w, held = c.written, self._held[i]
+        if (
+            w is None
+            or self._written_at != before
+            or not 0 <= w.start <= w.end <= n
+            or w.start > held
+            or (w.end < n and n > held)
+        ):
             return 0, n, False
         verbatim = w.verbatim and w.end - w.start == keys.shape[2] and not isinstance(k, (list, tuple)) and k.dtype == keys.dtype
         return w.start, w.end, verbatim
@@ -218,19 +222,20 @@ class RowsCache(LayerCache):
         the rows' slots line up, else one scatter); otherwise every row's slots are written in
         turn."""
         bk, bv = self._buffers
-        # rows whose changed slots are not their input: taken from what they handed back
-        returned = []  # (row, 0 keys / 1 values, the slots as handed back, cache, bits, dtype)
-        for i, (k, v, c, (start, end, verbatim)) in enumerate(zip(out_k, out_v, self.rows, writes)):
+        parts = []  # per row, (keys, values) of its changed slots: its input, or what it handed back
+        for k, v, c, (start, end, verbatim), x, y in zip(out_k, out_v, self.rows, writes, in_k, in_v):
             if verbatim or start == end:
-                continue
-            returned.append((i, 0, _tokens(k, start, end), c, getattr(c, "key_bits", None), keys.dtype))
-            returned.append((i, 1, _tokens(v, start, end), c, getattr(c, "value_bits", None), values.dtype))
-        parts = [[x, y] for x, y in zip(in_k, in_v)]  # per row, (keys, values) of its changed slots
-        for i, which, x, c, bits, dtype in returned:
-            parts[i][which] = _float(x, c, bits, dtype)
+                parts.append((x, y))
+            else:
+                parts.append(
+                    (
+                        _float(_tokens(k, start, end), c, getattr(c, "key_bits", None), keys.dtype),
+                        _float(_tokens(v, start, end), c, getattr(c, "value_bits", None), values.dtype),
+                    )
+                )
         if all(end - start == 1 for start, end, _ in writes):
             starts = tuple(start for start, _, _ in writes)
-            if returned:
+            if not all(verbatim for _, _, verbatim in writes):
                 new_k = mx.concatenate([p[0] for p in parts], axis=0)
                 new_v = mx.concatenate([p[1] for p in parts], axis=0)
             else:  # every row's token as it came in
@@ -249,7 +254,7 @@ class RowsCache(LayerCache):
                     bk[i : i + 1, :, start:end, :] = part[0]
                     bv[i : i + 1, :, start:end, :] = part[1]
         self._held = list(lengths)
-        self._offsets = [c.offset for c in self.rows]
+        self._written_at = self.offset
         if width == bk.shape[2]:
             return bk, bv
         return bk[..., :width, :], bv[..., :width, :]
