@@ -125,6 +125,8 @@ class Deployment:
     gpu_memory_utilization: float | None = None
     prefill_chunk: int | None = None
     max_model_len: int | None = None
+    max_num_seqs: int | None = None  # vLLM: sequences per step (its profile run samples this many rows)
+    max_num_batched_tokens: int | None = None  # vLLM: tokens per step (its profile run's forward)
 
     def __post_init__(self):
         if self.runtime is not None and self.runtime not in RUNTIMES:
@@ -163,6 +165,11 @@ class Deployment:
             _count("prefill_chunk", self.prefill_chunk)
         if self.max_model_len is not None:
             _count("max_model_len", self.max_model_len)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None:
+                _count(name, getattr(self, name))
+                if self.runtime != "vllm":
+                    raise ValueError(f"{name} is a vllm setting; {where} does not have it")
 
     @classmethod
     def make(cls, runtime: str | None = None, backend: str | None = None, **fields) -> Deployment:
