@@ -97,14 +97,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
                       help="share of the device vLLM may take, in (0, 1] (default 0.9)")  # fmt: skip
     vllm.add_argument("--max-model-len", type=positive_int, metavar="N",
-                      help="longest request vLLM serves (default: --context); sets the concurrency it reports")  # fmt: skip
+                      help="longest request vLLM serves (default: --context); its concurrency is per this")  # fmt: skip
     vllm.add_argument("--max-num-seqs", type=positive_int, metavar="N",
-                      help=f"sequences per step (default {DEFAULT_MAX_NUM_SEQS}); its profile run samples this many")  # fmt: skip
+                      help=f"sequences per step (default {DEFAULT_MAX_NUM_SEQS}); the profile run samples so many")
     vllm.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
-                      help=f"tokens per step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS}; vLLM serve on H100/H200 uses 8192): "
+                      help=f"tokens per step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS}; vllm serve on H100/H200: "
+                      "8192): "
                       "the profile run's forward and the prompt chunk")  # fmt: skip
     vllm.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES),
-                      help="auto (the model's dtype) or fp8 / fp8_e4m3 / fp8_e5m2 (one byte per element: --kv-format fp8)")  # fmt: skip
+                      help="auto (the model's dtype), fp8, fp8_e4m3, fp8_e5m2 (1 byte per element: --kv-format fp8)")
     vllm.add_argument("--block-size", type=positive_int, metavar="TOKENS", help="tokens per KV block (default 16)")
     vllm.add_argument("--non-torch-memory", type=memory_size, metavar="SIZE",
                       help="memory vLLM holds outside torch per device (CUDA context, NCCL), as its log prints it "

@@ -172,7 +172,8 @@ class PlanRequest:
             raise ValueError(f"{arch.name} has no parameter count; give --weights-memory to plan vLLM's KV pool")
         d = self.deployment
         return kv_pool(
-            arch, total_bytes=self.budget_bytes, weights_bytes=weights, max_model_len=self.max_model_len or self.context,
+            arch, total_bytes=self.budget_bytes, weights_bytes=weights,
+            max_model_len=self.max_model_len or self.context,
             gpu_memory_utilization=d.gpu_memory_utilization, max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             max_num_batched_tokens=self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
             block_size=d.paged_block, kv_format=self.kv_format, dtype=self.dtype, tp=self.tp, pp=self.pp,

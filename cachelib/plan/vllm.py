@@ -45,8 +45,9 @@ from .arch import Arch
 
 # vLLM's --kv-cache-dtype -> cachelib's kv_format (one byte per element; vllm/config/cache.py CacheDType)
 KV_CACHE_DTYPES: dict[str, str | None] = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
-# vllm/engine/arg_utils.py EngineArgs.get_batch_defaults (v0.10-0.11): `vllm serve` on a GPU under 70 GiB or an
-# A100 schedules 2048 tokens and 256 sequences per step; on H100/H200/MI300x 8192 and 1024 (give them).
+# vLLM V1's defaults for `vllm serve` (UsageContext.OPENAI_API_SERVER), vllm/engine/arg_utils.py: 2048 tokens and
+# 256 sequences per step (_set_default_args_v1, 0.8-0.9; EngineArgs.get_batch_defaults later, on GPUs under 70 GiB
+# and A100s; H100/H200/MI300x get 8192 tokens and 1024 sequences there: give them). The LLM class: 8192 tokens.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vllm/config/cache.py CacheConfig.gpu_memory_utilization
@@ -92,7 +93,9 @@ def _text(arch: Arch) -> Mapping:
     return config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
 
 
-def profile_activation(arch: Arch, *, tokens: int, max_num_seqs: int, dtype: str = "bfloat16", tp: int = 1) -> tuple[int, str]:
+def profile_activation(
+    arch: Arch, *, tokens: int, max_num_seqs: int, dtype: str = "bfloat16", tp: int = 1
+) -> tuple[int, str]:
     """Peak activation bytes of vLLM's profile run on one tensor-parallel rank: a forward of
     ``tokens`` (``max_num_batched_tokens``) tokens, then the sampler over ``max_num_seqs`` rows.
 

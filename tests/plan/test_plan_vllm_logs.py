@@ -46,7 +46,7 @@ QWEN3_14B = arch_from_config(dict(
 BREAKDOWN = [
     dict(
         role="calibration",  # NON_TORCH_DEFAULT[1]
-        link="https://github.com/vllm-project/vllm/pull/10511#issuecomment (youkaichao, 2024-12-14, 'Some sanity checks')",
+        link="https://github.com/vllm-project/vllm/pull/10511 (youkaichao, 2024-12-14, 'Some sanity checks')",
         model="meta-llama/Meta-Llama-3-8B", arch=LLAMA3_8B, gpu="H100 80GB", total_gib=79.22,
         version="vLLM main of 2024-12-13 (V0, PR #10511)", tp=1, util=0.90, max_model_len=8192, batched=8192,
         dtype="bfloat16", kv="auto", weights_gib=14.96, non_torch_gib=1.79, activation_gib=1.26, kv_gib=53.29,
@@ -54,11 +54,12 @@ BREAKDOWN = [
     ),
     dict(
         role="calibration",  # NON_TORCH_DEFAULT[2]
-        link="https://github.com/vllm-project/vllm/pull/10511 (same comment, `vllm serve meta-llama/Meta-Llama-3-8B -tp 2`)",
+        link="https://github.com/vllm-project/vllm/pull/10511 (same comment, `vllm serve ... -tp 2`)",
         model="meta-llama/Meta-Llama-3-8B", arch=LLAMA3_8B, gpu="H100 80GB", total_gib=79.22,
         version="vLLM main of 2024-12-13 (V0, PR #10511)", tp=2, util=0.90, max_model_len=8192, batched=8192,
         dtype="bfloat16", kv="auto", weights_gib=7.48, non_torch_gib=3.58, activation_gib=1.26,
-        kv_gib=71.29 - 7.48 - 3.58 - 1.26,  # the stored copy cuts the available line: vLLM's own sum of the logged terms
+        # the stored copy cuts the available line: vLLM's own sum of the logged terms
+        kv_gib=71.29 - 7.48 - 3.58 - 1.26,
         tokens=None,
     ),
     dict(
