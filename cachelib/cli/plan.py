@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
                       help="share of the device vLLM may take, in (0, 1] (default 0.9)")  # fmt: skip
     vllm.add_argument("--max-model-len", type=positive_int, metavar="N",
-                      help="longest request vLLM serves (default: --context); its concurrency is per this")  # fmt: skip
+                      help="longest request vLLM serves (default, as vLLM's: the model's max_position_embeddings); "
+                      "its concurrency is per this")  # fmt: skip
     vllm.add_argument("--max-num-seqs", type=positive_int, metavar="N",
                       help=f"sequences per step (default {DEFAULT_MAX_NUM_SEQS}); the profile run samples so many")
     vllm.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
@@ -219,12 +220,18 @@ def _header(result: PlanResult) -> str:
             lines.append(f"  {name:<17} {human_bytes(n):>11}  {note}")
         lines.append(f"  {'total':<17} {human_bytes(f.device.total):>11}"
                      + (f"  of a {human_bytes(r.budget_bytes)} budget" if r.budget_bytes is not None else ""))  # fmt: skip
-    pool = r.vllm_pool(arch)
+    try:
+        pool = r.vllm_pool(arch)
+    except ValueError as e:  # a layer kind whose pages are not modelled: the plan above still holds
+        pool = None
+        lines.append(f"vLLM's KV pool: not planned ({e})")
     if pool is not None:
         lines.append("vLLM's KV pool per device, as vLLM sizes it at startup (Worker.determine_available_memory):")
         for name, n, note in pool.terms():
             lines.append(f"  {name:<17} {human_bytes(n):>11}  {note}")
         lines += [f"  vLLM would log: {line}" for line in pool.log_lines()]
+        if pool.refused:
+            lines.append(f"  {pool.refused}")
     lines.append(SESSIONS_TEXT)
     return "\n".join(lines)
 

@@ -162,6 +162,11 @@ class PlanRequest:
             return self.non_torch_bytes, "non-torch (CUDA context, NCCL): given (--non-torch-memory)"
         return default_non_torch(self.tp)
 
+    def vllm_max_model_len(self, arch: Arch) -> int:
+        """vLLM's ``max_model_len``: as given, else vLLM's default, the model's length
+        (``max_position_embeddings``), else the run's context."""
+        return self.max_model_len or arch.max_position_embeddings or self.context
+
     def vllm_pool(self, arch: Arch) -> VllmPool | None:
         """vLLM's KV pool on one device as vLLM sizes it at startup (its three log lines); None
         unless the runtime is vllm and a budget (the device's memory) is given."""
@@ -173,11 +178,11 @@ class PlanRequest:
         d = self.deployment
         return kv_pool(
             arch, total_bytes=self.budget_bytes, weights_bytes=weights,
-            max_model_len=self.max_model_len or self.context,
+            max_model_len=self.vllm_max_model_len(arch),
             gpu_memory_utilization=d.gpu_memory_utilization, max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             max_num_batched_tokens=self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
             block_size=d.paged_block, kv_format=self.kv_format, dtype=self.dtype, tp=self.tp, pp=self.pp,
-            non_torch_bytes=self.non_torch()[0], weights_note="given" if self.weights_bytes is not None else "counted",
+            non_torch_bytes=self.non_torch_bytes, weights_note="given" if self.weights_bytes is not None else "counted",
         )  # fmt: skip
 
     @property

@@ -155,6 +155,15 @@ class VllmPool:
             ("KV pool", self.available, "requested - weights - peak activation - non-torch"),
         ]
 
+    @property
+    def refused(self) -> str | None:
+        """What vLLM says when one request of ``max_model_len`` tokens does not fit the pool
+        (it refuses to start), else None."""
+        if self.concurrency >= 1:
+            return None
+        return (f"vLLM would refuse to start: max_model_len {self.max_model_len:,} is more than the KV pool holds "
+                f"({self.tokens:,} tokens); lower --max-model-len or raise --gpu-memory-utilization")  # fmt: skip
+
     def log_lines(self) -> list[str]:
         """The three lines vLLM logs at startup, as this plan predicts them."""
         return [
@@ -199,7 +208,7 @@ def kv_pool(
     if non_torch_bytes is None:
         non_torch_bytes, nt_note = default_non_torch(tp)
     else:
-        nt_note = "given (vLLM's log: non_torch_memory)"
+        nt_note = "given (--non-torch-memory; vLLM's memory log prints it)"
     if activation_bytes is None:
         activation_bytes, act_note = profile_activation(arch, tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                                         dtype=dtype, tp=tp)  # fmt: skip

@@ -10,11 +10,11 @@ math ("GPU KV cache size" from "Available KV cache memory").
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import argparse
 
 import pytest
 
+from cachelib.cli import plan as cli
 from cachelib.core.units import GiB
 from cachelib.plan import PlanRequest, preset
 from cachelib.plan.arch import arch_from_config
@@ -183,21 +183,24 @@ def test_max_model_len_sets_the_concurrency_and_in_v0_the_profiled_tokens():
     assert drop == pytest.approx(a["kv_gib"] - b["kv_gib"], rel=0.05)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cachelib", "plan", *args, "--no-default-evidence"],
-                          capture_output=True, text=True)  # fmt: skip
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="cachelib plan")
+    cli.add_arguments(parser)
+    rc = cli.run(parser.parse_args([*args, "--no-default-evidence"]))
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
-def test_the_cli_takes_vllms_flag_names_and_prints_vllms_three_lines():
-    r = _cli("--model", "llama-3.1-8b", "--runtime", "vllm", "--context", "20000", "--budget", "23.58",
+def test_the_cli_takes_vllms_flag_names_and_prints_vllms_three_lines(capsys):
+    rc, out, err = _cli(capsys, "--model", "llama-3.1-8b", "--runtime", "vllm", "--context", "20000", "--budget", "23.58",
              "--gpu-memory-utilization", "0.9", "--max-model-len", "20000", "--max-num-batched-tokens", "20000",
              "--max-num-seqs", "256", "--block-size", "16", "--kv-cache-dtype", "auto", "-tp", "1",
              "--non-torch-memory", "0.35", "--weights-memory", "14.99")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert "Available KV cache memory: 3.82 GiB" in r.stdout  # logged 3.81
-    assert "GPU KV cache size: 31,296 tokens" in r.stdout  # logged 31,232 (1952 blocks)
-    assert "Maximum concurrency for 20,000 tokens per request: 1.56x" in r.stdout  # logged 1.56x
-    assert "non-torch" in r.stdout and "peak activation" in r.stdout
+    assert rc == 0, err
+    assert "Available KV cache memory: 3.82 GiB" in out  # logged 3.81
+    assert "GPU KV cache size: 31,296 tokens" in out  # logged 31,232 (1952 blocks)
+    assert "Maximum concurrency for 20,000 tokens per request: 1.56x" in out  # logged 1.56x
+    assert "non-torch" in out and "peak activation" in out
 
 
 @pytest.mark.parametrize("args, message", [
@@ -208,9 +211,9 @@ def test_the_cli_takes_vllms_flag_names_and_prints_vllms_three_lines():
     (["--max-num-seqs", "8"], "error: --max-num-seqs is a flag of runtime vllm; cachelib's caches on mlx"),
     (["--runtime", "mlx-lm", "--kv-cache-dtype", "fp8"], "error: --kv-cache-dtype is a flag of runtime vllm"),
 ])  # fmt: skip
-def test_a_flag_the_runtime_does_not_have_or_a_utilization_outside_its_range_is_one_line(args, message):
-    r = _cli("--model", "llama-3.1-8b", "--context", "1024", "--budget", "80", *args)
-    assert r.returncode == 2 and r.stderr.startswith(message) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+def test_a_flag_the_runtime_does_not_have_or_a_utilization_outside_its_range_is_one_line(capsys, args, message):
+    rc, out, err = _cli(capsys, "--model", "llama-3.1-8b", "--context", "1024", "--budget", "80", *args)
+    assert rc == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
 
 
 def test_fp8_kv_cache_dtype_doubles_the_tokens_and_round_trips_through_the_command():
@@ -224,3 +227,37 @@ def test_fp8_kv_cache_dtype_doubles_the_tokens_and_round_trips_through_the_comma
                  "--block-size", "--non-torch-memory"):  # fmt: skip
         assert flag in argv
     assert request.vllm_pool(LLAMA3_8B).block_size == 32 and request.chunk == 4096
+
+
+def test_full_and_sliding_layers_are_grouped_as_vllms_hybrid_allocator_groups_them():
+    # vLLM's own example (kv_cache_utils.py, _get_kv_cache_config_uniform_page_size): 10 full + 20 sliding layers
+    # are 3 groups of 10; one block serves each group, so the tokens are blocks // 3 x block_size
+    arch = arch_from_config(dict(
+        model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=30, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=1000, sliding_window=1024,
+        layer_types=["full_attention" if i % 3 == 0 else "sliding_attention" for i in range(30)],
+    ), name="hybrid")  # fmt: skip
+    dev = device_arch(arch, Deployment.make("vllm"))
+    page = 16 * 2 * 2 * 64 * 2  # block_size x (K + V) x kv heads x head_dim x 2 bytes, one layer
+    b = kv_blocks(dev, 3000 * page * 10 + page - 1, max_model_len=32768, max_num_batched_tokens=2048)
+    assert (b.page_bytes, b.group_size, b.groups, b.blocks, b.tokens) == (page, 10, 3, 3000, 1000 * 16)
+    # one request: 2048 blocks of its full group, cdiv(1023 + 2048, 16) + 1 = 193 of each of 2 sliding groups
+    assert b.concurrency == pytest.approx(3000 / (2048 + 2 * 193))
+
+
+def test_a_pool_too_small_for_one_max_model_len_request_says_vllm_refuses_to_start(capsys):
+    # Llama-3.1-8B's default max_model_len is its max_position_embeddings, 131,072: no 24 GiB card holds it
+    rc, out, err = _cli(capsys, "--model", "llama-3.1-8b", "--runtime", "vllm", "--context", "8192", "--budget", "24")
+    assert rc == 0, err
+    assert "Maximum concurrency for 131,072 tokens per request: 0." in out
+    assert "vLLM would refuse to start: max_model_len 131,072 is more than the KV pool holds" in out
+    rc, out, err = _cli(capsys, "--model", "llama-3.1-8b", "--runtime", "vllm", "--context", "8192", "--budget", "24",
+                        "--max-model-len", "8192")  # fmt: skip
+    assert "refuse" not in out and "Maximum concurrency for 8,192 tokens per request" in out
+
+
+def test_a_layer_kind_whose_pages_are_not_modelled_is_said_and_the_plan_still_prints(capsys):
+    rc, out, err = _cli(capsys, "--model", "jamba-v0.1", "--runtime", "vllm", "--context", "4096", "--budget", "80",
+                        "--tp", "2")  # fmt: skip
+    assert rc == 0, err
+    assert "vLLM's KV pool: not planned (jamba-v0.1: vLLM's pages for recurrent (Mamba) layers are not modelled" in out
