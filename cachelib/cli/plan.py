@@ -111,6 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--non-torch-memory", type=memory_size, metavar="SIZE",
                       help="memory vLLM holds outside torch per device (CUDA context, NCCL), as its log prints it "
                       f"(default: calibrated, 1.79 GiB at tp=1, 3.58 GiB at tp>1); {SIZE_HELP}")  # fmt: skip
+    vllm.add_argument("--cuda-graph-memory", type=memory_size, metavar="SIZE",
+                      help="CUDA graph memory vLLM >= 0.21 subtracts from the pool (its log: 'Estimated CUDA graph "
+                      "memory'; default 0: earlier builds capture the graphs after sizing the pool)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,7 +150,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         min_agreement=args.min_agreement, gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-        non_torch_bytes=args.non_torch_memory,
+        non_torch_bytes=args.non_torch_memory, cuda_graph_bytes=args.cuda_graph_memory,
     )  # fmt: skip
 
 

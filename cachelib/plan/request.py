@@ -57,11 +57,12 @@ def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | Non
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
-# vLLM's flags -> PlanRequest fields (the Deployment takes all but the last)
+# vLLM's flags -> PlanRequest fields (the Deployment takes all but the last two: memory terms)
 _VLLM_FIELDS = (
     ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
     ("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
     ("--block-size", "block_size"), ("--non-torch-memory", "non_torch_bytes"),
+    ("--cuda-graph-memory", "cuda_graph_bytes"),
 )  # fmt: skip
 DEVICES = ("gpu", "cpu")  # where the forward runs: on the CPU, MLX materialises attention scores
 SOLVE = ("max_kv_size", "bits")  # what --solve searches for
@@ -105,6 +106,7 @@ class PlanRequest:
     max_num_batched_tokens: int | None = None  # --max-num-batched-tokens, default 2048
     block_size: int | None = None  # --block-size, default 16
     non_torch_bytes: int | None = None  # --non-torch-memory: what vLLM's log prints; default calibrated
+    cuda_graph_bytes: int | None = None  # --cuda-graph-memory: vLLM >= 0.21's estimate; default 0
 
     def __post_init__(self) -> None:
         specs = tuple(parse_spec(s) for s in self.strategies)
@@ -155,6 +157,7 @@ class PlanRequest:
         for flag, name in _VLLM_FIELDS[1:5]:
             _check_number(flag, getattr(self, name), integer=True, lo=1, optional=True)
         _check_number("--non-torch-memory", self.non_torch_bytes, integer=True, lo=0, optional=True)
+        _check_number("--cuda-graph-memory", self.cuda_graph_bytes, integer=True, lo=0, optional=True)
 
     def non_torch(self) -> tuple[int, str]:
         """vLLM's non-torch memory on one device (bytes, source): as given, else the calibrated default."""
@@ -183,6 +186,7 @@ class PlanRequest:
             max_num_batched_tokens=self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
             block_size=d.paged_block, kv_format=self.kv_format, dtype=self.dtype, tp=self.tp, pp=self.pp,
             non_torch_bytes=self.non_torch_bytes, weights_note="given" if self.weights_bytes is not None else "counted",
+            cuda_graph_bytes=self.cuda_graph_bytes or 0,
         )  # fmt: skip
 
     @property
@@ -194,7 +198,7 @@ class PlanRequest:
         """The runtime and parallelism planned for; None for cachelib's own caches on one device."""
         if self.runtime is None and self.tp == 1 and self.pp == 1 and self.kv_format is None:
             return None
-        vllm = {name: getattr(self, name) for _, name in _VLLM_FIELDS[:-1]}  # None outside vllm (checked)
+        vllm = {name: getattr(self, name) for _, name in _VLLM_FIELDS[:-2]}  # None outside vllm (checked)
         return Deployment.make(self.runtime, None if self.runtime else self.backend, tp=self.tp, pp=self.pp,
                                kv_format=self.kv_format, **vllm)  # fmt: skip
 
@@ -220,6 +224,9 @@ class PlanRequest:
         """What the runtime holds outside arrays on one device, and where the number comes from."""
         d = self.deployment
         non_torch = self.non_torch() if self.runtime == "vllm" else None
+        if non_torch is not None and self.cuda_graph_bytes:  # inside vLLM's share from v0.21 on
+            non_torch = (non_torch[0] + self.cuda_graph_bytes,
+                         f"{non_torch[1]}; + CUDA graphs {human_gib(self.cuda_graph_bytes)} (--cuda-graph-memory)")
         return runtime_overhead(self.runtime, self.backend, self.budget_bytes, d.gpu_memory_utilization if d else None,
                                 non_torch)  # fmt: skip
 
@@ -321,7 +328,8 @@ class PlanRequest:
         for flag, name in _VLLM_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                text = {"non_torch_bytes": memory_text, "gpu_memory_utilization": _number}.get(name, str)(value)
+                text = {"non_torch_bytes": memory_text, "cuda_graph_bytes": memory_text,
+                        "gpu_memory_utilization": _number}.get(name, str)(value)  # fmt: skip
                 args += [flag, text]
         if self.max_kl is not None:
             args += ["--max-kl", _number(self.max_kl)]

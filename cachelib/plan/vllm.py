@@ -11,9 +11,12 @@ vLLM profiles one dummy forward, then gives the KV cache what its share of the d
 loading took X GiB"); the peak activation is the rise of torch's ``allocated_bytes.all.peak``
 over a profile run of ``max_num_batched_tokens`` tokens; non-torch memory is what the process
 holds on the device outside torch's allocator (CUDA context and cuBLAS workspaces, NCCL and
-custom all-reduce buffers at tp > 1). CUDA graphs are captured after the pool is allocated
-(``compile_or_warm_up_model``), in the ``1 - gpu_memory_utilization`` left over: they do not
-shrink the pool.
+custom all-reduce buffers at tp > 1). CUDA graphs: builds before v0.21 capture them after the
+pool is allocated (``compile_or_warm_up_model``), in the ``1 - gpu_memory_utilization`` left
+over, so they do not shrink the pool; from v0.21 vLLM estimates them before sizing the pool and
+subtracts them (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`` by default, its log says so and
+prints "Estimated CUDA graph memory: X GiB total"): that estimate is a term given here
+(``--cuda-graph-memory``, default 0), not modelled.
 
 The pool is cut into blocks (``vllm/v1/core/kv_cache_utils.py`` ``get_kv_cache_config``): one
 page is ``block_size`` tokens of one layer; a model of one attention kind gets
@@ -61,7 +64,7 @@ NON_TORCH_SOURCE = "https://github.com/vllm-project/vllm/pull/10511"
 
 VLLM_FLAGS = (
     "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype",
-    "--block-size", "--non-torch-memory",
+    "--block-size", "--non-torch-memory", "--cuda-graph-memory",
 )  # fmt: skip
 
 
@@ -139,6 +142,7 @@ class VllmPool:
     weights_note: str = ""
     activation_note: str = ""
     non_torch_note: str = ""
+    cuda_graphs: int = 0  # subtracted from v0.21 on (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)
 
     @property
     def requested(self) -> float:
@@ -152,7 +156,9 @@ class VllmPool:
             ("weights", self.weights, self.weights_note),
             ("peak activation", self.activation, self.activation_note),
             ("non-torch", self.non_torch, self.non_torch_note),
-            ("KV pool", self.available, "requested - weights - peak activation - non-torch"),
+            ("CUDA graphs", self.cuda_graphs, "given (--cuda-graph-memory): vLLM >= 0.21 subtracts its estimate"
+             if self.cuda_graphs else "0: captured after the pool before vLLM 0.21 (give v0.21+'s estimate)"),
+            ("KV pool", self.available, "requested - weights - peak activation - non-torch - CUDA graphs"),
         ]
 
     @property
@@ -194,9 +200,11 @@ def kv_pool(
     non_torch_bytes: int | None = None,
     activation_bytes: int | None = None,
     weights_note: str = "given",
+    cuda_graph_bytes: int = 0,
 ) -> VllmPool:
     """vLLM's KV pool on one device of a tp x pp deployment with ``total_bytes`` of memory (see
-    the module docstring); ``non_torch_bytes`` / ``activation_bytes``: as measured, else modelled."""
+    the module docstring); ``non_torch_bytes`` / ``activation_bytes``: as measured, else modelled;
+    ``cuda_graph_bytes``: what vLLM >= 0.21 subtracts for CUDA graphs (its log's estimate)."""
     from .runtimes import Deployment, device_arch
 
     util = check_utilization(gpu_memory_utilization)
@@ -214,12 +222,12 @@ def kv_pool(
                                                         dtype=dtype, tp=tp)  # fmt: skip
     else:
         act_note = "given (vLLM's log: activation peak)"
-    available = int(total_bytes * util - (weights_bytes + activation_bytes + non_torch_bytes))
+    available = int(total_bytes * util - (weights_bytes + activation_bytes + non_torch_bytes + cuda_graph_bytes))
     b = kv_blocks(dev, available, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                   block_size=block_size, kv_format=kv_format, dtype=dtype)  # fmt: skip
     return VllmPool(total_bytes, util, weights_bytes, activation_bytes, non_torch_bytes, available, block_size,
                     b.page_bytes, b.group_size, b.groups, b.blocks, b.tokens, max_model_len, b.concurrency,
-                    weights_note, act_note, nt_note)  # fmt: skip
+                    weights_note, act_note, nt_note, cuda_graph_bytes)  # fmt: skip
 
 
 @dataclass(frozen=True)

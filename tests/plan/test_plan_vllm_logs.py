@@ -14,6 +14,7 @@ import argparse
 
 import pytest
 
+from cachelib.cli import build_parser
 from cachelib.cli import plan as cli
 from cachelib.core.units import GiB
 from cachelib.plan import PlanRequest, preset
@@ -173,6 +174,17 @@ def test_gpu_memory_utilization_moves_the_pool_by_its_share_of_the_device_as_vll
         _pool(log, gpu_memory_utilization=1.2)
 
 
+def test_cuda_graph_memory_given_for_vllm_0_21_comes_out_of_the_pool_and_counts_in_the_overhead():
+    log = BREAKDOWN[2]
+    assert _pool(log).cuda_graphs == 0  # builds before 0.21 capture the graphs after sizing the pool
+    with_graphs = _pool(log, cuda_graph_bytes=_gib(0.17))  # "Estimated CUDA graph memory: 0.17 GiB total"
+    assert _pool(log).available - with_graphs.available == _gib(0.17)
+    request = PlanRequest(["standard"], context=4096, runtime="vllm", budget_bytes=24 * GiB)
+    graphs = PlanRequest(["standard"], context=4096, runtime="vllm", budget_bytes=24 * GiB, cuda_graph_bytes=GiB)
+    assert graphs.overhead()[0] - request.overhead()[0] == GiB and "CUDA graphs" in graphs.overhead()[1]
+    assert "--cuda-graph-memory" in graphs.to_argv("llama-3.1-8b")
+
+
 def test_max_model_len_sets_the_concurrency_and_in_v0_the_profiled_tokens():
     a, b = BREAKDOWN[2], BREAKDOWN[3]
     # V1 schedules max_num_batched_tokens whatever max_model_len is: the pool stays, the concurrency is tokens / N
@@ -226,6 +238,7 @@ def test_fp8_kv_cache_dtype_doubles_the_tokens_and_round_trips_through_the_comma
     for flag in ("--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
                  "--block-size", "--non-torch-memory"):  # fmt: skip
         assert flag in argv
+    assert cli.request_from_args(build_parser().parse_args(argv[3:])) == request  # the command reads back as it
     assert request.vllm_pool(LLAMA3_8B).block_size == 32 and request.chunk == 4096
 
 
