@@ -27,7 +27,9 @@ The runtimes:
   (``CacheConfig``); ``kv_cache_dtype="fp8"`` stores one byte per element
   (``AttentionSpec.real_page_size_bytes``); chunked prefill schedules at most
   ``max_num_batched_tokens`` tokens per step (``prefill_chunk`` here, 2048 unless given; vLLM's
-  own default depends on the usage context and the GPU, so give yours).
+  own default depends on the usage context and the GPU, so give yours). The pool vLLM sizes
+  at startup (its flags by name, the profile run, non-torch memory, blocks and concurrency):
+  :mod:`cachelib.plan.vllm`.
 - ``llama.cpp`` (backend ``ggml``): the whole ``-c`` context, rounded up to a multiple of 256
   (``llama-context.cpp``: ``GGML_PAD(n_ctx, 256)``), is allocated when the context is created
   (``llama_kv_cache`` constructor); SWA layers get ``GGML_PAD(min(n_ctx, n_swa + n_ubatch),
