@@ -163,7 +163,7 @@ class PlanRequest:
         """vLLM's non-torch memory on one device (bytes, source): as given, else the calibrated default."""
         if self.non_torch_bytes is not None:
             return self.non_torch_bytes, "non-torch (CUDA context, NCCL): given (--non-torch-memory)"
-        return default_non_torch(self.tp)
+        return default_non_torch(self.tp, self.pp)
 
     def vllm_max_model_len(self, arch: Arch) -> int:
         """vLLM's ``max_model_len``: as given, else vLLM's default, the model's length

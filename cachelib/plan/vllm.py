@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
 
 from ..core.units import DTYPE_BYTES, GiB
 from .arch import Arch
@@ -84,16 +83,12 @@ def check_utilization(value) -> float:
     return float(value)
 
 
-def default_non_torch(tp: int) -> tuple[int, str]:
-    """The calibrated non-torch memory of one device at ``tp`` and where it comes from."""
-    n = NON_TORCH_DEFAULT[1 if tp == 1 else 2]
-    return n, (f"non-torch (CUDA context, NCCL at tp>1): {n / GiB:.2f} GiB calibrated on one build "
+def default_non_torch(tp: int, pp: int = 1) -> tuple[int, str]:
+    """The calibrated non-torch memory of one device of a tp x pp deployment and where it comes
+    from (the tp=2 figure for any deployment of several devices: NCCL is set up there)."""
+    n = NON_TORCH_DEFAULT[1 if tp * pp == 1 else 2]
+    return n, (f"non-torch (CUDA context, NCCL on several devices): {n / GiB:.2f} GiB calibrated on one build "
                f"({NON_TORCH_SOURCE}); give yours with --non-torch-memory")  # fmt: skip
-
-
-def _text(arch: Arch) -> Mapping:
-    config = arch.config or {}
-    return config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
 
 
 def profile_activation(
@@ -116,8 +111,7 @@ def profile_activation(
     attention = tokens * (3 * h + (2 * heads + 2 * kv) * arch.head_dim) * a if arch.attention_layers else 0
     rows = min(max_num_seqs, tokens)
     sampler = tokens * h * a + rows * (arch.vocab_size or 0) * 4
-    worst = max(mlp, attention, sampler)
-    which = {mlp: "the MLP", attention: "attention", sampler: "the sampler"}[worst]
+    worst, which = max((mlp, "the MLP"), (attention, "attention"), (sampler, "the sampler"))
     return worst, f"profile run of {tokens:,} tokens, {rows} sampled rows: peak at {which} (modelled)"
 
 
@@ -214,7 +208,7 @@ def kv_pool(
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
     dev = device_arch(arch, Deployment.make("vllm", tp=tp, pp=pp, kv_format=kv_format))
     if non_torch_bytes is None:
-        non_torch_bytes, nt_note = default_non_torch(tp)
+        non_torch_bytes, nt_note = default_non_torch(tp, pp)
     else:
         nt_note = "given (--non-torch-memory; vLLM's memory log prints it)"
     if activation_bytes is None:
