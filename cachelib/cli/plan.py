@@ -110,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--block-size", type=positive_int, metavar="TOKENS", help="tokens per KV block (default 16)")
     vllm.add_argument("--non-torch-memory", type=memory_size, metavar="SIZE",
                       help="memory vLLM holds outside torch per device (CUDA context, NCCL), as its log prints it "
-                      f"(default: calibrated, 1.79 GiB on one GPU, 3.58 GiB with tp x pp > 1); {SIZE_HELP}")  # fmt: skip
+                      f"(default: calibrated, 1.79 GiB on one GPU, 3.58 GiB with tp x pp > 1); {SIZE_HELP}")
     vllm.add_argument("--cuda-graph-memory", type=memory_size, metavar="SIZE",
                       help="CUDA graph memory vLLM >= 0.21 subtracts from the pool (its log: 'Estimated CUDA graph "
                       "memory'; default 0: earlier builds capture the graphs after sizing the pool)")  # fmt: skip

@@ -224,10 +224,12 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_the_cli_takes_vllms_flag_names_and_prints_vllms_three_lines(capsys):
-    rc, out, err = _cli(capsys, "--model", "llama-3.1-8b", "--runtime", "vllm", "--context", "20000", "--budget", "23.58",
-             "--gpu-memory-utilization", "0.9", "--max-model-len", "20000", "--max-num-batched-tokens", "20000",
-             "--max-num-seqs", "256", "--block-size", "16", "--kv-cache-dtype", "auto", "-tp", "1",
-             "--non-torch-memory", "0.35", "--weights-memory", "14.99")  # fmt: skip
+    rc, out, err = _cli(
+        capsys, "--model", "llama-3.1-8b", "--runtime", "vllm", "--context", "20000", "--budget", "23.58",
+        "--gpu-memory-utilization", "0.9", "--max-model-len", "20000", "--max-num-batched-tokens", "20000",
+        "--max-num-seqs", "256", "--block-size", "16", "--kv-cache-dtype", "auto", "-tp", "1",
+        "--non-torch-memory", "0.35", "--weights-memory", "14.99",
+    )  # fmt: skip
     assert rc == 0, err
     assert "Available KV cache memory: 3.82 GiB" in out  # logged 3.81
     assert "GPU KV cache size: 31,296 tokens" in out  # logged 31,232 (1952 blocks)
