@@ -23,6 +23,7 @@ from ..plan.presets import preset_names, resolve_model
 from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request, solve_sessions
 from ..plan.runtimes import describe_layout, runtime_names
 from ..plan.device import WEIGHT_FORMATS
+from ..plan.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES, VLLM_FLAGS, kv_format_of
 from ..plan.solver import Fit
 
 CSV_COLUMNS = (
@@ -51,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cachelib's caches on this library (default mlx); --runtime implies its own")  # fmt: skip
     parser.add_argument("--runtime", choices=runtime_names(),
                         help="plan as this runtime allocates (its layouts, blocks, prompt chunks, defaults)")  # fmt: skip
-    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel devices (default 1)")
-    parser.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel stages (default 1)")
+    parser.add_argument("--tp", "-tp", "--tensor-parallel-size", dest="tp", type=positive_int, default=1,
+                        help="tensor-parallel devices (default 1)")  # fmt: skip
+    parser.add_argument("--pp", "-pp", "--pipeline-parallel-size", dest="pp", type=positive_int, default=1,
+                        help="pipeline-parallel stages (default 1)")  # fmt: skip
     parser.add_argument("--kv-format", choices=("fp8", "q8_0", "q4_0"),
                         help="the runtime's KV storage: fp8 (vllm), q8_0 / q4_0 (llama.cpp -ctk/-ctv)")  # fmt: skip
     parser.add_argument("--device", choices=DEVICES, default="gpu",
@@ -90,6 +93,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-agreement", type=finite_float(0.0, 1.0),
                         help="recommend the cheapest strategy with top-1 agreement at least this (0..1)")  # fmt: skip
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
+    vllm = parser.add_argument_group("vLLM's flags (--runtime vllm), by vLLM's names and with its defaults")
+    vllm.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
+                      help="share of the device vLLM may take, in (0, 1] (default 0.9)")  # fmt: skip
+    vllm.add_argument("--max-model-len", type=positive_int, metavar="N",
+                      help="longest request vLLM serves (default, as vLLM's: the model's max_position_embeddings); "
+                      "its concurrency is per this")  # fmt: skip
+    vllm.add_argument("--max-num-seqs", type=positive_int, metavar="N",
+                      help=f"sequences per step (default {DEFAULT_MAX_NUM_SEQS}); the profile run samples so many")
+    vllm.add_argument("--max-num-batched-tokens", type=positive_int, metavar="N",
+                      help=f"tokens per step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS}; vllm serve on H100/H200: "
+                      "8192): "
+                      "the profile run's forward and the prompt chunk")  # fmt: skip
+    vllm.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES),
+                      help="auto (the model's dtype), fp8, fp8_e4m3, fp8_e5m2 (1 byte per element: --kv-format fp8)")
+    vllm.add_argument("--block-size", type=positive_int, metavar="TOKENS", help="tokens per KV block (default 16)")
+    vllm.add_argument("--non-torch-memory", type=memory_size, metavar="SIZE",
+                      help="memory vLLM holds outside torch per device (CUDA context, NCCL), as its log prints it "
+                      f"(default: calibrated, 1.79 GiB on one GPU, 3.58 GiB with tp x pp > 1); {SIZE_HELP}")
+    vllm.add_argument("--cuda-graph-memory", type=memory_size, metavar="SIZE",
+                      help="CUDA graph memory vLLM >= 0.21 subtracts from the pool (its log: 'Estimated CUDA graph "
+                      "memory'; default 0: earlier builds capture the graphs after sizing the pool)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,15 +125,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kv_format(args: argparse.Namespace) -> str | None:
+    """--kv-format, or vLLM's --kv-cache-dtype by its own name (the two must agree)."""
+    if args.kv_cache_dtype is None:
+        return args.kv_format
+    if args.runtime != "vllm":
+        raise ValueError(f"--kv-cache-dtype is a flag of runtime vllm; --runtime {args.runtime} does not have it "
+                         f"(vllm's flags: {', '.join(VLLM_FLAGS)})")  # fmt: skip
+    fmt = kv_format_of(args.kv_cache_dtype)
+    if args.kv_format is not None and args.kv_format != fmt:
+        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype} stores {fmt or 'the dtype'}, not --kv-format "
+                         f"{args.kv_format}; give one of them")  # fmt: skip
+    return fmt
+
+
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     """The planning request the flags make (memory already read into bytes by the flags)."""
     return PlanRequest(
         args.strategy or ["standard"], context=args.context, batch=args.batch, backend=args.backend,
         dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
-        weights_dtype=args.weights_dtype, runtime=args.runtime, tp=args.tp, pp=args.pp, kv_format=args.kv_format,
+        weights_dtype=args.weights_dtype, runtime=args.runtime, tp=args.tp, pp=args.pp, kv_format=_kv_format(args),
         device=args.device, sessions=args.sessions, solve=args.solve, max_kl=args.max_kl,
-        min_agreement=args.min_agreement,
+        min_agreement=args.min_agreement, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        non_torch_bytes=args.non_torch_memory, cuda_graph_bytes=args.cuda_graph_memory,
     )  # fmt: skip
 
 
@@ -182,6 +223,18 @@ def _header(result: PlanResult) -> str:
             lines.append(f"  {name:<17} {human_bytes(n):>11}  {note}")
         lines.append(f"  {'total':<17} {human_bytes(f.device.total):>11}"
                      + (f"  of a {human_bytes(r.budget_bytes)} budget" if r.budget_bytes is not None else ""))  # fmt: skip
+    try:
+        pool = r.vllm_pool(arch)
+    except ValueError as e:  # a layer kind whose pages are not modelled: the plan above still holds
+        pool = None
+        lines.append(f"vLLM's KV pool: not planned ({e})")
+    if pool is not None:
+        lines.append("vLLM's KV pool per device, as vLLM sizes it at startup (Worker.determine_available_memory):")
+        for name, n, note in pool.terms():
+            lines.append(f"  {name:<17} {human_bytes(n):>11}  {note}")
+        lines += [f"  vLLM would log: {line}" for line in pool.log_lines()]
+        if pool.refused:
+            lines.append(f"  {pool.refused}")
     lines.append(SESSIONS_TEXT)
     return "\n".join(lines)
 

@@ -367,12 +367,20 @@ class DeviceMemory:
         ]
 
 
-def runtime_overhead(runtime: str | None, backend: str, budget: int | None, gpu_memory_utilization: float | None) -> tuple[int, str]:
-    """What the runtime holds outside arrays, as far as it is known (see the module docstring)."""
+def runtime_overhead(
+    runtime: str | None, backend: str, budget: int | None, gpu_memory_utilization: float | None,
+    non_torch: tuple[int, str] | None = None,
+) -> tuple[int, str]:
+    """What the runtime holds outside arrays, as far as it is known (see the module docstring);
+    for vLLM the share it leaves alone plus ``non_torch`` (bytes, source: CUDA context, NCCL),
+    :func:`cachelib.plan.vllm.default_non_torch` when given."""
     if runtime == "vllm" and budget is not None:
         share = gpu_memory_utilization if gpu_memory_utilization is not None else 0.9
         left = budget - math.floor(budget * share)
-        return left, f"vLLM uses gpu_memory_utilization={share:g} of the device and leaves the rest"
+        note = f"vLLM uses gpu_memory_utilization={share:g} of the device and leaves the rest"
+        if non_torch is not None:
+            return left + non_torch[0], f"{note}; + {non_torch[1]}"
+        return left, note
     if backend == "mlx":
         return 0, "MLX's allocator holds arrays only"
     return 0, "not measured here (CUDA context, graphs): give it as the reserve"

@@ -28,6 +28,10 @@ from .device import (
 )  # fmt: skip
 from .quality import Evidence, Judgement, Recommendation, judge_fits, recommend, scaled_candidates
 from .runtimes import RUNTIMES, Deployment
+from .vllm import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_FLAGS, VllmPool, check_utilization, default_non_torch,
+    kv_pool,
+)  # fmt: skip
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
 
 COMMAND = ("python", "-m", "cachelib", "plan")
@@ -53,6 +57,13 @@ def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | Non
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
+# vLLM's flags -> PlanRequest fields (the Deployment takes all but the last two: memory terms)
+_VLLM_FIELDS = (
+    ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
+    ("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
+    ("--block-size", "block_size"), ("--non-torch-memory", "non_torch_bytes"),
+    ("--cuda-graph-memory", "cuda_graph_bytes"),
+)  # fmt: skip
 DEVICES = ("gpu", "cpu")  # where the forward runs: on the CPU, MLX materialises attention scores
 SOLVE = ("max_kv_size", "bits")  # what --solve searches for
 
@@ -88,6 +99,14 @@ class PlanRequest:
     solve: str | None = None  # "max_kv_size" | "bits": search the strategy knob that fits the sessions
     max_kl: float | None = None  # recommend the cheapest strategy with mean KL at most this (nats)
     min_agreement: float | None = None  # ... and/or top-1 agreement at least this (0..1)
+    # vLLM's flags by their names (runtime "vllm" only; None: vLLM's default, cachelib.plan.vllm)
+    gpu_memory_utilization: float | None = None  # --gpu-memory-utilization, (0, 1], default 0.9
+    max_model_len: int | None = None  # --max-model-len, default: the context
+    max_num_seqs: int | None = None  # --max-num-seqs, default 256
+    max_num_batched_tokens: int | None = None  # --max-num-batched-tokens, default 2048
+    block_size: int | None = None  # --block-size, default 16
+    non_torch_bytes: int | None = None  # --non-torch-memory: what vLLM's log prints; default calibrated
+    cuda_graph_bytes: int | None = None  # --cuda-graph-memory: vLLM >= 0.21's estimate; default 0
 
     def __post_init__(self) -> None:
         specs = tuple(parse_spec(s) for s in self.strategies)
@@ -119,12 +138,56 @@ class PlanRequest:
             if self.runtime not in RUNTIMES:
                 raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
             object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)  # the runtime implies it
+        self._check_vllm_flags()
         self.deployment  # validates tp, pp and the KV format against the runtime
         if self.solve is not None:
             if self.solve not in SOLVE:
                 raise ValueError(f"unknown --solve {self.solve!r}; allowed: {', '.join(SOLVE)}")
             if self.sessions is None or self.budget_bytes is None:
                 raise ValueError(f"--solve {self.solve} needs --sessions N and --budget (what must fit, and where)")
+
+    def _check_vllm_flags(self) -> None:
+        given = [flag for flag, name in _VLLM_FIELDS if getattr(self, name) is not None]
+        if given and self.runtime != "vllm":
+            who = f"runtime {self.runtime}" if self.runtime else f"cachelib's caches on {self.backend} (no --runtime)"
+            raise ValueError(f"{given[0]} is a flag of runtime vllm; {who} does not have it (vllm's flags: "
+                             f"{', '.join(VLLM_FLAGS)})")  # fmt: skip
+        if self.gpu_memory_utilization is not None:
+            check_utilization(self.gpu_memory_utilization)
+        for flag, name in _VLLM_FIELDS[1:5]:
+            _check_number(flag, getattr(self, name), integer=True, lo=1, optional=True)
+        _check_number("--non-torch-memory", self.non_torch_bytes, integer=True, lo=0, optional=True)
+        _check_number("--cuda-graph-memory", self.cuda_graph_bytes, integer=True, lo=0, optional=True)
+
+    def non_torch(self) -> tuple[int, str]:
+        """vLLM's non-torch memory on one device (bytes, source): as given, else the calibrated default."""
+        if self.non_torch_bytes is not None:
+            return self.non_torch_bytes, "non-torch (CUDA context, NCCL): given (--non-torch-memory)"
+        return default_non_torch(self.tp, self.pp)
+
+    def vllm_max_model_len(self, arch: Arch) -> int:
+        """vLLM's ``max_model_len``: as given, else vLLM's default, the model's length
+        (``max_position_embeddings``), else the run's context."""
+        return self.max_model_len or arch.max_position_embeddings or self.context
+
+    def vllm_pool(self, arch: Arch) -> VllmPool | None:
+        """vLLM's KV pool on one device as vLLM sizes it at startup (its three log lines); None
+        unless the runtime is vllm and a budget (the device's memory) is given."""
+        if self.runtime != "vllm" or self.budget_bytes is None:
+            return None
+        weights = self.weights(arch)
+        if weights is None:
+            raise ValueError(f"{arch.name} has no parameter count; give --weights-memory to plan vLLM's KV pool")
+        d = self.deployment
+        return kv_pool(
+            arch, total_bytes=self.budget_bytes, weights_bytes=weights,
+            max_model_len=self.vllm_max_model_len(arch),
+            gpu_memory_utilization=d.gpu_memory_utilization, max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens=self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            block_size=d.paged_block, kv_format=self.kv_format, dtype=self.dtype, tp=self.tp, pp=self.pp,
+            non_torch_bytes=self.non_torch_bytes, weights_note="given" if self.weights_bytes is not None else "counted",
+            cuda_graph_bytes=self.cuda_graph_bytes or 0,
+        )  # fmt: skip
 
     @property
     def recommending(self) -> bool:
@@ -135,14 +198,15 @@ class PlanRequest:
         """The runtime and parallelism planned for; None for cachelib's own caches on one device."""
         if self.runtime is None and self.tp == 1 and self.pp == 1 and self.kv_format is None:
             return None
+        vllm = {name: getattr(self, name) for _, name in _VLLM_FIELDS[:-2]}  # None outside vllm (checked)
         return Deployment.make(self.runtime, None if self.runtime else self.backend, tp=self.tp, pp=self.pp,
-                               kv_format=self.kv_format)  # fmt: skip
+                               kv_format=self.kv_format, **vllm)  # fmt: skip
 
     @property
     def chunk(self) -> int | None:
         """Tokens per prompt update: as given, else the runtime's default, else the whole prompt."""
         d = self.deployment
-        return self.prefill_chunk or (d.prefill_chunk if d is not None else None)
+        return self.prefill_chunk or self.max_num_batched_tokens or (d.prefill_chunk if d is not None else None)
 
     def weights_format(self, arch: Arch) -> WeightsFormat:
         return resolve_weights(arch, self.weights_dtype)
@@ -159,7 +223,12 @@ class PlanRequest:
     def overhead(self) -> tuple[int, str]:
         """What the runtime holds outside arrays on one device, and where the number comes from."""
         d = self.deployment
-        return runtime_overhead(self.runtime, self.backend, self.budget_bytes, d.gpu_memory_utilization if d else None)
+        non_torch = self.non_torch() if self.runtime == "vllm" else None
+        if non_torch is not None and self.cuda_graph_bytes:  # inside vLLM's share from v0.21 on
+            non_torch = (non_torch[0] + self.cuda_graph_bytes,
+                         f"{non_torch[1]}; + CUDA graphs {human_gib(self.cuda_graph_bytes)} (--cuda-graph-memory)")
+        return runtime_overhead(self.runtime, self.backend, self.budget_bytes, d.gpu_memory_utilization if d else None,
+                                non_torch)  # fmt: skip
 
     def activations(self, arch: Arch, spec: Spec, *, context: int | None = None, batch: int | None = None) -> Activations:
         """The activation peak of the run's worst forward on one device."""
@@ -256,6 +325,12 @@ class PlanRequest:
             args += ["--no-default-evidence"]
         for path in evidence:
             args += ["--evidence", str(path)]
+        for flag, name in _VLLM_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                text = {"non_torch_bytes": memory_text, "cuda_graph_bytes": memory_text,
+                        "gpu_memory_utilization": _number}.get(name, str)(value)  # fmt: skip
+                args += [flag, text]
         if self.max_kl is not None:
             args += ["--max-kl", _number(self.max_kl)]
         if self.min_agreement is not None:

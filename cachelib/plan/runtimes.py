@@ -27,7 +27,9 @@ The runtimes:
   (``CacheConfig``); ``kv_cache_dtype="fp8"`` stores one byte per element
   (``AttentionSpec.real_page_size_bytes``); chunked prefill schedules at most
   ``max_num_batched_tokens`` tokens per step (``prefill_chunk`` here, 2048 unless given; vLLM's
-  own default depends on the usage context and the GPU, so give yours).
+  own default depends on the usage context and the GPU, so give yours). The pool vLLM sizes
+  at startup (its flags by name, the profile run, non-torch memory, blocks and concurrency):
+  :mod:`cachelib.plan.vllm`.
 - ``llama.cpp`` (backend ``ggml``): the whole ``-c`` context, rounded up to a multiple of 256
   (``llama-context.cpp``: ``GGML_PAD(n_ctx, 256)``), is allocated when the context is created
   (``llama_kv_cache`` constructor); SWA layers get ``GGML_PAD(min(n_ctx, n_swa + n_ubatch),
@@ -125,6 +127,8 @@ class Deployment:
     gpu_memory_utilization: float | None = None
     prefill_chunk: int | None = None
     max_model_len: int | None = None
+    max_num_seqs: int | None = None  # vLLM: sequences per step (its profile run samples this many rows)
+    max_num_batched_tokens: int | None = None  # vLLM: tokens per step (its profile run's forward)
 
     def __post_init__(self):
         if self.runtime is not None and self.runtime not in RUNTIMES:
@@ -163,6 +167,11 @@ class Deployment:
             _count("prefill_chunk", self.prefill_chunk)
         if self.max_model_len is not None:
             _count("max_model_len", self.max_model_len)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None:
+                _count(name, getattr(self, name))
+                if self.runtime != "vllm":
+                    raise ValueError(f"{name} is a vllm setting; {where} does not have it")
 
     @classmethod
     def make(cls, runtime: str | None = None, backend: str | None = None, **fields) -> Deployment:

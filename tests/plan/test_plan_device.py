@@ -63,7 +63,8 @@ def test_a_budget_below_one_devices_weights_is_refused_and_tp_makes_it_fit():
         plan(LLAMA70, request)
     fit = plan(LLAMA70, replace(request, tp=2))[0]
     assert fit.weights_bytes == -(-LLAMA70.num_params * 2 // 2) and fit.fits
-    assert fit.overhead_bytes == 80 * GiB - int(80 * GiB * 0.9)  # vLLM leaves 1 - gpu_memory_utilization alone
+    # vLLM leaves 1 - gpu_memory_utilization alone, and holds its non-torch memory (calibrated default at tp=2)
+    assert fit.overhead_bytes == 80 * GiB - int(80 * GiB * 0.9) + round(3.58 * GiB)
     assert fit.cache.bytes_per_token == 163_840  # 80 layers x 4 KV heads per rank x 128 x 2 x 2 bytes
 
 
