@@ -90,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-agreement", type=finite_float(0.0, 1.0),
                         help="recommend the cheapest strategy with top-1 agreement at least this (0..1)")  # fmt: skip
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
+    add_llama_cpp_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,7 +110,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
         weights_dtype=args.weights_dtype, runtime=args.runtime, tp=args.tp, pp=args.pp, kv_format=args.kv_format,
         device=args.device, sessions=args.sessions, solve=args.solve, max_kl=args.max_kl,
-        min_agreement=args.min_agreement,
+        min_agreement=args.min_agreement, **llama_cpp_fields(args),
     )  # fmt: skip
 
 
@@ -293,3 +294,34 @@ def write_csv(path: Path, fits: list[Fit], model: str) -> None:
 
 def _blank(v):
     return "" if v is None else v
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        shares = tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give one share per device, e.g. 3,1; got {text!r}") from None
+    return shares
+
+
+def add_llama_cpp_arguments(parser: argparse.ArgumentParser) -> None:
+    """llama.cpp's own flags, by llama.cpp's names, where they change the bytes (runtime llama.cpp)."""
+    g = parser.add_argument_group("llama.cpp (--runtime llama.cpp; defaults: llama-server's)")
+    g.add_argument("-np", "--parallel", dest="slots", type=positive_int, metavar="N",
+                   help="server slots (sequences) sharing -c (default: llama-server's auto, 4, with a unified KV)")
+    g.add_argument("-kvu", "--kv-unified", dest="kv_unified", action=argparse.BooleanOptionalAction, default=None,
+                   help="one KV stream for every slot (default: on with auto slots, off with --parallel N)")
+    g.add_argument("--swa-full", dest="swa_full", action=argparse.BooleanOptionalAction, default=None,
+                   help="sliding-window layers keep the whole context (default off)")
+    g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"),
+                   help="flash attention (default auto); a quantized V cache (--kv-format q8_0|q4_0) needs on or auto")
+    g.add_argument("-ub", "--ubatch-size", dest="ubatch", type=positive_int, metavar="N",
+                   help="physical batch, the SWA cache's margin (default 512)")
+    g.add_argument("-ts", "--tensor-split", dest="tensor_split", type=_shares, metavar="SHARES",
+                   help="each device's share of the layers, one per --pp device (default: equal), e.g. 3,1")
+
+
+def llama_cpp_fields(args: argparse.Namespace) -> dict:
+    """The llama.cpp flags given, as :class:`PlanRequest` fields."""
+    names = ("slots", "kv_unified", "swa_full", "flash_attn", "ubatch", "tensor_split")
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}

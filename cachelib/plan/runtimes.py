@@ -222,6 +222,10 @@ class Deployment:
             parts.append(f"KV {self.kv_format}")
         if self.paged_block:
             parts.append(f"blocks of {self.paged_block}")
+        if self.runtime == "llama.cpp":
+            slots, unified, swa_full, ubatch = llama_cpp_settings(self)
+            parts.append(f"{slots} slots{' (auto)' if self.slots is None else ''}, "
+                         f"{'unified KV' if unified else 'KV per slot'}" + (", --swa-full" if swa_full else ""))
         return ", ".join(parts)
 
 
