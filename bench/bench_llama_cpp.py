@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / ".llamacpp" / "bin" / "llamacpp-kv"
 BUILD = "b10605"
 
-# llama-kv-cache.cpp (b10605): "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): ..."
+# llama-kv-cache.cpp (b10605):
+# "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
 LOG_LINE = re.compile(
     r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
     r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB"

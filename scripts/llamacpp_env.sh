@@ -72,7 +72,8 @@ static int cache_type(const char * s) {
 
 int main(int argc, char ** argv) {
     if (argc != 11) {
-        fprintf(stderr, "usage: %s MODEL N_CTX TYPE_K TYPE_V N_SEQ FLASH SWA_FULL KV_UNIFIED N_UBATCH N_BATCH\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL N_CTX TYPE_K TYPE_V N_SEQ FLASH SWA_FULL KV_UNIFIED N_UBATCH N_BATCH\n",
+                argv[0]);
         return 2;
     }
     llama_backend_init();

@@ -284,7 +284,8 @@ def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerC
     c = R.llama_cpp_cells(d.max_model_len, slots, unified, window=window, swa_full=swa_full, ubatch=ubatch)
     limit = c.n_ctx // batch if unified else c.n_ctx_seq
     return {
-        "full": LayerCache("llama_kv_cache", "full", (("slots", c.full * c.streams), ("limit", limit), ("seqs", batch))),
+        "full": LayerCache("llama_kv_cache", "full",
+                           (("slots", c.full * c.streams), ("limit", limit), ("seqs", batch))),
         "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("slots", c.swa * c.streams), ("seqs", batch))),
     }
 

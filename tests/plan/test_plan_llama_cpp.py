@@ -118,8 +118,8 @@ def test_gpt_oss_20b_split_over_eight_devices_as_llama_cpp_assigns_layers():
     one = account(arch, "standard", context=1, deployment=Deployment.make("llama.cpp", max_model_len=131072, slots=1))
     layer_mib = {a.layer_type: a.bytes_allocated / MiB for a in one.layers}  # one layer of each kind
     d = Deployment.make("llama.cpp", max_model_len=131072, slots=1, pp=8)
-    per_device = [(s.layer_kinds.count("full") * layer_mib["full"], s.layer_kinds.count("sliding") * layer_mib["sliding"])
-                  for s in stage_arches(arch, d)]  # fmt: skip
+    kinds = ("full", "sliding")
+    per_device = [tuple(s.layer_kinds.count(k) * layer_mib[k] for k in kinds) for s in stage_arches(arch, d)]
     assert per_device == [(512, 3), (256, 3), (512, 1.5), (256, 3), (512, 1.5), (256, 3), (512, 1.5), (256, 1.5)]
     assert account(arch, "standard", context=1, deployment=d).total_bytes == 3090 * MiB
 
@@ -218,3 +218,18 @@ def test_the_request_and_its_command_line_carry_llama_cpps_flags():
         assert flag in argv
     with pytest.raises(ValueError, match="--parallel: backend mlx has no such setting"):
         PlanRequest(["standard"], context=100, slots=2)
+
+
+@pytest.mark.parametrize("settings, batch", [
+    ({"slots": 4, "kv_unified": True}, 3), ({"slots": 3}, 2), ({"slots": 1, "swa_full": True}, 1), ({}, 1),
+])  # fmt: skip
+def test_account_equals_the_step_by_step_trace_with_slots(settings, batch):
+    from cachelib.plan import trace
+
+    arch = arch_from_config({**GEMMA_2_2B, "sliding_window": 40, "num_hidden_layers": 4})
+    d = Deployment.make("llama.cpp", **settings)
+    for context, prefill, chunk in ((3000, 700, 100), (517, 0, None), (2048, 2048, 300)):
+        t = trace(arch, "standard", context=context, prefill=prefill, prefill_chunk=chunk, batch=batch, deployment=d)
+        acc = account(arch, "standard", context=context, prefill=prefill, prefill_chunk=chunk, batch=batch,
+                      deployment=d)  # fmt: skip
+        assert acc.bytes_allocated == t.steps[-1].bytes_allocated and acc.peak_bytes == t.peak_bytes
