@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's cachelib, not an installed one
+    sys.path.insert(0, str(ROOT))
 TOOL = ROOT / ".llamacpp" / "bin" / "llamacpp-kv"
 BUILD = "b10605"
 
@@ -229,8 +231,9 @@ def grid(quick: bool = False) -> list[Case]:
     cases += [Case("gemma2-tiny", 4096, "q8_0", 4, True, fa="off"), Case("smollm2", 4096, "f16", 2, fa="off"),
               Case("gemma2-tiny", 2048, "f16", 4, True, ubatch=256)]
     if quick:  # the test keeps one of each kind of case
-        keep = [c for c in cases if c.model == "smollm2" and c.n_ctx == 1000 and c.kv != "q4_0"]
-        keep += [c for c in cases if c.model == "gemma2-tiny" and c.n_ctx == 1000 and c.kv == "q4_0"]
+        keep = [c for c in cases if c.model == "smollm2" and c.n_ctx == 1000 and c.kv == "f16"]
+        keep += [Case("smollm2", 8192, "q8_0", 1), Case("gemma2-tiny", 4096, "q4_0", 4, True),
+                 Case("gemma2-tiny", 1000, "q4_0", 4), Case("gemma2-tiny", 1000, "f16", 1, swa_full=True)]
         keep += [c for c in cases if c.fa == "off" or c.ubatch != 512]
         cases = keep
     return cases

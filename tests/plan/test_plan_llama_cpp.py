@@ -11,6 +11,7 @@ are skipped. The published checks below run everywhere: each number comes with i
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ MiB = 1 << 20
 def _bench():
     spec = importlib.util.spec_from_file_location("bench_llama_cpp", ROOT / "bench" / "bench_llama_cpp.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -42,8 +44,10 @@ needs_build = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("llamacpp")
+def workdir():
+    path = ROOT / ".llamacpp" / "models"  # beside the build: the tiny GGUF is written once (fixed seed)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @needs_build
