@@ -237,3 +237,32 @@ def test_account_equals_the_step_by_step_trace_with_slots(settings, batch):
         acc = account(arch, "standard", context=context, prefill=prefill, prefill_chunk=chunk, batch=batch,
                       deployment=d)  # fmt: skip
         assert acc.bytes_allocated == t.steps[-1].bytes_allocated and acc.peak_bytes == t.peak_bytes
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runtime", "llama.cpp", "--parallel", "0"], "argument -np/--parallel: must be >= 1, got 0"),
+    (["--runtime", "vllm", "--swa-full"], "--swa-full: vllm has no such setting"),
+    (["--parallel", "2"], "--parallel: backend mlx has no such setting"),
+    (["--runtime", "llama.cpp", "--kv-format", "q8_0", "-fa", "off"], "allowed: -fa on, -fa auto"),
+    (["--runtime", "llama.cpp", "--batch", "3", "-np", "2"], "allowed: batch <= 2"),
+])  # fmt: skip
+def test_bad_llama_cpp_flags_exit_2_with_one_line(capsys, argv, message):
+    from cachelib.cli import main
+
+    assert main(["plan", "--model", "smollm2", "--context", "100", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_the_cli_plans_gemma_2_2b_with_llama_servers_slots(tmp_path, capsys):
+    import json
+
+    from cachelib.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA_2_2B))
+    base = ["plan", "--model", str(path), "--context", "8192", "--runtime", "llama.cpp"]
+    assert main(base) == 0
+    assert "832.00 MiB" in capsys.readouterr().out  # 4 slots, unified: the SWA layers keep 8,192 cells
+    assert main([*base, "-np", "1"]) == 0
+    assert "650.00 MiB" in capsys.readouterr().out
