@@ -288,7 +288,8 @@ def llama_cpp_stage_sizes(num_layers: int, devices: int, tensor_split: tuple[flo
     splits = np.cumsum(shares, dtype=np.float32) / np.float32(shares.sum(dtype=np.float32))
     sizes = [0] * devices
     for il in range(num_layers):
-        sizes[int(np.searchsorted(splits, np.float32(il) / np.float32(num_layers + 1), side="right"))] += 1
+        at = int(np.searchsorted(splits, np.float32(il) / np.float32(num_layers + 1), side="right"))  # upper_bound
+        sizes[min(at, devices - 1)] += 1
     if 0 in sizes:
         raise ValueError(f"--tensor-split {','.join(f'{x:g}' for x in shares)} leaves a device without layers "
                          f"({sizes} of {num_layers}); give every device a larger share, or fewer devices")
