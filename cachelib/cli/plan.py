@@ -114,6 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--cuda-graph-memory", type=memory_size, metavar="SIZE",
                       help="CUDA graph memory vLLM >= 0.21 subtracts from the pool (its log: 'Estimated CUDA graph "
                       "memory'; default 0: earlier builds capture the graphs after sizing the pool)")  # fmt: skip
+    add_llama_cpp_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,7 +151,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         min_agreement=args.min_agreement, gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-        non_torch_bytes=args.non_torch_memory, cuda_graph_bytes=args.cuda_graph_memory,
+        non_torch_bytes=args.non_torch_memory, cuda_graph_bytes=args.cuda_graph_memory, **llama_cpp_fields(args),
     )  # fmt: skip
 
 
@@ -346,3 +347,34 @@ def write_csv(path: Path, fits: list[Fit], model: str) -> None:
 
 def _blank(v):
     return "" if v is None else v
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        shares = tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give one share per device, e.g. 3,1; got {text!r}") from None
+    return shares
+
+
+def add_llama_cpp_arguments(parser: argparse.ArgumentParser) -> None:
+    """llama.cpp's own flags, by llama.cpp's names, where they change the bytes (runtime llama.cpp)."""
+    g = parser.add_argument_group("llama.cpp (--runtime llama.cpp; defaults: llama-server's)")
+    g.add_argument("-np", "--parallel", dest="slots", type=positive_int, metavar="N",
+                   help="server slots (sequences) sharing -c (default: llama-server's auto, 4, with a unified KV)")
+    g.add_argument("-kvu", "--kv-unified", dest="kv_unified", action=argparse.BooleanOptionalAction, default=None,
+                   help="one KV stream for every slot (default: on with auto slots, off with --parallel N)")
+    g.add_argument("--swa-full", dest="swa_full", action=argparse.BooleanOptionalAction, default=None,
+                   help="sliding-window layers keep the whole context (default off)")
+    g.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=("on", "off", "auto"),
+                   help="flash attention (default auto); a quantized V cache (--kv-format q8_0|q4_0) needs on or auto")
+    g.add_argument("-ub", "--ubatch-size", dest="ubatch", type=positive_int, metavar="N",
+                   help="physical batch, the SWA cache's margin (default 512)")
+    g.add_argument("-ts", "--tensor-split", dest="tensor_split", type=_shares, metavar="SHARES",
+                   help="each device's share of the layers, one per --pp device (default: equal), e.g. 3,1")
+
+
+def llama_cpp_fields(args: argparse.Namespace) -> dict:
+    """The llama.cpp flags given, as :class:`PlanRequest` fields."""
+    names = ("slots", "kv_unified", "swa_full", "flash_attn", "ubatch", "tensor_split")
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}

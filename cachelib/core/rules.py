@@ -780,14 +780,16 @@ class Preallocated(Rule):
     """llama.cpp's ``llama_kv_cache``: ``slots`` cells allocated when the context is created and
     written in place. ``limit``: the context the cells serve (a longer run is refused, as
     llama.cpp refuses to decode past ``n_ctx``); None: the cells are reused as a window (the SWA
-    cache of ``llama_kv_cache_iswa``)."""
+    cache of ``llama_kv_cache_iswa``). ``seqs``: the sequences whose tokens the cells hold (the
+    cells count every slot's; ``token_bytes`` is then one cell's)."""
 
     kind = "llama_kv_cache"
     bounded = True
 
-    def __init__(self, token_bytes: int, slots: int, limit: int | None = None, kind: str | None = None):
+    def __init__(self, token_bytes: int, slots: int, limit: int | None = None, kind: str | None = None,
+                 seqs: int = 1):
         super().__init__(token_bytes, kind)
-        self.slots, self.limit = slots, limit
+        self.slots, self.limit, self.seqs = slots, limit, seqs
 
     @property
     def capacity(self) -> int:
@@ -795,7 +797,7 @@ class Preallocated(Rule):
 
     @property
     def tokens_held(self) -> int:
-        return min(self.offset, self.slots)
+        return min(self.offset * self.seqs, self.slots)
 
     def update(self, n: int) -> int:
         if self.limit is not None and self.offset + n > self.limit:
@@ -820,6 +822,110 @@ class Preallocated(Rule):
 
     def cycle_horizon(self, n: int) -> int:
         return UNBOUNDED if self.limit is None else max(0, (self.limit - self.offset) // n)
+
+
+# llama.cpp's context and KV sizes (build b10605). llama-context.cpp: n_batch = min(n_ctx, n_batch)
+# for causal models, n_ubatch = min(n_batch, n_ubatch), n_ctx = GGML_PAD(n_ctx, 256); without a
+# unified KV each of n_seq_max streams gets n_ctx_seq = GGML_PAD(n_ctx / n_seq_max, 256) cells.
+# llama-kv-cache-iswa.cpp: the SWA cache has GGML_PAD(min(n_ctx_seq, n_swa * (unified ? n_seq_max : 1)
+# + n_ubatch), 256) cells per stream, or n_ctx_seq with --swa-full.
+LLAMA_CPP_PAD = 256
+
+
+@dataclass(frozen=True)
+class LlamaCppCells:
+    """The cells a llama.cpp context allocates: ``n_ctx`` as llama.cpp logs it, ``n_ctx_seq``
+    (one sequence's limit), ``streams`` (1 unified, else one per slot) and the cells per stream of
+    the full and of the SWA cache (the log's "cells"; the bytes count ``cells x streams``)."""
+
+    n_ctx: int
+    n_ctx_seq: int
+    streams: int
+    full: int
+    swa: int
+
+
+def llama_cpp_cells(n_ctx: int, slots: int = 1, unified: bool = False, *, window: int = 0, swa_full: bool = False,
+                    ubatch: int = 512, n_batch: int = 2048) -> LlamaCppCells:
+    """llama.cpp's cells for ``-c n_ctx --parallel slots [--kv-unified] [--swa-full] -ub ubatch
+    -b n_batch`` on a model whose SWA layers have window ``window`` (0: none)."""
+    if min(n_ctx, slots, ubatch, n_batch) < 1:
+        raise ValueError(f"llama.cpp sizes need n_ctx, slots, ubatch and n_batch >= 1, got {n_ctx}, {slots}, "
+                         f"{ubatch}, {n_batch}")
+    n_ubatch = min(n_ctx, n_batch, ubatch)
+    ctx = _ceil_steps(n_ctx, LLAMA_CPP_PAD)
+    if unified:
+        seq, streams = ctx, 1
+    else:
+        seq, streams = _ceil_steps(ctx // slots, LLAMA_CPP_PAD), slots
+        ctx = seq * slots
+    swa = seq if swa_full else _ceil_steps(min(seq, window * (slots if unified else 1) + n_ubatch), LLAMA_CPP_PAD)
+    return LlamaCppCells(ctx, seq, streams, seq, swa)
+
+
+class LlamaCppGrowing(Rule):
+    """llama.cpp's KV cache where each moment is sized as the smallest ``-c`` that holds the run
+    so far would size it (a search over contexts): ``-c = offset * per`` (the batch's sequences
+    with a unified KV, every slot without), cells as :func:`llama_cpp_cells` gives them for the
+    full (``swa=False``) or the SWA cache. ``token_bytes`` is one cell's; ``seqs`` the batch."""
+
+    kind = "llama_kv_cache"
+
+    def __init__(self, token_bytes: int, *, per: int, slots: int, unified: bool, swa: bool, window: int = 0,
+                 swa_full: bool = False, ubatch: int = 512, n_batch: int = 2048, seqs: int = 1,
+                 kind: str | None = None):
+        super().__init__(token_bytes, kind)
+        self.per, self.slots, self.seqs = per, slots, seqs
+        self.unified, self.swa, self.window, self.swa_full = unified, swa, window, swa_full
+        self.ubatch, self.n_batch = ubatch, n_batch
+        self.bounded = swa and not swa_full
+
+    def _sizes(self) -> LlamaCppCells:
+        return llama_cpp_cells(self.offset * self.per, self.slots, self.unified, window=self.window,
+                               swa_full=self.swa_full, ubatch=self.ubatch, n_batch=self.n_batch)
+
+    @property
+    def capacity(self) -> int:
+        if self.offset <= 0:
+            return 0
+        c = self._sizes()
+        return (c.swa if self.swa else c.full) * c.streams
+
+    @property
+    def tokens_held(self) -> int:
+        return min(self.offset * self.seqs, self.capacity)
+
+    def update(self, n: int) -> int:
+        self.offset += n
+        return self.bytes_allocated
+
+    def _capped(self) -> bool:
+        # the SWA cells stop growing once n_ubatch is final and n_ctx_seq covers window * k + n_ubatch
+        n_ub = min(self.ubatch, self.n_batch)
+        if not self.bounded or self.offset * self.per < n_ub:
+            return False
+        return self._sizes().n_ctx_seq >= self.window * (self.slots if self.unified else 1) + n_ub
+
+    def regular_steps(self) -> int:
+        if self._capped():
+            return UNBOUNDED
+        if self.offset <= 0 or (self.bounded and self.offset * self.per < min(self.ubatch, self.n_batch)):
+            return 0  # n_ubatch = min(n_ctx, ...) still moves the SWA cells
+        # -c = offset * per keeps its padding (so its cells) while offset * per stays within it
+        return _ceil_steps(self.offset * self.per, LLAMA_CPP_PAD) // self.per - self.offset
+
+    def skip(self, k: int) -> None:
+        self.offset += k
+
+    def settled(self) -> bool:
+        return self._capped()
+
+    def cycle_key(self, n: int):
+        if self._capped():
+            return ("capped",)
+        if self.bounded:
+            return None  # a cap ahead
+        return (self.offset % LLAMA_CPP_PAD,)
 
 
 class BudgetEachStep(Rule):

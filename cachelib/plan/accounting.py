@@ -55,7 +55,9 @@ from ..core.layout import LayerCache, rule_for
 from ..core.units import BACKENDS, DTYPE_BYTES, check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
-from .runtimes import Deployment, as_deployment, kv_format_check, largest_stage, stage_arches, stages
+from .runtimes import (
+    Deployment, as_deployment, kv_format_check, largest_stage, llama_cpp_settings, stage_arches, stages,
+)  # fmt: skip
 
 CYCLE_KEYS = 4096  # distinct cycle keys a feed remembers before it starts looking afresh
 
@@ -204,7 +206,7 @@ def cache_layout(
     return _layout(device_arch_of(arch, d), spec, d, context)
 
 
-def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None) -> list[LayerCache]:
+def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None, batch: int = 1) -> list[LayerCache]:
     rt = d.profile
     if rt is not None and rt.runtime_cache:
         if spec.name != "standard":
@@ -212,7 +214,7 @@ def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None) -> list[L
                 f"runtime {rt.name} allocates its own cache; strategy {spec.name!r} does not apply there "
                 "(use standard, which plans the runtime's own allocation)"
             )
-        return _runtime_layout(dev, d, context)
+        return _runtime_layout(dev, d, context, batch)
     check_backend(spec, d.backend)
     return _strategy_layout(dev, spec, d.backend)
 
@@ -243,7 +245,7 @@ def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def _runtime_layout(arch: Arch, d: Deployment, context: int | None) -> list[LayerCache]:
+def _runtime_layout(arch: Arch, d: Deployment, context: int | None, batch: int = 1) -> list[LayerCache]:
     window = arch.sliding_window or 0
     if d.runtime == "vllm":
         if d.max_model_len and context and context > d.max_model_len:
@@ -256,21 +258,36 @@ def _runtime_layout(arch: Arch, d: Deployment, context: int | None) -> list[Laye
             "recurrent": LayerCache("MambaSpec", "recurrent"),
         }
     else:  # llama.cpp
-        n_ctx = d.max_model_len or context
-        swa_cells = _pad(window + d.profile.ubatch, 256)  # llama-kv-cache-iswa.cpp, before min(n_ctx, .)
-        if n_ctx is None:  # each moment as -c = the tokens so far would allocate it
-            by_type = {
-                "full": LayerCache("llama_kv_cache", "full", (("cells_step", 256),)),
-                "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("cells_step", 256), ("max_slots", swa_cells))),
-            }
-        else:
-            cells = _pad(n_ctx, 256)  # llama-context.cpp: GGML_PAD(n_ctx, 256)
-            by_type = {
-                "full": LayerCache("llama_kv_cache", "full", (("slots", cells), ("limit", cells))),
-                "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("slots", min(cells, swa_cells)),)),
-            }
+        by_type = _llama_cpp_layout(arch, d, batch)
         by_type["recurrent"] = LayerCache("llama_memory_recurrent", "recurrent")
     return [by_type[k] for k in arch.layer_kinds]
+
+
+def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerCache]:
+    """llama.cpp's caches for ``batch`` sequences: with ``-c`` (``max_model_len``) the cells
+    :func:`~cachelib.core.rules.llama_cpp_cells` allocates at start (``slots``: every stream's
+    cells; ``limit``: one sequence's context, ``n_ctx_seq``, or its share of a unified KV);
+    without, each moment as the smallest ``-c`` that holds the run so far."""
+    slots, unified, swa_full, ubatch = llama_cpp_settings(d, batch)
+    window = arch.sliding_window or 0
+    if d.kv_format in ("q8_0", "q4_0") and d.flash_attn != "off":
+        block = R.KV_FORMATS[d.kv_format][1]  # flash attention: each head a whole number of blocks
+        if arch.key_dim % block or (not arch.latent and arch.value_dim % block):
+            raise ValueError(f"llama.cpp -ctk/-ctv {d.kv_format} with flash attention needs head dims divisible "
+                             f"by {block} ({arch.name}: {arch.key_dim} / {arch.value_dim}); use -ctk/-ctv f16")
+    if d.max_model_len is None:
+        per = batch if unified else slots
+        knobs = (("cells_step", R.LLAMA_CPP_PAD), ("per", per), ("parallel", slots), ("unified", int(unified)),
+                 ("swa_full", int(swa_full)), ("ubatch", ubatch), ("window", window), ("seqs", batch))
+        return {"full": LayerCache("llama_kv_cache", "full", knobs),
+                "sliding": LayerCache("llama_kv_cache_swa", "sliding", knobs)}
+    c = R.llama_cpp_cells(d.max_model_len, slots, unified, window=window, swa_full=swa_full, ubatch=ubatch)
+    limit = c.n_ctx // batch if unified else c.n_ctx_seq
+    return {
+        "full": LayerCache("llama_kv_cache", "full",
+                           (("slots", c.full * c.streams), ("limit", limit), ("seqs", batch))),
+        "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("slots", c.swa * c.streams), ("seqs", batch))),
+    }
 
 
 def _model_sliding(backend: str, window: int) -> LayerCache:
@@ -304,12 +321,15 @@ def _runtime_rule(cache: LayerCache, arch: Arch, dtype: str, batch: int, fp: int
     if kind == "PagedSlidingWindow":
         return R.PagedSliding(fp, cache.knob("window"), cache.knob("block_size"))
     knobs = dict(cache.knobs)
-    if "cells_step" in knobs:  # llama.cpp sized by the context so far: GGML_PAD(tokens, 256) cells
-        return R.Paged(fp, knobs["cells_step"], knobs.get("max_slots"), kind=kind)
-    if kind == "llama_kv_cache":
-        return R.Preallocated(fp, knobs["slots"], knobs["limit"])
-    if kind == "llama_kv_cache_swa":
-        return R.Preallocated(fp, knobs["slots"], None, kind=kind)
+    if kind in ("llama_kv_cache", "llama_kv_cache_swa"):  # cells count every sequence: one cell's bytes
+        cell = fp // batch
+        if "cells_step" in knobs:  # sized by the context so far
+            return R.LlamaCppGrowing(
+                cell, per=knobs["per"], slots=knobs["parallel"], unified=bool(knobs["unified"]),
+                swa=cache.layer_type == "sliding", window=knobs["window"], swa_full=bool(knobs["swa_full"]),
+                ubatch=knobs["ubatch"], seqs=knobs["seqs"], kind=kind,
+            )  # fmt: skip
+        return R.Preallocated(cell, knobs["slots"], knobs.get("limit"), kind=kind, seqs=knobs["seqs"])
     if kind == "MambaSpec":  # vLLM: conv (K-1, C) and SSM (C, N) state pages in the model dtype
         return R.RecurrentState(recurrent_state_bytes(arch, "mlx", dtype, batch=batch), kind=kind)
     return R.RecurrentState(recurrent_state_bytes(arch, "ggml", dtype, batch=batch), kind=kind)
@@ -584,7 +604,7 @@ def _stage_replays(arch: Arch, spec: Spec, d: Deployment, dtype: str, batch: int
     """Replays of the distinct pipeline stages, the largest first, each with how many stages
     share its layout (``Replay.stage_count``)."""
     stage_list = stage_arches(arch, d)
-    starts = [r.start for r in stages(arch, d.pp)]
+    starts = [r.start for r in stages(arch, d.pp, d)]
     first = largest_stage(stage_list)
     order = [first] + [i for i in range(len(stage_list)) if i != first]
     seen: dict[tuple, Replay] = {}
@@ -594,7 +614,7 @@ def _stage_replays(arch: Arch, spec: Spec, d: Deployment, dtype: str, batch: int
         if key in seen:
             seen[key].stage_count += 1
             continue
-        run = Replay(_layout(a, spec, d, context), a, d.backend, dtype, batch, d.kv_format)
+        run = Replay(_layout(a, spec, d, context, batch), a, d.backend, dtype, batch, d.kv_format)
         run.first_layer = starts[i]
         seen[key] = run
     return list(seen.values())

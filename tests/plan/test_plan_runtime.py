@@ -202,7 +202,7 @@ def test_account_equals_the_last_step_of_the_trace_under_a_runtime(runtime, kwar
 
 def test_llama_cpp_allocates_the_padded_context_at_start_and_a_small_swa_cache():
     g = preset("gemma-2-9b")
-    d = Deployment.make("llama.cpp", kv_format="q8_0", max_model_len=8000)
+    d = Deployment.make("llama.cpp", kv_format="q8_0", max_model_len=8000, slots=1)  # one sequence
     layout = cache_layout(g, "standard", deployment=d)
     cells = {c.layer_type: c.knob("slots") for c in layout}
     assert cells == {"full": 8192, "sliding": 4608}  # GGML_PAD(8000, 256); GGML_PAD(4096 + 512, 256)
@@ -212,12 +212,12 @@ def test_llama_cpp_allocates_the_padded_context_at_start_and_a_small_swa_cache()
     with pytest.raises(ValueError, match="raise -c"):
         account(g, "standard", context=9000, deployment=d)
     # without -c, every moment is what -c = the tokens so far allocates (a search over contexts)
-    run = replay(g, "standard", deployment=Deployment.make("llama.cpp", kv_format="q8_0"))
+    run = replay(g, "standard", deployment=Deployment.make("llama.cpp", kv_format="q8_0", slots=1))
     for n in (100, 4000, 1000, 3000):
         run.update(n, "prefill", False)
         context = run.offset
         assert run.totals()[0] == account(g, "standard", context=context, deployment=Deployment.make(
-            "llama.cpp", kv_format="q8_0", max_model_len=context)).bytes_allocated  # fmt: skip
+            "llama.cpp", kv_format="q8_0", max_model_len=context, slots=1)).bytes_allocated  # fmt: skip
 
 
 def test_llama_cpp_slides_only_where_its_architecture_sets_a_pattern():
