@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..core.units import human_gib
 from ..spec import Spec, parse_spec
-from .quality import describe, is_exact, meets
+from .quality import is_exact, meets
 from .runtimes import MLX_LM_QUANTIZED_KV_START
 
 if TYPE_CHECKING:  # types only: request.py imports this module
@@ -136,9 +136,18 @@ def quality_line(fit: Fit, max_kl: float | None, min_agreement: float | None, ve
         return "not covered by evidence (no measured point keeps as little of its context)"
     if is_exact(q):
         return "exact: " + q.source.removeprefix("exact: ")
-    verdict = verdict or ("meets: " if meets(q, max_kl, min_agreement)[0] else "misses: ") + meets(
-        q, max_kl, min_agreement)[1]  # fmt: skip
-    return f"{describe(q)} -> {verdict}"
+    if verdict is None:
+        ok, why = meets(q, max_kl, min_agreement)
+        verdict = ("meets: " if ok else "misses: ") + why
+    ci = f" ± {q.mean_kl_ci95:.2g}" if q.mean_kl_ci95 is not None else ""
+    ci1 = f" ± {q.top1_ci95:.1%}" if q.top1_ci95 is not None else ""
+    where = f"{q.model} ({q.backend}) at {q.context:,} tokens" if q.context else q.model
+    if q.kept_fraction is not None and q.kept_fraction < 1:
+        where += f", kept {q.kept_fraction:.1%}"
+    if "extrapolated" in q.note:
+        where += ", extrapolated"
+    n = f"{q.samples} samples, 95% CI" if q.mean_kl_ci95 is not None else "one sample"
+    return f"mean KL {q.mean_kl:.3g}{ci} nats, top-1 {q.top1_agreement:.1%}{ci1} ({n}; {where}) -> {verdict}"
 
 
 @dataclass(frozen=True)
@@ -215,18 +224,25 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
         f = fits[spec]
         in_code.append(f"{code_line(spec, r.backend)}: {f.sessions if f.sessions is not None else '-'} sessions; "
                        + quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(spec)))  # fmt: skip
-    if rec.fit is None:
-        title = f"answer: nothing to deploy on {runtime} for {result.arch.name} at {r.context:,} tokens"
-        return Answer(title, "", (f"why: {rec.steps[-1][3:]}",), tuple(side), tuple(in_code), rec.steps, rec.commands)
     f = rec.fit
+    if f is None:  # nothing meets the rules: the runtime's own closest command, said to be unrecommended
+        native = [g for g in result.fits if runtime_flags(g.spec, r.runtime) is not None and g.fits is not False]
+        if not native:
+            title = f"answer: nothing to deploy on {runtime} for {result.arch.name} at {r.context:,} tokens"
+            return Answer(title, "", (f"why: {rec.steps[-1][3:]}",), tuple(side), tuple(in_code), rec.steps,
+                          rec.commands)  # fmt: skip
+        f = min(native, key=lambda g: (len(runtime_flags(g.spec, r.runtime)), g.cache.peak_bytes))
+        title = (f"answer: NOT RECOMMENDED, nothing meets the rules on {runtime} for {result.arch.name} at "
+                 f"{r.context:,} tokens; the closest, {f.spec}:")  # fmt: skip
+        why = "why not: " + rec.steps[-1][3:]
+    else:
+        flags = runtime_flags(f.spec, r.runtime)
+        what = f.spec + (" (no cache flag)" if flags == [] and r.runtime in ("mlx-lm", "vllm", "llama.cpp") else "")
+        title = f"answer: {what} on {runtime} for {result.arch.name} at {r.context:,} tokens"
+        why = "why: " + rec.steps[-1][3:]
     command = runtime_command(r, f.spec, ref, sessions=f.sessions) or code_line(f.spec, r.backend)
-    flags = runtime_flags(f.spec, r.runtime)
-    what = f.spec + (" (no cache flag)" if flags == [] and r.runtime in ("mlx-lm", "vllm", "llama.cpp") else "")
-    title = f"answer: {what} on {runtime} for {result.arch.name} at {r.context:,} tokens"
-    facts = (
-        _sessions_line(f, r),
-        _memory_line(f),
-        "quality: " + quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(f.spec)),
-        "why: " + rec.steps[-1][3:],
-    )
+    quality = quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(f.spec))
+    if r.kv_format and f.quality is None:
+        quality = f"KV format {r.kv_format}: not measured (no evidence of it covers this context)"
+    facts = (_sessions_line(f, r), _memory_line(f), "quality: " + quality, why)
     return Answer(title, command, facts, tuple(side), tuple(in_code), rec.steps, rec.commands)

@@ -398,6 +398,7 @@ def choose(
     most_sessions: bool = False,
     runtime: str | None = None,
     flags: Callable[[str], Sequence[str] | None] | None = None,
+    kv_format: str | None = None,
 ) -> Recommendation:
     """The strategy to deploy, by these rules, in this order (each one a step of the answer):
 
@@ -408,10 +409,13 @@ def choose(
     3. it must serve the request: fit the budget, and hold ``sessions`` sessions when given;
     4. a lossless strategy that serves wins over any lossy one, unless ``most_sessions``;
     5. among the rest: the most sessions when ``most_sessions``, else the smallest loss (the KL's
-       upper bound); ties go to the simplest flag set (fewest flags), then the smaller cache peak."""
+       upper bound); ties go to the simplest flag set (fewest flags), then the smaller cache peak.
+
+    With a lossy ``kv_format`` (vLLM fp8, llama.cpp q8_0) no fit is exact by construction: each
+    carries the quality its format's evidence gives (None: not measured)."""
     _check_thresholds(max_kl, min_agreement)
     judgements = judgements or {}
-    fits = [_exact(f) for f in fits]
+    fits = list(fits) if kv_format else [_exact(f) for f in fits]
     unmeasured = tuple(f.spec for f in fits if f.quality is None)
     commands = tuple(judgements[s].command for s in unmeasured if s in judgements and judgements[s].command)
     wanted = _wanted(max_kl, min_agreement)

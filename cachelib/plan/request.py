@@ -27,7 +27,7 @@ from .device import (
     weights_format, weights_per_device,
 )  # fmt: skip
 from .answer import runtime_flags
-from .quality import Evidence, Judgement, Recommendation, choose, judge_fits, scaled_candidates
+from .quality import Evidence, Judgement, Recommendation, choose, judge, judge_fits, scaled_candidates
 from .runtimes import RUNTIMES, Deployment
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
 
@@ -476,7 +476,12 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
     solved: list[Solved] = []
     if request.solve is not None:
         for knob in (request.solve, *(k for k in SOLVE if k != request.solve)):
-            found = solve_sessions(arch, replace(request, solve=knob))
+            try:
+                found = solve_sessions(arch, replace(request, solve=knob))
+            except ValueError:
+                if knob == request.solve:
+                    raise
+                continue  # the other knob, where this runtime has none (vLLM's own cache has no ring)
             solved.append(found)
             whole = found.spec is not None and found.spec.window is not None and found.spec.window >= request.context
             if found.spec is not None and not whole and found.spec.key not in asked:
@@ -494,10 +499,34 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
             else:
                 added.append(str(spec))
     fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch)
+    if request.kv_format is not None:
+        fits = [_judge_format(f, request, evidence, arch, judgements) for f in fits]
     runtime = request.runtime
     choice = choose(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
                     judgements=judgements, sessions=request.sessions, most_sessions=request.most_sessions,
-                    runtime=runtime, flags=None if runtime is None else lambda s: runtime_flags(s, runtime))  # fmt: skip
+                    runtime=runtime, flags=None if runtime is None else lambda s: runtime_flags(s, runtime),
+                    kv_format=request.kv_format)  # fmt: skip
     rec = choice if request.recommending else None
     return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements, choice,
                       tuple(solved))  # fmt: skip
+
+
+def _judge_format(fit: Fit, request: PlanRequest, evidence: Sequence[Evidence], arch: Arch,
+                  judgements: dict[str, Judgement]) -> Fit:
+    """A runtime's own cache stored in a lossy KV format (vLLM fp8, llama.cpp q8_0 / q4_0) is not
+    exact: it is judged by the evidence of the strategy of that name, where this cachelib has one
+    and it was measured, else it is "not measured"."""
+    if not parse_spec(fit.spec).lossless:
+        return fit
+    fmt = request.kv_format
+    try:
+        spec = parse_spec(fmt)
+    except ValueError:
+        j = Judgement(fit.spec, None, f"KV format {fmt}: not measured (cachelib has no strategy {fmt!r} to measure it)")
+    else:
+        found = judge(evidence, spec, backend=request.backend, context=fit.cache.context, planned=arch)
+        why = f"KV format {fmt}, judged as {spec}: {found.reason}" if found.quality is not None else \
+            f"KV format {fmt}: not measured ({found.reason})"
+        j = Judgement(fit.spec, found.quality, why, found.command)
+    judgements[fit.spec] = j
+    return replace(fit, quality=j.quality)
