@@ -210,7 +210,8 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
     fits = {f.spec: f for f in result.fits}
     side = []
     for solved in result.solved:
-        if solved.spec is None:
+        whole = solved.spec is not None and solved.spec.window is not None and solved.spec.window >= r.context
+        if solved.spec is None or whole:  # nothing fits, or no ring is needed: the solve's own sentence
             side.append(solved.text)
             continue
         f = fits.get(str(solved.spec))
