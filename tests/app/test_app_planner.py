@@ -214,12 +214,12 @@ def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
     arch = preset("tiny-llama")
     evidence = load_evidence([picked])
     request = PlanRequest(["standard", "quantized:bits=8"], context=2048, budget_bytes=GB, weights_bytes=round(0.01 * GB),
-                          max_kl=100.0)  # fmt: skip
+                          max_kl=100.0, runtime="mlx-lm")  # fmt: skip
     result = plan_request(arch, request, evidence.points)
     rec = result.recommendation
     # the lossless standard serves the request: it is the answer, whatever the evidence says of the others
     assert rec.fit.spec == "standard" and rec.fit is result.choice.fit
-    assert at.markdown[0].value.startswith("**answer: standard on cachelib on mlx")
+    assert at.markdown[0].value.startswith("**answer: standard (no cache flag) on mlx-lm for tiny-llama")
     at.toggle(key="plan_show_evidence").set_value(True).run()
 
     table = at.dataframe[0].value
