@@ -41,18 +41,17 @@ LIMITS = {  # Fit.context_limit -> what the table says
 
 
 PLOT_HEIGHT = 330  # px of plotting area a chart keeps, whatever its legend holds
-LEGEND_ROW = 22  # px per legend row
-PER_ROW = 2  # legend entries per row at the narrowest column the page lays a chart in
 
 
-def legend_below(entries: int) -> dict:
-    """Layout keys that put the legend below the plot and grow the figure by its rows, so the
-    plotting area keeps :data:`PLOT_HEIGHT` px at any number of strategies."""
-    rows = -(-max(1, entries) // PER_ROW)
+def legend_beside(entries: int) -> dict:
+    """Layout keys that put the legend beside the plot, top-aligned: a legend taller than the
+    plot scrolls inside its box (plotly.js does so for vertical legends), so the plotting area
+    keeps :data:`PLOT_HEIGHT` px at any number of strategies (``entries`` is what it holds)."""
     return {
-        "legend": {"orientation": "h", "yanchor": "top", "y": -60 / PLOT_HEIGHT, "x": 0},  # under the axis title
-        "height": 100 + PLOT_HEIGHT + 70 + rows * LEGEND_ROW,  # title + plot + axis title + legend
-        "margin": {"t": 100, "b": 70 + rows * LEGEND_ROW},
+        "legend": {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top",
+                   "font": {"size": 11 if entries > 8 else 12}},  # fmt: skip
+        "height": 100 + PLOT_HEIGHT + 70,  # title and subtitle + plot + axis title
+        "margin": {"t": 100, "b": 70},
     }
 
 
@@ -143,7 +142,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
         },
         xaxis={"title": "context (tokens)", "type": "log" if log else "linear"},
         yaxis={"title": "GiB (2^30 bytes)", "type": "log" if log else "linear", "rangemode": "tozero"},
-        **legend_below(len(info.curves) + 1),
+        **legend_beside(len(info.curves) + 1),
     )
     return fig
 
@@ -216,7 +215,7 @@ def _frontier_plot(info: FrontierInfo, log: bool) -> go.Figure:
         xaxis={"title": "context (tokens)", "type": "log" if log else "linear"},
         # counts span orders of magnitude over the range: a log axis, labelled 1, 2, 5, 10, 20, ...
         yaxis={"title": f"{what} (log scale)", "type": "log", "tickvals": ticks, "ticktext": [f"{t:,}" for t in ticks]},
-        **legend_below(len(info.curves) + 1),
+        **legend_beside(len(info.curves) + 1),
     )
     return fig
 
