@@ -185,8 +185,10 @@ def inputs() -> dict[str, Any]:
             st.radio("Backend", ["mlx", "torch"], key="plan_backend", horizontal=True, help=rules)
         else:
             st.session_state["plan_backend"] = runtime.backend if runtime.backend in ("mlx", "torch") else "torch"
-        split = [("plan_tp", "Tensor parallel", "devices the heads are split over", runtime and runtime.tensor_parallel),
-                 ("plan_pp", "Pipeline stages", "stages the layers are split over", runtime and runtime.pipeline_parallel)]
+        split = [
+            ("plan_tp", "Tensor parallel", "devices the heads are split over", runtime and runtime.tensor_parallel),
+            ("plan_pp", "Pipeline stages", "stages the layers are split over", runtime and runtime.pipeline_parallel),
+        ]
         shown = [x for x in split if x[3]]
         for (key, label, what, _), where in zip(shown, st.columns(len(shown)) if shown else []):
             _number(label, key, what, where=where, min_value=1, step=1)
@@ -196,13 +198,15 @@ def inputs() -> dict[str, Any]:
         formats = ["dtype", *(runtime.kv_formats if runtime else ())]
         if len(formats) > 1:
             st.selectbox("KV format", formats, key="plan_kv_format",
-                         help="the runtime's KV storage (vllm --kv-cache-dtype, llama.cpp -ctk/-ctv); dtype: the K/V dtype")  # fmt: skip
+                         help="the runtime's KV storage (vllm --kv-cache-dtype, llama.cpp -ctk/-ctv); dtype: the "
+                         "K/V dtype")  # fmt: skip
         elif st.session_state.get("plan_kv_format") != "dtype":
             st.session_state["plan_kv_format"] = "dtype"
         st.selectbox("K/V dtype", list(DTYPE_BYTES), key="plan_dtype")
 
         st.subheader("Workload")
-        _number("Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", min_value=1, step=1024)
+        _number("Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", min_value=1,
+                step=1024)  # fmt: skip
         left, right = st.columns(2)
         _number("Sessions", "plan_sessions", "concurrent sessions of the context the answer must serve; empty: "
                 "as many as fit", where=left, min_value=1, step=1, placeholder="any")  # fmt: skip
@@ -364,10 +368,11 @@ def charts(p: Planned) -> None:
         context, st.session_state["plan_range"] or chart_range(context, p.arch.max_position_embeddings), log=log
     ))  # fmt: skip
     shown = [f for f in p.fits if f.spec in names]
+    bytes_only = replace(charted, budget_bytes=None, reserve_bytes=0, weights_bytes=None)  # a budget change keeps them
     left, right = st.columns(2)
     with left:
         fig = plan_charts.plan_memory_figure(
-            _memory_curves(p.arch, replace(charted, budget_bytes=None, reserve_bytes=0, weights_bytes=None), grid), names, cache_budget=p.result.cache_budget, context=context,
+            _memory_curves(p.arch, bytes_only, grid), names, cache_budget=p.result.cache_budget, context=context,
             fits=shown, log=log,
         )  # fmt: skip
         st.plotly_chart(fig, key="plan_memory", config=PLOTLY_CONFIG)

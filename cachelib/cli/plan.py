@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=positive_int, default=DEFAULTS["batch"], help="sequences per run (default 1)")
     parser.add_argument(
         "--strategy", action="append", metavar="SPEC",
-        help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: the runtime's standard set: "
-        + "; ".join(f"{k or 'no runtime'}: {', '.join(v)}" for k, v in RUNTIME_SET.items()) + ")",
+        help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: the runtime's "
+        "standard set: " + "; ".join(f"{k or 'no runtime'}: {', '.join(v)}" for k, v in RUNTIME_SET.items()) + ")",
     )  # fmt: skip
     parser.add_argument("--backend", choices=("mlx", "torch"), default=DEFAULTS["backend"],
                         help="cachelib's caches on this library (default mlx); --runtime implies its own")  # fmt: skip
@@ -102,7 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--context at their measured kept fraction (rounded up to a size you would type)")  # fmt: skip
     parser.add_argument("--explain", action="store_true", help="print the steps of the rules that led to the answer")
     parser.add_argument("--commands", action="store_true",
-                        help="print the evaluations that would measure what the evidence does not cover, one per line")  # fmt: skip
+                        help="print the evaluations that would measure what the evidence does not cover, "
+                        "one per line")  # fmt: skip
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
 
 
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     """The planning request the flags make (memory already read into bytes by the flags)."""
     return PlanRequest(
-        args.strategy or list(default_strategies(args.runtime)), context=args.context, batch=args.batch, backend=args.backend,
+        args.strategy or list(default_strategies(args.runtime)),  # none given: the runtime's standard set
+        context=args.context, batch=args.batch, backend=args.backend,
         dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
         weights_dtype=args.weights_dtype, runtime=args.runtime, tp=args.tp, pp=args.pp, kv_format=args.kv_format,

@@ -104,7 +104,8 @@ def runtime_command(request: PlanRequest, spec: str | Spec, model: str, sessions
     if runtime == "transformers":
         return f"model.generate(**inputs, past_key_values={flags[0]})"
     if runtime == "vllm":
-        argv = ["vllm", "serve", model, "--max-model-len", str(getattr(request, "max_model_len", None) or request.context)]
+        length = getattr(request, "max_model_len", None) or request.context  # a later --max-model-len wins
+        argv = ["vllm", "serve", model, "--max-model-len", str(length)]
         if request.kv_format:
             argv += ["--kv-cache-dtype", request.kv_format]
         argv += ["--gpu-memory-utilization", f"{d.gpu_memory_utilization:g}"]

@@ -429,8 +429,8 @@ def choose(
     native = [f for f in fits if flags is None or flags(f.spec) is not None]
     foreign = [f for f in fits if f not in native]
     if foreign:
-        steps.append(f"1. {runtime} runs natively {', '.join(f.spec for f in native) or 'none of them'}; "
-                     f"not its options (cachelib's caches in your code): {', '.join(f.spec for f in foreign)}")  # fmt: skip
+        steps.append(f"1. {runtime} runs natively {', '.join(f.spec for f in native) or 'none of them'}; not its "
+                     f"options (cachelib's caches in your code): {', '.join(f.spec for f in foreign)}")  # fmt: skip
     verdicts = {}
     for f in fits:
         ok, why = meets(f.quality, max_kl, min_agreement)

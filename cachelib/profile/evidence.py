@@ -212,8 +212,9 @@ def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame
     if found is not None:
         found = found.drop_duplicates(subset=[c for c in RETRIEVAL_IDENTITY if c in found])
         hits = pd.to_numeric(found["exact_match"], errors="coerce")
-        keys = zip(found["model"], found["backend"], found["strategy"], found["context"].astype("int64"))
-        for key, values in pd.Series(hits.to_numpy(), index=pd.MultiIndex.from_tuples(list(keys))).groupby(level=[0, 1, 2, 3]):
+        keys = pd.MultiIndex.from_tuples(list(zip(found["model"], found["backend"], found["strategy"],
+                                                  found["context"].astype("int64"))))  # fmt: skip
+        for key, values in pd.Series(hits.to_numpy(), index=keys).groupby(level=[0, 1, 2, 3]):
             values = values.dropna()
             accuracy[key] = float(values.mean()) if len(values) else None
     # one pass over numpy columns per group (boolean indexing per group cost ~1 s for the committed set)

@@ -121,12 +121,14 @@ def test_bad_input_keeps_the_previous_answer_with_one_error_line(profiles_dir):
 
 def test_fifteen_strategies_are_charted_through_the_strategies_shown_picker(profiles_dir):
     at = planner()
-    specs = ["standard", *(f"rotating:max_size={256 * k}" for k in range(1, 13)), "quantized:bits=8", "quantized:bits=4"]
+    rings = [f"rotating:max_size={256 * k}" for k in range(1, 13)]
+    specs = ["standard", *rings, "quantized:bits=8", "quantized:bits=4"]
     at.text_area(key="plan_strategies").set_value("\n".join(specs)).run()
     assert not at.exception and not at.error and len(at.dataframe[0].value) == 15
     picked = at.multiselect(key="plan_shown").value
     assert len(picked) == 6 and picked[0] == "standard"
-    drawn = [t["name"] for f in plotly_figures(at) for t in f["data"] if t.get("mode") == "lines" and t.get("meta") != "peak"]
+    drawn = [t["name"] for f in plotly_figures(at) for t in f["data"]
+             if t.get("mode") == "lines" and t.get("meta") != "peak"]  # fmt: skip
     assert set(drawn) == set(picked)
     at.multiselect(key="plan_shown").set_value([*picked, "quantized:bits=4"]).run()
     drawn = {t["name"] for f in plotly_figures(at) for t in f["data"] if t.get("mode") == "lines"}

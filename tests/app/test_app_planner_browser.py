@@ -11,11 +11,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 SPECS = ["standard", *(f"rotating:max_size={256 * k}" for k in range(1, 13)), "quantized:bits=8", "quantized:bits=4"]
 PLOT_AREAS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => ({
-  title: ((d._fullLayout || {}).title || {}).text || '', height: (d._fullLayout || {})._size ? d._fullLayout._size.h : 0,
-  traces: (d.data || []).length}))"""
+  title: ((d._fullLayout || {}).title || {}).text || '',
+  height: (d._fullLayout || {})._size ? d._fullLayout._size.h : 0, traces: (d.data || []).length}))"""
 
 
-def test_the_answer_is_on_screen_and_fifteen_strategies_leave_every_chart_300_px(app_url, browser, tmp_path):  # noqa: F811
+def test_the_answer_is_on_screen_and_fifteen_strategies_keep_every_chart_300_px(
+    app_url, browser, tmp_path  # noqa: F811
+):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(UI_TIMEOUT * 1000)
     page.goto(f"{app_url}/planner")

@@ -134,7 +134,8 @@ def test_ties_go_to_the_simplest_flag_set():
     request = PlanRequest(["quantized:bits=8", "quantized:bits=8,start=5000"], context=4096, runtime="mlx-lm",
                           max_kl=0.1)  # fmt: skip
     rec = plan_request(preset("smollm2"), request, evidence).choice
-    assert rec.fit.spec == "quantized:bits=8,start=5000"  # --kv-bits 8 alone, against --kv-bits 8 --quantized-kv-start 0
+    # --kv-bits 8 alone, against --kv-bits 8 --quantized-kv-start 0
+    assert rec.fit.spec == "quantized:bits=8,start=5000"
 
 
 def test_strategies_a_runtime_cannot_run_go_to_the_in_code_section_never_the_answer():
@@ -215,9 +216,10 @@ def test_the_defaults_have_one_source():
 
     args = build_parser().parse_args(["plan", "--model", "smollm2", "--context", "64"])
     d = request_defaults()
-    for flag, field in (("batch", "batch"), ("backend", "backend"), ("dtype", "dtype"), ("tp", "tp"), ("pp", "pp"),
-                        ("device", "device"), ("reserve", "reserve_bytes"), ("max_kl", "max_kl"),
-                        ("sessions", "sessions"), ("suggest", "suggest"), ("most_sessions", "most_sessions")):  # fmt: skip
+    pairs = (("batch", "batch"), ("backend", "backend"), ("dtype", "dtype"), ("tp", "tp"), ("pp", "pp"),
+             ("device", "device"), ("reserve", "reserve_bytes"), ("max_kl", "max_kl"), ("sessions", "sessions"),
+             ("suggest", "suggest"), ("most_sessions", "most_sessions"))  # fmt: skip
+    for flag, field in pairs:
         assert getattr(args, flag) == d[field], flag
 
 
