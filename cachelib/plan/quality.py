@@ -34,7 +34,6 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from ..core.units import human_gib as human_bytes  # the planner writes device memory in GiB
 from ..spec import Spec, make_spec, parse_spec
 from .arch import Arch
 from .solver import Fit, Quality

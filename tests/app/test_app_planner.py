@@ -5,7 +5,6 @@ the planner library and ``python -m cachelib plan`` give for the same inputs."""
 from __future__ import annotations
 
 import csv
-from dataclasses import replace
 import json
 import re
 import shlex
@@ -17,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from cachelib.cli import main as cli_main
 from cachelib.plan import GiB as GB, PlanRequest, cache_budget, max_batch, plan, plan_request, preset
-from cachelib.plan.answer import build_answer, default_strategies
+from cachelib.plan.answer import default_strategies
 from cachelib.profile.evidence import load_evidence
 from cachelib.core.units import human_gib as human_bytes  # the planner counts device memory in GiB
 
