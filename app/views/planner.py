@@ -116,13 +116,16 @@ class Planned(NamedTuple):
         return self.result.fits
 
 
-def request_of(v: dict[str, Any]) -> tuple[str, PlanRequest]:
-    """The model and the request the page's fields make, read as the CLI reads its flags; ValueError on bad input."""
+def request_of(v: dict[str, Any]) -> tuple[str, Arch, PlanRequest]:
+    """The model, its architecture and the request the page's fields make, read as the CLI reads
+    its flags; ValueError (or OSError) on bad input."""
     model = v["plan_config"].strip() if v["plan_model"] == CONFIG else v["plan_model"]
     if not model:
         raise ValueError("give the path of a config.json (or of the folder holding it)")
+    arch = resolve_model(model)
     runtime = None if v["plan_runtime"] == "none" else v["plan_runtime"]
-    listed = plan_charts.parse_strategies(v["plan_strategies"]) or list(default_strategies(runtime))
+    backend = RUNTIMES[runtime].backend if runtime else v["plan_backend"]
+    listed = plan_charts.parse_strategies(v["plan_strategies"]) or list(default_strategies(runtime, arch, backend))
     request = PlanRequest(  # GiB read into bytes here, at the edge, as the CLI reads its flags
         listed, context=int(v["plan_context"]),
         batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"], prefill=v["plan_prefill"],
@@ -136,13 +139,12 @@ def request_of(v: dict[str, Any]) -> tuple[str, PlanRequest]:
         max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"], suggest=bool(v["plan_suggest"]),
         most_sessions=bool(v["plan_most_sessions"]),
     )  # fmt: skip
-    return model, request
+    return model, arch, request
 
 
 def compute(v: dict[str, Any]) -> Planned:
     """The whole plan and its answer from the inputs; ValueError (or OSError) on bad input."""
-    model, request = request_of(v)
-    arch = resolve_model(model)
+    model, arch, request = request_of(v)
     chosen = list(v["plan_evidence"])
     paths = _evidence_paths(chosen)
     evidence = _evidence(tuple(map(str, paths)), _version(paths))

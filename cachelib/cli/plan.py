@@ -22,7 +22,7 @@ from ..plan.accounting import account
 from ..plan.presets import preset_names, resolve_model
 from ..plan.answer import RUNTIME_SET, build_answer, default_strategies
 from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request, request_defaults
-from ..plan.runtimes import describe_layout, runtime_names
+from ..plan.runtimes import RUNTIMES, describe_layout, runtime_names
 from ..plan.device import WEIGHT_FORMATS
 from ..plan.solver import Fit
 
@@ -116,10 +116,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    """The planning request the flags make (memory already read into bytes by the flags)."""
+def request_from_args(args: argparse.Namespace, arch=None) -> PlanRequest:
+    """The planning request the flags make (memory already read into bytes by the flags); with
+    no --strategy, the runtime's standard set (less what ``arch`` refuses)."""
+    backend = RUNTIMES[args.runtime].backend if args.runtime else args.backend
     return PlanRequest(
-        args.strategy or list(default_strategies(args.runtime)),  # none given: the runtime's standard set
+        args.strategy or list(default_strategies(args.runtime, arch, backend)),
         context=args.context, batch=args.batch, backend=args.backend,
         dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
@@ -137,7 +139,7 @@ def evidence_sources(args: argparse.Namespace) -> list[Path]:
 
 def _run(args: argparse.Namespace) -> None:
     arch = resolve_model(args.model)
-    request = request_from_args(args)
+    request = request_from_args(args, arch)
     sources = evidence_sources(args)
     evidence = load_evidence(sources) if sources else None
     for warning in evidence.warnings if evidence else ():

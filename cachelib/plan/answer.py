@@ -43,9 +43,22 @@ RUNTIME_SET = {  # the strategies planned when none is given: what each runtime 
 }
 
 
-def default_strategies(runtime: str | None) -> tuple[str, ...]:
-    """The runtime's standard set: what is planned when the user lists no strategy."""
-    return RUNTIME_SET.get(runtime, RUNTIME_SET[None])
+def default_strategies(runtime: str | None, arch=None, backend: str = "mlx") -> tuple[str, ...]:
+    """The runtime's standard set: what is planned when the user lists no strategy; with
+    ``arch``, less what that model refuses (a quantization group its head dims do not divide)."""
+    specs = RUNTIME_SET.get(runtime, RUNTIME_SET[None])
+    if arch is None:
+        return specs
+    from .accounting import account  # accounting imports nothing of this module's callers
+
+    kept = []
+    for spec in specs:
+        try:
+            account(arch, spec, backend if backend in ("mlx", "torch") else "torch", context=16)
+        except ValueError:
+            continue
+        kept.append(spec)
+    return tuple(kept) or ("standard",)
 
 
 def runtime_flags(spec: str | Spec, runtime: str | None) -> list[str] | None:
