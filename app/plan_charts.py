@@ -341,6 +341,9 @@ def parse_strategies(text: str) -> list[str]:
     return specs
 
 
+EVIDENCE_SHARES = ("kept", "top-1", "± top-1", "retrieval")  # shares of 1: the page shows them as percentages
+
+
 def evidence_table(evidence: Sequence[Evidence]) -> pd.DataFrame:
     """The measured points, one row per (model, backend, strategy, context), with their 95% CIs."""
     cols = ["strategy", "model", "backend", "context", "kept", "samples", "mean KL", "± KL", "top-1", "± top-1",

@@ -401,7 +401,9 @@ def evidence(p: Planned) -> None:
         info = plan_charts.quality_info(p.evidence.points, p.fits, p.values["plan_context"],
                                         p.result.request.backend)  # fmt: skip
         st.plotly_chart(plan_charts.quality_figure(info), key="plan_quality", config=PLOTLY_CONFIG)
-        st.dataframe(plan_charts.evidence_table(p.evidence.points), hide_index=True, width="stretch", key="plan_evidence_table")
+        shares = {c: st.column_config.NumberColumn(format="percent") for c in plan_charts.EVIDENCE_SHARES}
+        st.dataframe(plan_charts.evidence_table(p.evidence.points), hide_index=True, width="stretch",
+                     key="plan_evidence_table", column_config=shares)  # fmt: skip
 
 
 st.title("Planner")
