@@ -198,12 +198,12 @@ def inputs() -> dict[str, Any]:
             if not allowed:
                 st.session_state[key] = 1  # not a choice on this runtime
         formats = ["dtype", *(runtime.kv_formats if runtime else ())]
+        if st.session_state.get("plan_kv_format") not in formats:  # another runtime's format (fp8 -> llama.cpp)
+            st.session_state["plan_kv_format"] = "dtype"
         if len(formats) > 1:
             st.selectbox("KV format", formats, key="plan_kv_format",
                          help="the runtime's KV storage (vllm --kv-cache-dtype, llama.cpp -ctk/-ctv); dtype: the "
                          "K/V dtype")  # fmt: skip
-        elif st.session_state.get("plan_kv_format") != "dtype":
-            st.session_state["plan_kv_format"] = "dtype"
         st.selectbox("K/V dtype", list(DTYPE_BYTES), key="plan_dtype")
 
         st.subheader("Workload")
