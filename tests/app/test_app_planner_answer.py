@@ -91,6 +91,9 @@ def test_vllm_with_fp8_shows_its_command_and_no_backend_choice(profiles_dir, cap
     assert shown == cli_answer(plan_command(at), capsys)
     assert shown[1].startswith("vllm serve meta-llama/Llama-3.1-8B --max-model-len 32768 --kv-cache-dtype fp8")
     assert any(line.startswith("quality: ") and ("fp8" in line or "mean KL" in line) for line in shown)
+    at.selectbox(key="plan_runtime").set_value("llama.cpp").run()  # fp8 is not one of its formats
+    assert not at.exception and not at.error and at.selectbox(key="plan_kv_format").value == "dtype"
+    assert page_answer(at)[1].startswith("llama-server -m meta-llama/Llama-3.1-8B.gguf -c ")
 
 
 def test_the_page_starts_from_the_cli_s_defaults(profiles_dir):
