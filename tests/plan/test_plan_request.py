@@ -27,7 +27,7 @@ def test_to_argv_reads_back_as_the_same_request():
     request = PlanRequest(
         ["standard", "rotating:keep=4,max_size=4096"], context=32768, batch=2, backend="torch", dtype="bfloat16",
         prefill=1000, prefill_chunk=512, budget_bytes=24 * GiB, weights_dtype="q4_k", reserve_bytes=1_250_000_000,
-        max_kl=0.1, min_agreement=0.123456789,
+        max_kl=0.1, min_agreement=0.123456789, suggest=True, most_sessions=True,
     )  # fmt: skip
     argv = request.to_argv("llama-3.1-8b", ["my profiles"])
     assert _from_argv(argv) == request
