@@ -40,6 +40,21 @@ LIMITS = {  # Fit.context_limit -> what the table says
 }
 
 
+PLOT_HEIGHT = 330  # px of plotting area a chart keeps, whatever its legend holds
+
+
+def legend_beside(entries: int) -> dict:
+    """Layout keys that put the legend beside the plot, top-aligned: a legend taller than the
+    plot scrolls inside its box (plotly.js does so for vertical legends), so the plotting area
+    keeps :data:`PLOT_HEIGHT` px at any number of strategies (``entries`` is what it holds)."""
+    return {
+        "legend": {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top",
+                   "font": {"size": 11 if entries > 8 else 12}},  # fmt: skip
+        "height": 100 + PLOT_HEIGHT + 70,  # title and subtitle + plot + axis title
+        "margin": {"t": 100, "b": 70},
+    }
+
+
 # --- memory vs context -----------------------------------------------------------------------------
 
 
@@ -127,8 +142,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
         },
         xaxis={"title": "context (tokens)", "type": "log" if log else "linear"},
         yaxis={"title": "GiB (2^30 bytes)", "type": "log" if log else "linear", "rangemode": "tozero"},
-        legend={"orientation": "h", "y": -0.22},
-        height=500,
+        **legend_beside(len(info.curves) + 1),
     )
     return fig
 
@@ -201,8 +215,7 @@ def _frontier_plot(info: FrontierInfo, log: bool) -> go.Figure:
         xaxis={"title": "context (tokens)", "type": "log" if log else "linear"},
         # counts span orders of magnitude over the range: a log axis, labelled 1, 2, 5, 10, 20, ...
         yaxis={"title": f"{what} (log scale)", "type": "log", "tickvals": ticks, "ticktext": [f"{t:,}" for t in ticks]},
-        legend={"orientation": "h", "y": -0.22},
-        height=500,
+        **legend_beside(len(info.curves) + 1),
     )
     return fig
 
@@ -312,7 +325,8 @@ def styled_plan_table(table: pd.DataFrame, strategies: Sequence[str]):
 
 def parse_strategies(text: str) -> list[str]:
     """Canonical specs from text with one spec per line (blank lines and ``#`` comments skipped,
-    repeats dropped); a bad line raises ValueError naming the line."""
+    repeats dropped); a bad line raises ValueError naming the line. Empty text is an empty list
+    (the page then plans the runtime's standard set)."""
     specs: list[str] = []
     for i, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -324,9 +338,10 @@ def parse_strategies(text: str) -> list[str]:
             raise ValueError(f"strategy on line {i} ({line!r}): {e}") from None
         if spec not in specs:
             specs.append(spec)
-    if not specs:
-        raise ValueError("give at least one strategy spec, one per line (e.g. standard)")
     return specs
+
+
+EVIDENCE_SHARES = ("kept", "top-1", "± top-1", "retrieval")  # shares of 1: the page shows them as percentages
 
 
 def evidence_table(evidence: Sequence[Evidence]) -> pd.DataFrame:
@@ -410,7 +425,7 @@ def quality_figure(info: QualityInfo) -> go.Figure:
     for fam, spec, kept in info.targets:
         fig.add_vline(x=kept, line_dash="dot", line_color=colors.get(fam, WORKLOAD_COLOR), row=1, col=2)
     fig.update_xaxes(type="log", title_text="context (tokens); dashed: planned", row=1, col=1)
-    fig.update_xaxes(type="log", title_text="kept fraction; dotted: planned strategies", row=1, col=2)
+    fig.update_xaxes(type="log", title_text="kept fraction; dotted: planned strategies", tickformat=".0%", row=1, col=2)
     fig.update_yaxes(title_text="mean KL (nats)", rangemode="tozero")
     fig.update_layout(
         title={"text": f"Quality evidence ({info.backend}): mean KL against context and kept fraction", "x": 0},

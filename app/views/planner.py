@@ -1,5 +1,7 @@
-"""Planner: the cache each strategy needs at a context, what fits in a memory budget, and which
-strategy the measured quality recommends; the numbers of ``python -m cachelib plan``."""
+"""Planner: the answer first (the strategy to deploy in the runtime's own flags, the sessions it
+serves, one device's memory, its quality), then the cache each strategy needs at a context, what
+fits in a memory budget and the evidence; the numbers and the answer block of
+``python -m cachelib plan``."""
 
 from __future__ import annotations
 
@@ -21,25 +23,36 @@ from cachelib.plan import (
     Arch, Fit, PlanRequest, PlanResult, Quality, chart_range, context_grid, frontier_curves, memory_bytes,
     memory_curves, plan_request, preset_names, resolve_model,
 )  # fmt: skip
+from cachelib.plan.answer import Answer, build_answer, default_strategies
 from cachelib.plan.device import WEIGHT_FORMATS
-from cachelib.plan.request import DEVICES
-from cachelib.plan.runtimes import describe_layout, runtime_names
+from cachelib.plan.request import DEVICES, SOLVE, request_defaults
+from cachelib.plan.runtimes import RUNTIMES, describe_layout, runtime_names
 from cachelib.cli.plan import SESSIONS_TEXT
 from cachelib.profile.evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence
 from cachelib.spec import STRATEGIES
 
 CONFIG = "a config.json…"
 COMMITTED = "committed evidence (assets/evidence)"
+REQUEST = request_defaults()  # the CLI's defaults: one source (cachelib.plan.request.PlanRequest's fields)
+GiB = 2**30
+# the example the page opens with (the CLI has no default for these: it asks for them)
+EXAMPLE: dict[str, Any] = {"plan_model": "llama-3.1-8b", "plan_context": 32768, "plan_budget": 24.0,
+                           "plan_runtime": "mlx-lm"}  # fmt: skip
 DEFAULTS: dict[str, Any] = {  # widget key -> first value
-    "plan_model": "llama-3.1-8b", "plan_config": "", "plan_backend": "mlx", "plan_dtype": "float16",
-    "plan_context": 32768, "plan_batch": 1, "plan_prefill": None, "plan_prefill_chunk": 2048,
-    "plan_strategies": "standard\nrotating:max_size=4096\nquantized:bits=8\nquantized:bits=4\nkivi",
-    "plan_runtime": "none", "plan_tp": 1, "plan_pp": 1, "plan_kv_format": "dtype", "plan_device": "gpu",
-    "plan_budget": 24.0, "plan_weights": None, "plan_weights_dtype": "published", "plan_reserve": 1.0,
-    "plan_max_kl": 0.1, "plan_min_agreement": 0.9, "plan_range": None, "plan_log": False, "plan_measure": "max_batch",
-    "plan_evidence": [COMMITTED],
+    **EXAMPLE, "plan_config": "", "plan_backend": REQUEST["backend"], "plan_dtype": REQUEST["dtype"],
+    "plan_batch": REQUEST["batch"], "plan_prefill": REQUEST["prefill"], "plan_prefill_chunk": REQUEST["prefill_chunk"],
+    "plan_strategies": "", "plan_tp": REQUEST["tp"], "plan_pp": REQUEST["pp"],
+    "plan_kv_format": REQUEST["kv_format"] or "dtype", "plan_device": REQUEST["device"],
+    "plan_weights": None, "plan_weights_dtype": REQUEST["weights_dtype"] or "published",
+    "plan_reserve": REQUEST["reserve_bytes"] / GiB, "plan_sessions": REQUEST["sessions"],
+    "plan_solve": REQUEST["solve"] or "nothing", "plan_max_kl": REQUEST["max_kl"],
+    "plan_min_agreement": REQUEST["min_agreement"], "plan_suggest": REQUEST["suggest"],
+    "plan_most_sessions": REQUEST["most_sessions"], "plan_range": None, "plan_log": False,
+    "plan_measure": "max_batch", "plan_evidence": [COMMITTED], "plan_shown": None, "plan_show_evidence": False,
 }  # fmt: skip
-OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", "plan_min_agreement"}  # empty: none
+OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", "plan_min_agreement",
+            "plan_sessions"}  # empty: none  # fmt: skip
+SHOWN_AT_ONCE = 6  # from this many strategies on, the charts draw those picked in "strategies shown"
 
 
 # --- pure and cached -----------------------------------------------------------------------------
@@ -87,12 +100,12 @@ def _evidence_paths(chosen: Sequence[str]) -> list[Path]:
 
 
 class Planned(NamedTuple):
-    result: PlanResult  # the fits (asked, then measured candidates), weights, budget, recommendation
+    result: PlanResult  # the fits (asked, a solve's, then suggested), weights, budget, the answer's pick
     values: dict[str, Any]  # the inputs it was planned from
-    curves: pd.DataFrame
-    frontier: pd.DataFrame
     evidence: EvidenceSet
-    command: str
+    command: str  # the python -m cachelib plan command that prints the same plan
+    answer: Answer  # the block the CLI opens with
+    model: str
 
     @property
     def arch(self) -> Arch:
@@ -103,15 +116,18 @@ class Planned(NamedTuple):
         return self.result.fits
 
 
-def compute(v: dict[str, Any]) -> Planned:
-    """The whole plan from the inputs; ValueError (or OSError) on bad input."""
+def request_of(v: dict[str, Any]) -> tuple[str, Arch, PlanRequest]:
+    """The model, its architecture and the request the page's fields make, read as the CLI reads
+    its flags; ValueError (or OSError) on bad input."""
     model = v["plan_config"].strip() if v["plan_model"] == CONFIG else v["plan_model"]
     if not model:
         raise ValueError("give the path of a config.json (or of the folder holding it)")
     arch = resolve_model(model)
     runtime = None if v["plan_runtime"] == "none" else v["plan_runtime"]
+    backend = RUNTIMES[runtime].backend if runtime else v["plan_backend"]
+    listed = plan_charts.parse_strategies(v["plan_strategies"]) or list(default_strategies(runtime, arch, backend))
     request = PlanRequest(  # GiB read into bytes here, at the edge, as the CLI reads its flags
-        plan_charts.parse_strategies(v["plan_strategies"]), context=int(v["plan_context"]),
+        listed, context=int(v["plan_context"]),
         batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"], prefill=v["plan_prefill"],
         prefill_chunk=v["plan_prefill_chunk"], weights_bytes=memory_bytes("weights (GiB)", v["plan_weights"]),
         budget_bytes=memory_bytes("budget (GiB)", v["plan_budget"]),
@@ -119,23 +135,23 @@ def compute(v: dict[str, Any]) -> Planned:
         weights_dtype=None if v["plan_weights_dtype"] == "published" else v["plan_weights_dtype"],
         runtime=runtime, tp=int(v["plan_tp"]), pp=int(v["plan_pp"]),
         kv_format=None if v["plan_kv_format"] == "dtype" else v["plan_kv_format"], device=v["plan_device"],
-        max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"],
+        sessions=v["plan_sessions"], solve=None if v["plan_solve"] == "nothing" else v["plan_solve"],
+        max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"], suggest=bool(v["plan_suggest"]),
+        most_sessions=bool(v["plan_most_sessions"]),
     )  # fmt: skip
+    return model, arch, request
+
+
+def compute(v: dict[str, Any]) -> Planned:
+    """The whole plan and its answer from the inputs; ValueError (or OSError) on bad input."""
+    model, arch, request = request_of(v)
     chosen = list(v["plan_evidence"])
     paths = _evidence_paths(chosen)
     evidence = _evidence(tuple(map(str, paths)), _version(paths))
     result = _plan_request(arch, request, evidence.points)
-
-    # the curves draw the measured candidates too; they never depend on the thresholds
-    charted = replace(request, strategies=tuple(f.spec for f in result.fits), max_kl=None, min_agreement=None)
-    context = request.context
-    grid = tuple(context_grid(
-        context, v["plan_range"] or chart_range(context, arch.max_position_embeddings), log=v["plan_log"]
-    ))  # fmt: skip
-    frontier = pd.DataFrame() if result.cache_budget is None else _frontier_curves(arch, charted, grid)
     extra = [_shown(p) for c, p in zip(chosen, paths) if c != COMMITTED]
     command = shlex.join(request.to_argv(model, extra, default_evidence=COMMITTED in chosen))
-    return Planned(result, dict(v), _memory_curves(arch, charted, grid), frontier, evidence, command)
+    return Planned(result, dict(v), evidence, command, build_answer(result, model), model)
 
 
 def _shown(path: Path) -> str:
@@ -157,46 +173,69 @@ def inputs() -> dict[str, Any]:
     for key, value in saved.items():
         st.session_state.setdefault(key, value)
     with st.sidebar:
-        st.subheader("Model")
+        st.subheader("Model and runtime")
         presets = "published architectures, the bundled smollm2 and the tiny-* presets, or any config.json"
         st.selectbox("Model", [*preset_names(), CONFIG], key="plan_model", help=presets)
         if st.session_state["plan_model"] == CONFIG:
             st.text_input("config.json", key="plan_config", placeholder="/path/to/config.json or its folder")
-        rules = "the cache library whose allocation rules apply (they differ)"
-        st.radio("Backend", ["mlx", "torch"], key="plan_backend", horizontal=True, help=rules)
+        st.selectbox("Runtime", ["none", *runtime_names()], key="plan_runtime",
+                     help="the runtime you deploy on: the answer is written in its own flags; none: cachelib's "
+                     "caches in your own code, on the backend picked below")  # fmt: skip
+        runtime = RUNTIMES.get(st.session_state["plan_runtime"])
+        if runtime is None:  # a runtime implies its backend: no choice to offer
+            rules = "the cache library whose allocation rules apply (they differ)"
+            st.radio("Backend", ["mlx", "torch"], key="plan_backend", horizontal=True, help=rules)
+        else:
+            st.session_state["plan_backend"] = runtime.backend if runtime.backend in ("mlx", "torch") else "torch"
+        split = [
+            ("plan_tp", "Tensor parallel", "devices the heads are split over", runtime and runtime.tensor_parallel),
+            ("plan_pp", "Pipeline stages", "stages the layers are split over", runtime and runtime.pipeline_parallel),
+        ]
+        shown = [x for x in split if x[3]]
+        for (key, label, what, _), where in zip(shown, st.columns(len(shown)) if shown else []):
+            _number(label, key, what, where=where, min_value=1, step=1)
+        for key, label, _, allowed in split:
+            if not allowed:
+                st.session_state[key] = 1  # not a choice on this runtime
+        formats = ["dtype", *(runtime.kv_formats if runtime else ())]
+        if st.session_state.get("plan_kv_format") not in formats:  # another runtime's format (fp8 -> llama.cpp)
+            st.session_state["plan_kv_format"] = "dtype"
+        if len(formats) > 1:
+            st.selectbox("KV format", formats, key="plan_kv_format",
+                         help="the runtime's KV storage (vllm --kv-cache-dtype, llama.cpp -ctk/-ctv); dtype: the "
+                         "K/V dtype")  # fmt: skip
         st.selectbox("K/V dtype", list(DTYPE_BYTES), key="plan_dtype")
 
-        st.subheader("Deployment")
-        st.selectbox("Runtime", ["none", *runtime_names()], key="plan_runtime",
-                     help="none: cachelib's caches on the backend above; a runtime plans its own layouts, blocks, "
-                     "prompt chunks and defaults (its backend replaces the one above)")  # fmt: skip
-        left, right = st.columns(2)
-        _number("Tensor parallel", "plan_tp", "devices the heads are split over (vllm, transformers)", where=left,
-                min_value=1, step=1)  # fmt: skip
-        _number("Pipeline stages", "plan_pp", "stages the layers are split over (vllm, llama.cpp)", where=right,
-                min_value=1, step=1)  # fmt: skip
-        st.selectbox("KV format", ["dtype", "fp8", "q8_0", "q4_0"], key="plan_kv_format",
-                     help="the runtime's KV storage: fp8 (vllm), q8_0 / q4_0 (llama.cpp); dtype: the K/V dtype")  # fmt: skip
-        st.radio("Forward runs on", list(DEVICES), key="plan_device", horizontal=True,
-                 help="on the cpu MLX materialises the attention scores, which the activations then count")  # fmt: skip
-
         st.subheader("Workload")
-        _number(
-            "Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", min_value=1, step=1024
-        )
-        _number("Batch", "plan_batch", "sequences per run", min_value=1, step=1)
+        _number("Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", min_value=1,
+                step=1024)  # fmt: skip
+        left, right = st.columns(2)
+        _number("Sessions", "plan_sessions", "concurrent sessions of the context the answer must serve; empty: "
+                "as many as fit", where=left, min_value=1, step=1, placeholder="any")  # fmt: skip
+        _number("Batch", "plan_batch", "sequences per run", where=right, min_value=1, step=1)
+        st.radio("Solve for", ["nothing", *SOLVE], key="plan_solve", horizontal=True,
+                 help="the largest max_kv_size (mlx-lm's --max-kv-size ring) or the most KV bits that fit the sessions "
+                 "in the budget; both are shown side by side with their quality")  # fmt: skip
         with st.expander("Prompt feeding"):
             rest = "the rest of the context is decoded one token at a time"
             _number("Prompt tokens", "plan_prefill", rest, min_value=1, step=256, placeholder="the whole context")
-            chunks = "mlx-lm's generate feeds prompts in chunks of 2048 (the default here); empty: one update"
-            _number("Prefill chunk", "plan_prefill_chunk", chunks, min_value=1, step=256, placeholder="one update")
+            chunks = "tokens per prompt update; empty: the runtime's own (mlx-lm and vllm 2048), else one update"
+            _number("Prefill chunk", "plan_prefill_chunk", chunks, min_value=1, step=256, placeholder="the runtime's")
 
         st.subheader("Strategies")
         grammar = (
             f"name[:knob=value,...], e.g. rotating:max_size=4096,keep=4. Strategies: {', '.join(STRATEGIES)}. "
-            "The first is the reference the recommendation's savings are counted against."
+            "Empty: the runtime's standard set. The first is the reference savings are counted against."
         )
-        st.text_area("One spec per line", key="plan_strategies", height=150, help=grammar)
+        listed = ", ".join(default_strategies(runtime.name if runtime else None))
+        st.text_area("One spec per line", key="plan_strategies", height=110, help=grammar,
+                     placeholder=f"the runtime's standard set: {listed}")  # fmt: skip
+        st.checkbox("Suggest from the evidence", key="plan_suggest",
+                    help="also plan what the evidence measured, its rings and windows scaled to this context "
+                    "(rounded up to sizes you would type)")  # fmt: skip
+        st.checkbox("Most sessions first", key="plan_most_sessions",
+                    help="recommend the strategy serving the most sessions that meets the thresholds, lossy or not; "
+                    "otherwise a lossless one whenever it serves the request")  # fmt: skip
 
         st.subheader("Memory")
         budget = ("one device's memory for weights + cache + activations + runtime overhead + reserve, in GiB "
@@ -207,17 +246,19 @@ def inputs() -> dict[str, Any]:
         st.selectbox("Weights dtype", ["published", *WEIGHT_FORMATS], key="plan_weights_dtype",
                      help="precision the weights are counted at; published: the checkpoint's config.json dtype")  # fmt: skip
         _number("Reserve (GiB)", "plan_reserve", "kept free on each device beyond what is counted", min_value=0.0, step=0.5)
+        st.radio("Forward runs on", list(DEVICES), key="plan_device", horizontal=True,
+                 help="on the cpu MLX materialises the attention scores, which the activations then count")  # fmt: skip
 
         st.subheader("Quality")
-        kl = "measured KL(full cache ‖ strategy), mean over decode steps"
+        kl = "the upper bound of the measured KL(full cache ‖ strategy)'s 95% interval must be at most this"
         _number("Max mean KL (nats)", "plan_max_kl", kl, min_value=0.0, step=0.01, format="%.4f", placeholder="none")
-        agree = "share of steps whose top token equals the full cache's (0..1)"
+        agree = "the lower bound of the top-1 agreement's 95% interval must be at least this (0..1)"
         _number("Min top-1 agreement", "plan_min_agreement", agree, min_value=0.0, max_value=1.0, step=0.01,
                 placeholder="none")  # fmt: skip
         picked = "what judges each strategy: the committed evaluations of the bundled model, and any evaluation, " \
             "sweep or profile under the profiles folder you add; nothing counts unless picked"
         st.multiselect("Evidence", evidence_choices(), key="plan_evidence", help=picked)
-    return {k: st.session_state[k] for k in DEFAULTS}
+    return {k: st.session_state[k] for k in DEFAULTS if k in st.session_state}
 
 
 def remember() -> None:
@@ -225,6 +266,36 @@ def remember() -> None:
 
 
 # --- output ----------------------------------------------------------------------------------------
+
+
+def answer_block(p: Planned) -> None:
+    """The answer, first: the same lines the CLI opens with."""
+    a = p.answer
+    with st.container(border=True, key="plan_answer"):
+        st.markdown(f"**{md(a.title)}**")
+        if a.command:
+            st.code(a.command, language="bash", wrap_lines=True)
+        st.markdown("  \n".join(md(line) for line in a.facts))
+        if a.side_by_side:
+            st.markdown("side by side, the same sessions:  \n" + "  \n".join(md(line) for line in a.side_by_side))
+        if a.in_code:
+            st.markdown("with cachelib's caches in your code (not options of the runtime):  \n"
+                        + "  \n".join(md(line) for line in a.in_code))  # fmt: skip
+    with st.expander("How the answer was reached"):
+        st.text("\n".join(a.steps))
+    for warning in p.evidence.warnings:
+        st.warning(md(warning))  # names a file
+    if not p.evidence.points:
+        st.caption("No evidence picked: only lossless strategies can be judged. Pick evidence in the sidebar, or "
+                   "measure with `python -m cachelib evaluate`.")  # fmt: skip
+    if p.result.added:
+        st.caption(f"Also planned, suggested by the evidence: {len(p.result.added)} strategies.")
+    if p.result.skipped:
+        with st.expander(f"Measured but not plannable here ({len(p.result.skipped)})"):
+            st.text("\n".join(f"{spec}: {why}" for spec, why in p.result.skipped.items()))
+    if a.commands:
+        with st.expander(f"Not covered by evidence: {len(a.commands)} evaluation(s) would measure it"):
+            st.code("\n".join(a.commands), language="bash")
 
 
 def header(p: Planned) -> None:
@@ -252,7 +323,6 @@ def header(p: Planned) -> None:
         )
     st.markdown(" · ".join(lines))
     st.caption("Memory in GiB (2^30 bytes), per device. " + SESSIONS_TEXT[0].upper() + SESSIONS_TEXT[1:] + ".")
-
     with st.expander("The same plan from the command line"):
         st.code(p.command, language="bash", wrap_lines=True)
 
@@ -266,75 +336,77 @@ def counted(p: Planned) -> None:
                      hide_index=True, width="stretch", key="plan_terms")  # fmt: skip
 
 
-def recommendation(p: Planned) -> None:
-    for warning in p.evidence.warnings:
-        st.warning(md(warning))  # names a file
-    rec = p.result.recommendation
-    if p.values["plan_max_kl"] is None and p.values["plan_min_agreement"] is None:
-        st.info("Set a quality threshold (max mean KL and/or min top-1 agreement) to get a recommendation.")
-    elif not p.evidence.points:
-        st.info(
-            "**No evidence, no recommendation.** Pick evidence in the sidebar (the committed evaluations, or a "
-            "team's own evaluations under the profiles folder); without it the quality price of these strategies "
-            "is unknown. Measure it with `python -m cachelib evaluate`."
-        )
-    elif rec.fit is None:
-        st.warning(rec.text)
-    else:
-        st.success(f"**Recommended: `{rec.fit.spec}`.** {rec.text} {plan_charts.savings_text(rec.fit, p.fits)}")
-    if p.result.added:
-        st.caption("Also planned because the evidence speaks for them: " + ", ".join(f"`{s}`" for s in p.result.added) + ".")
-    for spec, why in p.result.skipped.items():
-        st.caption(f"Measured but not plannable here: `{spec}` ({why}).")
-    uncovered = [j for j in p.result.judgements.values() if j.quality is None or j.command]
-    if uncovered:
-        with st.expander(f"What the evidence does not cover ({len(uncovered)})"):
-            for j in uncovered:
-                st.text(f"{j.spec}: {j.reason}")
-                if j.command:
-                    st.code(j.command, language="bash", wrap_lines=True)
+def shown_strategies(p: Planned) -> list[str]:
+    """The strategies the charts draw: all of them up to :data:`SHOWN_AT_ONCE`, else those picked
+    (first: the ones asked for, a solve's, and the answer's pick)."""
+    names = [f.spec for f in p.fits]
+    if len(names) <= SHOWN_AT_ONCE:
+        return names
+    pick = p.result.choice.fit.spec if p.result.choice and p.result.choice.fit else None
+    first = [s for s in names if s not in p.result.added or s == pick][:SHOWN_AT_ONCE]
+    saved = st.session_state.get("plan_shown")
+    if not saved or not set(saved) <= set(names):
+        st.session_state["plan_shown"] = first
+    return st.multiselect("Strategies shown", names, key="plan_shown",
+                          help="the charts draw these; the table lists every strategy planned")  # fmt: skip
 
 
 def charts(p: Planned) -> None:
-    names = [f.spec for f in p.fits]
+    names = shown_strategies(p)
     a, b, c = st.columns([2, 1, 3], vertical_alignment="bottom")
     auto, what = "2 x context (at most the model's)", "the end of both charts' context axis"
     _number("Charts up to (tokens)", "plan_range", what, where=a, min_value=1, step=1024, placeholder=auto)
     b.checkbox("Log scales", key="plan_log", help="contexts from 1 token on a log axis; bytes on a log axis too")
     c.radio("Frontier of", list(plan_charts.FRONTIER_MEASURES), key="plan_measure", horizontal=True,
             format_func=lambda m: plan_charts.FRONTIER_MEASURES[m])  # fmt: skip
-    log, measure = p.values["plan_log"], st.session_state["plan_measure"]
+    v = p.values
+    log, measure = st.session_state["plan_log"], st.session_state["plan_measure"]
+    request = p.result.request
+    # the curves draw only the strategies shown, and never depend on the thresholds
+    charted = replace(request, strategies=tuple(names) or request.strategies[:1], max_kl=None, min_agreement=None,
+                      sessions=None, solve=None, suggest=False)  # fmt: skip
+    context = request.context
+    grid = tuple(context_grid(
+        context, st.session_state["plan_range"] or chart_range(context, p.arch.max_position_embeddings), log=log
+    ))  # fmt: skip
+    shown = [f for f in p.fits if f.spec in names]
+    bytes_only = replace(charted, budget_bytes=None, reserve_bytes=0, weights_bytes=None)  # a budget change keeps them
     left, right = st.columns(2)
     with left:
         fig = plan_charts.plan_memory_figure(
-            p.curves, names, cache_budget=p.result.cache_budget, context=p.values["plan_context"], fits=p.fits, log=log
-        )
+            _memory_curves(p.arch, bytes_only, grid), names, cache_budget=p.result.cache_budget, context=context,
+            fits=shown, log=log,
+        )  # fmt: skip
         st.plotly_chart(fig, key="plan_memory", config=PLOTLY_CONFIG)
     with right:
-        workload = (p.values["plan_context"], p.values["plan_batch"] if measure == "max_batch" else 1)
-        fig = plan_charts.plan_frontier_figure(p.frontier, names, measure=measure, workload=workload, log=log)
+        frontier = pd.DataFrame() if p.result.cache_budget is None else _frontier_curves(p.arch, charted, grid)
+        workload = (context, v["plan_batch"] if measure == "max_batch" else 1)
+        fig = plan_charts.plan_frontier_figure(frontier, names, measure=measure, workload=workload, log=log)
         st.plotly_chart(fig, key="plan_frontier", config=PLOTLY_CONFIG)
 
 
 def evidence(p: Planned) -> None:
+    """The evidence's figures and table, built only when asked for (they cost most of a rerun)."""
     sources = ", ".join(p.values["plan_evidence"]) or "none picked"
-    with st.expander(f"Evidence: {len(p.evidence.points)} measured point(s) from {sources}", expanded=True):
+    label = f"Show the evidence: {len(p.evidence.points)} measured point(s) from {sources}"
+    if not st.toggle(label, key="plan_show_evidence"):
+        return
+    with st.container(border=True):
         if p.evidence.retrieval is not None:
             found = retrieval_heatmap_info(p.evidence.retrieval)
             st.plotly_chart(retrieval_heatmap(found), key="plan_retrieval", config=PLOTLY_CONFIG)
         if not p.evidence.points:
             st.caption("No measured KL or agreement in the evidence picked.")
             return
-        info = plan_charts.quality_info(p.evidence.points, p.fits, p.values["plan_context"], p.values["plan_backend"])
+        info = plan_charts.quality_info(p.evidence.points, p.fits, p.values["plan_context"],
+                                        p.result.request.backend)  # fmt: skip
         st.plotly_chart(plan_charts.quality_figure(info), key="plan_quality", config=PLOTLY_CONFIG)
-        st.dataframe(plan_charts.evidence_table(p.evidence.points), hide_index=True, width="stretch", key="plan_evidence_table")
+        shares = {c: st.column_config.NumberColumn(format="percent") for c in plan_charts.EVIDENCE_SHARES}
+        st.dataframe(plan_charts.evidence_table(p.evidence.points), hide_index=True, width="stretch",
+                     key="plan_evidence_table", column_config=shares)  # fmt: skip
 
 
 st.title("Planner")
-st.caption(
-    "Exact KV-cache bytes per strategy at a context, what fits in a memory budget, and the cheapest strategy "
-    "whose measured quality meets your thresholds: the numbers `python -m cachelib plan` prints."
-)
 values = inputs()
 try:
     planned = compute(values)
@@ -348,8 +420,8 @@ else:
 remember()
 if planned is None:
     st.stop()
+answer_block(planned)
 header(planned)
-recommendation(planned)
 table = plan_charts.plan_table(planned.fits)
 st.dataframe(
     plan_charts.styled_plan_table(table, [f.spec for f in planned.fits]),

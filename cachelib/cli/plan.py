@@ -20,8 +20,9 @@ from ..plan.quality import describe
 from ..profile.evidence import DEFAULT_EVIDENCE, load_evidence
 from ..plan.accounting import account
 from ..plan.presets import preset_names, resolve_model
-from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request, solve_sessions
-from ..plan.runtimes import describe_layout, runtime_names
+from ..plan.answer import RUNTIME_SET, build_answer, default_strategies
+from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request, request_defaults
+from ..plan.runtimes import RUNTIMES, describe_layout, runtime_names
 from ..plan.device import WEIGHT_FORMATS
 from ..plan.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES, VLLM_FLAGS, kv_format_of
 from ..plan.solver import Fit
@@ -37,30 +38,34 @@ CSV_COLUMNS = (
 
 
 
+DEFAULTS = request_defaults()  # the one source of defaults, shared with the Planner page
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", required=True,
         help=f"a preset ({', '.join(preset_names())}) or a path to a config.json (or its folder)",
     )  # fmt: skip
     parser.add_argument("--context", type=positive_int, required=True, help="tokens the cache holds at the end of a run")
-    parser.add_argument("--batch", type=positive_int, default=1, help="sequences per run (default 1)")
+    parser.add_argument("--batch", type=positive_int, default=DEFAULTS["batch"], help="sequences per run (default 1)")
     parser.add_argument(
         "--strategy", action="append", metavar="SPEC",
-        help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: standard)",
+        help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: the runtime's "
+        "standard set: " + "; ".join(f"{k or 'no runtime'}: {', '.join(v)}" for k, v in RUNTIME_SET.items()) + ")",
     )  # fmt: skip
-    parser.add_argument("--backend", choices=("mlx", "torch"), default="mlx",
+    parser.add_argument("--backend", choices=("mlx", "torch"), default=DEFAULTS["backend"],
                         help="cachelib's caches on this library (default mlx); --runtime implies its own")  # fmt: skip
     parser.add_argument("--runtime", choices=runtime_names(),
                         help="plan as this runtime allocates (its layouts, blocks, prompt chunks, defaults)")  # fmt: skip
-    parser.add_argument("--tp", "-tp", "--tensor-parallel-size", dest="tp", type=positive_int, default=1,
+    parser.add_argument("--tp", "-tp", "--tensor-parallel-size", dest="tp", type=positive_int, default=DEFAULTS["tp"],
                         help="tensor-parallel devices (default 1)")  # fmt: skip
-    parser.add_argument("--pp", "-pp", "--pipeline-parallel-size", dest="pp", type=positive_int, default=1,
+    parser.add_argument("--pp", "-pp", "--pipeline-parallel-size", dest="pp", type=positive_int, default=DEFAULTS["pp"],
                         help="pipeline-parallel stages (default 1)")  # fmt: skip
     parser.add_argument("--kv-format", choices=("fp8", "q8_0", "q4_0"),
                         help="the runtime's KV storage: fp8 (vllm), q8_0 / q4_0 (llama.cpp -ctk/-ctv)")  # fmt: skip
-    parser.add_argument("--device", choices=DEVICES, default="gpu",
+    parser.add_argument("--device", choices=DEVICES, default=DEFAULTS["device"],
                         help="where the forward runs (default gpu); on the cpu MLX materialises attention scores")  # fmt: skip
-    parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float16", help="K/V dtype (default float16)")
+    parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default=DEFAULTS["dtype"], help="K/V dtype (default float16)")
     parser.add_argument("--prefill", type=non_negative_int, help="prompt tokens (default: the whole context); the rest is decoded")
     parser.add_argument(
         "--prefill-chunk", type=positive_int,
@@ -73,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights-dtype", metavar="DTYPE",
                         help=f"precision to count the weights at: {', '.join(WEIGHT_FORMATS)}, or bits per parameter "
                         "(e.g. 4.5); default: the model's published dtype")  # fmt: skip
-    parser.add_argument("--reserve", type=memory_size, default=0, metavar="SIZE",
+    parser.add_argument("--reserve", type=memory_size, default=DEFAULTS["reserve_bytes"], metavar="SIZE",
                         help=f"kept free on each device beyond what is counted (default 0); {SIZE_HELP}")  # fmt: skip
     parser.add_argument("--sessions", type=positive_int, help="concurrent sessions of --context tokens --solve must fit")
     parser.add_argument("--solve", choices=SOLVE,
@@ -92,6 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-kl", type=finite_float(0.0), help="recommend the cheapest strategy with mean KL at most this (nats)")
     parser.add_argument("--min-agreement", type=finite_float(0.0, 1.0),
                         help="recommend the cheapest strategy with top-1 agreement at least this (0..1)")  # fmt: skip
+    parser.add_argument("--most-sessions", action="store_true",
+                        help="recommend the strategy serving the most sessions that meets the thresholds, lossy or not "
+                        "(default: a lossless one whenever it serves the request)")  # fmt: skip
+    parser.add_argument("--suggest", action="store_true",
+                        help="also plan the strategies the evidence measured, and its rings and windows scaled to "
+                        "--context at their measured kept fraction (rounded up to a size you would type)")  # fmt: skip
+    parser.add_argument("--explain", action="store_true", help="print the steps of the rules that led to the answer")
+    parser.add_argument("--commands", action="store_true",
+                        help="print the evaluations that would measure what the evidence does not cover, "
+                        "one per line")  # fmt: skip
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
     vllm = parser.add_argument_group("vLLM's flags (--runtime vllm), by vLLM's names and with its defaults")
     vllm.add_argument("--gpu-memory-utilization", type=float, metavar="FRACTION",
@@ -140,10 +155,14 @@ def _kv_format(args: argparse.Namespace) -> str | None:
     return fmt
 
 
-def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    """The planning request the flags make (memory already read into bytes by the flags)."""
+
+def request_from_args(args: argparse.Namespace, arch=None) -> PlanRequest:
+    """The planning request the flags make (memory already read into bytes by the flags); with
+    no --strategy, the runtime's standard set (less what ``arch`` refuses)."""
+    backend = RUNTIMES[args.runtime].backend if args.runtime else args.backend
     return PlanRequest(
-        args.strategy or ["standard"], context=args.context, batch=args.batch, backend=args.backend,
+        args.strategy or list(default_strategies(args.runtime, arch, backend)),
+        context=args.context, batch=args.batch, backend=args.backend,
         dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
         weights_dtype=args.weights_dtype, runtime=args.runtime, tp=args.tp, pp=args.pp, kv_format=_kv_format(args),
@@ -152,6 +171,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         non_torch_bytes=args.non_torch_memory, cuda_graph_bytes=args.cuda_graph_memory, **llama_cpp_fields(args),
+        suggest=args.suggest, most_sessions=args.most_sessions,
     )  # fmt: skip
 
 
@@ -163,7 +183,7 @@ def evidence_sources(args: argparse.Namespace) -> list[Path]:
 
 def _run(args: argparse.Namespace) -> None:
     arch = resolve_model(args.model)
-    request = request_from_args(args)
+    request = request_from_args(args, arch)
     sources = evidence_sources(args)
     evidence = load_evidence(sources) if sources else None
     for warning in evidence.warnings if evidence else ():
@@ -173,9 +193,14 @@ def _run(args: argparse.Namespace) -> None:
     too_long = arch.context_warning(request.context)
     if too_long:
         print(f"warning: {too_long}", file=sys.stderr)
+    answer = build_answer(result, args.model)
+    print(answer.text())  # the answer first: the runtime's command, sessions, memory, quality
+    if args.explain:
+        print("how: " + "\n     ".join(answer.steps))
+    print()
     print(_header(result))
-    if request.solve is not None:
-        print(solve_sessions(arch, request).text)
+    for solved in result.solved:
+        print(solved.text)
     print(format_table(fits, budgeted=request.budget_bytes is not None))
     if evidence is not None:
         print(f"evidence: {len(evidence.points)} measured point(s) from {len(evidence.files)} file(s) "
@@ -186,13 +211,20 @@ def _run(args: argparse.Namespace) -> None:
         j = result.judgements.get(f.spec)
         if j is None or j.quality is not None and not j.quality.samples:
             continue  # exact by construction: nothing to say
-        line = f"{f.spec}: " + (describe(j.quality) if j.quality is not None else j.reason)
-        print(line + (f"\n    measure it: {j.command}" if j.command else ""))
+        print(f"{f.spec}: " + (describe(j.quality) if j.quality is not None else j.reason))
     if result.recommendation is not None:
         print()
         print("recommendation: " + result.recommendation.text)
-        for spec, why in result.skipped.items():
-            print(f"measured but not plannable here: {spec} ({why})")
+    if result.skipped:
+        print(f"measured but not plannable here ({len(result.skipped)}): " + "; ".join(
+            f"{spec} ({why})" for spec, why in result.skipped.items()))  # fmt: skip
+    if answer.commands:
+        if args.commands:
+            print("\nto measure what the evidence does not cover:")
+            print("\n".join(answer.commands))
+        else:
+            print(f"\n{len(answer.commands)} evaluation(s) would measure what the evidence does not cover: --commands "
+                  "prints them")  # fmt: skip
     if args.layers:
         for spec in request.strategies:
             print()

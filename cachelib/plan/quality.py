@@ -22,18 +22,18 @@ far as it reaches:
   because the backends' rings prefill differently.
 
 Where nothing covers the target there is no quality: :func:`measure_command` prints the
-evaluation that would measure it. :func:`recommend` picks the cheapest covered fit that meets the
-thresholds and says what the evidence is, where it comes from and what it does not cover.
+evaluation that would measure it. :func:`choose` picks the strategy to deploy by conservative
+rules (the 95% interval's bound decides a threshold; lossless first unless it does not serve the
+request; only what the runtime runs natively; ties to the simplest flag set), and says each step.
 """
 
 from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Sequence
 
-from ..core.units import human_gib as human_bytes  # the planner writes device memory in GiB
 from ..spec import Spec, make_spec, parse_spec
 from .arch import Arch
 from .solver import Fit, Quality
@@ -265,15 +265,6 @@ def judge_fits(
     return out, judgements
 
 
-@dataclass(frozen=True)
-class Recommendation:
-    fit: Fit | None  # the pick, or None when nothing covered by evidence meets the thresholds
-    text: str
-    qualified: tuple[str, ...]  # specs that meet the thresholds (with evidence)
-    unmeasured: tuple[str, ...]  # planned specs the evidence does not cover
-    commands: tuple[str, ...] = ()  # what would measure the uncovered ones
-
-
 def _exact(fit: Fit) -> Fit:
     """A lossless strategy's fit, with its quality known by construction when none was given."""
     if fit.quality is not None or not parse_spec(fit.spec).lossless:
@@ -307,6 +298,78 @@ def describe(q: Quality) -> str:
     return text + (f" [{q.note}]" if q.note else "")
 
 
+
+# --- the recommendation: conservative rules, each written once, each step said ---------------------
+
+
+def is_exact(q: Quality | None) -> bool:
+    """Quality known by construction (a lossless strategy, or a bound holding the whole context)."""
+    return q is not None and (q in (EXACT, WHOLE) or (not q.samples and q.mean_kl == 0 and q.top1_agreement == 1))
+
+
+def meets(q: Quality | None, max_kl: float | None = None, min_agreement: float | None = None) -> tuple[bool, str]:
+    """Whether ``q`` meets the thresholds by its 95% interval, not its mean: the KL's upper bound
+    at most ``max_kl`` and the top-1 agreement's lower bound at least ``min_agreement``; one
+    sample (no interval) settles nothing. The text says which bound decided."""
+    if q is None:
+        return False, "not covered by evidence"
+    if is_exact(q):
+        return True, "exact"
+    if max_kl is None and min_agreement is None:
+        return False, "lossy, and no threshold (--max-kl / --min-agreement) says how much loss is acceptable"
+    ok, parts = True, []
+    if max_kl is not None:
+        if q.mean_kl_ci95 is None or q.mean_kl_ci95 != q.mean_kl_ci95:
+            ok = False
+            parts.append(f"mean KL {q.mean_kl:.3g} from one sample: no 95% interval to bound it")
+        else:
+            hi = q.mean_kl + q.mean_kl_ci95
+            ok &= hi <= max_kl
+            parts.append(f"mean KL's upper 95% bound {hi:.3g} {'<=' if hi <= max_kl else '>'} {max_kl:g} nats")
+    if min_agreement is not None:
+        if q.top1_ci95 is None or q.top1_ci95 != q.top1_ci95:
+            ok = False
+            parts.append(f"top-1 agreement {q.top1_agreement:.1%} from one sample: no 95% interval to bound it")
+        else:
+            lo = q.top1_agreement - q.top1_ci95
+            ok &= lo >= min_agreement
+            parts.append(f"top-1 agreement's lower 95% bound {lo:.1%} {'>=' if lo >= min_agreement else '<'} "
+                         f"{min_agreement:.0%}")  # fmt: skip
+    return ok, "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    fit: Fit | None  # the pick, or None when nothing deployable and covered meets the rules
+    text: str  # the pick and the evidence it rests on (or why there is none), in a few sentences
+    qualified: tuple[str, ...]  # specs that meet the thresholds by their 95% bounds (with evidence)
+    unmeasured: tuple[str, ...]  # planned specs the evidence does not cover
+    commands: tuple[str, ...] = ()  # what would measure the uncovered ones, one command each
+    steps: tuple[str, ...] = ()  # the rules applied, in order: what --explain prints
+    verdicts: dict[str, str] = field(default_factory=dict)  # spec -> which bound decided (or why not judged)
+    elsewhere: tuple[str, ...] = ()  # qualified and serving, but not runnable natively by the runtime
+
+
+def _exact(fit: Fit) -> Fit:
+    """A lossless strategy's fit, with its quality known by construction when none was given."""
+    if fit.quality is not None or not parse_spec(fit.spec).lossless:
+        return fit
+    return replace(fit, quality=EXACT)
+
+
+def _wanted(max_kl: float | None, min_agreement: float | None) -> str:
+    parts = [f"mean KL <= {max_kl:g} nats" if max_kl is not None else "",
+             f"top-1 agreement >= {min_agreement:.0%}" if min_agreement is not None else ""]  # fmt: skip
+    return " and ".join(p for p in parts if p) or "no loss (no threshold given)"
+
+
+def _check_thresholds(max_kl: float | None, min_agreement: float | None) -> None:
+    if max_kl is not None and not (max_kl >= 0 and math.isfinite(max_kl)):
+        raise ValueError(f"max_kl must be a finite number >= 0, got {max_kl}")
+    if min_agreement is not None and not 0 <= min_agreement <= 1:
+        raise ValueError(f"min_agreement must be between 0 and 1, got {min_agreement}")
+
+
 def recommend(
     fits: Iterable[Fit],
     *,
@@ -314,57 +377,115 @@ def recommend(
     min_agreement: float | None = None,
     planned_model: str | Arch | None = None,
     judgements: dict[str, Judgement] | None = None,
+    **rules,
 ) -> Recommendation:
-    """The cheapest fit whose quality (from evidence that covers it) meets ``max_kl`` /
-    ``min_agreement``. Fits without quality are not covered: they are listed, with the command
-    that would measure them when ``judgements`` give one."""
+    """:func:`choose` with at least one quality threshold (else a ValueError naming them)."""
     if max_kl is None and min_agreement is None:
         raise ValueError("give a quality threshold: max_kl (mean KL, nats) and/or min_agreement (0..1)")
-    if max_kl is not None and not (max_kl >= 0 and math.isfinite(max_kl)):
-        raise ValueError(f"max_kl must be a finite number >= 0, got {max_kl}")
-    if min_agreement is not None and not 0 <= min_agreement <= 1:
-        raise ValueError(f"min_agreement must be between 0 and 1, got {min_agreement}")
+    return choose(fits, max_kl=max_kl, min_agreement=min_agreement, planned_model=planned_model,
+                  judgements=judgements, **rules)  # fmt: skip
+
+
+def choose(
+    fits: Iterable[Fit],
+    *,
+    max_kl: float | None = None,
+    min_agreement: float | None = None,
+    planned_model: str | Arch | None = None,
+    judgements: dict[str, Judgement] | None = None,
+    sessions: int | None = None,
+    most_sessions: bool = False,
+    runtime: str | None = None,
+    flags: Callable[[str], Sequence[str] | None] | None = None,
+    kv_format: str | None = None,
+) -> Recommendation:
+    """The strategy to deploy, by these rules, in this order (each one a step of the answer):
+
+    1. only what the runtime runs natively (``flags(spec)`` is not None) can be its answer; the
+       others that qualify are listed in ``elsewhere`` (cachelib's caches in your own code);
+    2. a strategy meets the thresholds only when its 95% interval does (:func:`meets`); one the
+       evidence does not cover is never recommended; without a threshold only lossless ones meet;
+    3. it must serve the request: fit the budget, and hold ``sessions`` sessions when given;
+    4. a lossless strategy that serves wins over any lossy one, unless ``most_sessions``;
+    5. among the rest: the most sessions when ``most_sessions``, else the smallest loss (the KL's
+       upper bound); ties go to the simplest flag set (fewest flags), then the smaller cache peak.
+
+    With a lossy ``kv_format`` (vLLM fp8, llama.cpp q8_0) no fit is exact by construction: each
+    carries the quality its format's evidence gives (None: not measured)."""
+    _check_thresholds(max_kl, min_agreement)
     judgements = judgements or {}
-    fits = [_exact(f) for f in fits]
+    fits = list(fits) if kv_format else [_exact(f) for f in fits]
     unmeasured = tuple(f.spec for f in fits if f.quality is None)
     commands = tuple(judgements[s].command for s in unmeasured if s in judgements and judgements[s].command)
-    ok = [
-        f
-        for f in fits
-        if f.quality is not None
-        and (max_kl is None or f.quality.mean_kl <= max_kl)
-        and (min_agreement is None or f.quality.top1_agreement >= min_agreement)
-        and f.fits is not False
-    ]
-    wanted = " and ".join(
-        t
-        for t in (
-            f"mean KL <= {max_kl:g} nats" if max_kl is not None else "",
-            f"top-1 agreement >= {min_agreement:.0%}" if min_agreement is not None else "",
-        )
-        if t
-    )
-    caveats = ""
-    if unmeasured:
-        caveats += f" Not covered by evidence, so not recommended: {', '.join(unmeasured)}."
-        if commands:
-            caveats += " To measure them: " + " ; ".join(commands)
-    if not ok:
-        text = f"No planned strategy covered by evidence meets {wanted}"
-        text += " and fits the budget." if any(f.fits is False for f in fits) else "."
-        return Recommendation(None, text + caveats, (), unmeasured, commands)
-    ok.sort(key=lambda f: (f.cache.peak_bytes, -(f.sessions or 0)))
-    pick = ok[0]
+    wanted = _wanted(max_kl, min_agreement)
+    where = runtime or "cachelib's caches"
+
+    def n_flags(spec: str) -> int:
+        got = flags(spec) if flags is not None else ()
+        return len(got) if got is not None else 99
+
+    steps = [f"planned {len(fits)} strateg{'y' if len(fits) == 1 else 'ies'}: {', '.join(f.spec for f in fits)}"]
+    native = [f for f in fits if flags is None or flags(f.spec) is not None]
+    foreign = [f for f in fits if f not in native]
+    if foreign:
+        steps.append(f"1. {runtime} runs natively {', '.join(f.spec for f in native) or 'none of them'}; not its "
+                     f"options (cachelib's caches in your code): {', '.join(f.spec for f in foreign)}")  # fmt: skip
+    verdicts = {}
+    for f in fits:
+        ok, why = meets(f.quality, max_kl, min_agreement)
+        verdicts[f.spec] = ("meets: " if ok else "misses: ") + why
+    ok_all = [f for f in fits if verdicts[f.spec].startswith("meets")]
+    steps.append(f"2. meet {wanted} by the 95% interval's bound: {', '.join(f.spec for f in ok_all) or 'none'}"
+                 + "".join(f"; {f.spec} {verdicts[f.spec]}" for f in fits
+                           if f.quality is not None and not is_exact(f.quality)))  # fmt: skip
+
+    def serves(f: Fit) -> bool:
+        return f.fits is not False and (sessions is None or f.sessions is None or f.sessions >= sessions)
+
+    need = "fit the budget" + (f" with {sessions} sessions" if sessions else "")
+    served = [f for f in ok_all if serves(f)]
+    shown = [f"{f.spec} ({f.sessions} session(s))" if f.sessions is not None else f.spec for f in served]
+    steps.append(f"3. of those, {need}: {', '.join(shown) or 'none'}")
+    elsewhere = tuple(f.spec for f in served if f in foreign)
+    pool = [f for f in served if f in native]
+    exact = [f for f in pool if is_exact(f.quality)]
+
+    def loss(f: Fit) -> float:
+        q = f.quality
+        return 0.0 if is_exact(q) else q.mean_kl + (q.mean_kl_ci95 or 0.0)
+
+    def simple(f: Fit) -> tuple:
+        return (n_flags(f.spec), f.cache.peak_bytes)
+
+    if exact and not most_sessions:
+        pick = min(exact, key=simple)
+        steps.append(f"4. {pick.spec} is lossless and serves the request: lossy strategies are not needed"
+                     + (f" (simplest of {', '.join(f.spec for f in exact)})" if len(exact) > 1 else ""))  # fmt: skip
+    elif pool:
+        if most_sessions:
+            pick = min(pool, key=lambda f: (-(f.sessions or 0), *simple(f)))
+            steps.append(f"4. the most sessions asked: {pick.spec} serves {pick.sessions} (ties: the simplest flags)")
+        else:
+            pick = min(pool, key=lambda f: (loss(f), *simple(f)))
+            steps.append(f"4. no lossless strategy serves the request; {pick.spec} has the smallest loss "
+                         "(KL's upper 95% bound) of those that do (ties: the simplest flags)")  # fmt: skip
+    else:
+        pick = None
+        steps.append(f"4. nothing {where} runs natively meets {wanted} and serves the request")
+    caveat = f" Not covered by evidence, so not recommended: {', '.join(unmeasured)}." if unmeasured else ""
+    qualified = tuple(f.spec for f in ok_all)
+    if pick is None:
+        text = f"No planned strategy {where} runs natively meets {wanted} by its 95% interval and {need}."
+        if elsewhere:
+            text += f" With cachelib's caches in your code: {', '.join(elsewhere)}."
+        return Recommendation(None, text + caveat, qualified, unmeasured, commands, tuple(steps), verdicts, elsewhere)
     q = pick.quality
-    text = (
-        f"{pick.spec}: the smallest cache peak ({human_bytes(pick.cache.peak_bytes)} at {pick.cache.context:,} tokens) "
-        f"among the {len(ok)} strategies that meet {wanted}. Evidence: {describe(q)}."
-    )
+    text = f"{pick.spec}: {steps[-1][3:]}. Evidence: {describe(q)}."
     names = _names(planned_model)
-    if names and q not in (EXACT, WHOLE) and q.model not in names:
+    if names and not is_exact(q) and q.model not in names:
         shown = planned_model.name if isinstance(planned_model, Arch) else planned_model
         text += (f" Measured on {q.model}, not on {shown}: treat it as an estimate for {shown}, or evaluate "
                  f"{shown} itself (cachelib evaluate --model PATH on a local folder of it).")  # fmt: skip
     if pick.sessions is not None:
         text += f" {pick.sessions} concurrent session(s) fit the budget."
-    return Recommendation(pick, text + caveats, tuple(f.spec for f in ok), unmeasured, commands)
+    return Recommendation(pick, text + caveat, qualified, unmeasured, commands, tuple(steps), verdicts, elsewhere)

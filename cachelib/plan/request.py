@@ -14,7 +14,7 @@ prints.
 from __future__ import annotations
 
 import math
-from dataclasses import KW_ONLY, dataclass, field, replace
+from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, replace
 from typing import NamedTuple, Sequence
 
 from ..core.units import human_gib, memory_text, parse_memory
@@ -26,12 +26,13 @@ from .device import (
     runtime_overhead,
     weights_format, weights_per_device,
 )  # fmt: skip
-from .quality import Evidence, Judgement, Recommendation, judge_fits, recommend, scaled_candidates
 from .vllm import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_FLAGS, VllmPool, check_utilization, default_non_torch,
     kv_pool,
 )  # fmt: skip
 from .runtimes import LLAMA_CPP_FLAGS, RUNTIMES, Deployment, llama_cpp_settings
+from .answer import runtime_flags
+from .quality import Evidence, Judgement, Recommendation, choose, judge, judge_fits, scaled_candidates
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
 
 COMMAND = ("python", "-m", "cachelib", "plan")
@@ -114,6 +115,8 @@ class PlanRequest:
     flash_attn: str | None = None  # -fa on|off|auto
     ubatch: int | None = None  # -ub / --ubatch-size
     tensor_split: tuple[float, ...] | None = None  # --tensor-split, one share per --pp device
+    suggest: bool = False  # also plan the strategies the evidence speaks for, at sizes a person types
+    most_sessions: bool = False  # recommend the most sessions, lossy or not (else lossless first)
 
     def __post_init__(self) -> None:
         specs = tuple(parse_spec(s) for s in self.strategies)
@@ -347,7 +350,17 @@ class PlanRequest:
             args += ["--max-kl", _number(self.max_kl)]
         if self.min_agreement is not None:
             args += ["--min-agreement", _number(self.min_agreement)]
+        if self.suggest:
+            args += ["--suggest"]
+        if self.most_sessions:
+            args += ["--most-sessions"]
         return args
+
+
+def request_defaults() -> dict[str, object]:
+    """Every request field's default: the one source of defaults of the CLI's flags and the
+    Planner page's fields."""
+    return {f.name: f.default for f in fields(PlanRequest) if f.default is not MISSING}
 
 
 def _number(value: float) -> str:
@@ -488,12 +501,14 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
 class PlanResult:
     arch: Arch
     request: PlanRequest
-    fits: list[Fit]  # the strategies asked for, then the candidates the evidence speaks for
+    fits: list[Fit]  # the strategies asked for, then a solve's answers, then (--suggest) the evidence's
     weights_bytes: int | None
     added: tuple[str, ...] = ()  # planned because the evidence measured them (or their kept fraction)
     skipped: dict[str, str] = field(default_factory=dict)  # measured, not plannable here -> why
     recommendation: Recommendation | None = None  # with a threshold only
     judgements: dict[str, Judgement] = field(default_factory=dict)  # spec -> what the evidence says of it
+    choice: Recommendation | None = None  # the strategy to deploy, thresholds or not (the answer's pick)
+    solved: tuple[Solved, ...] = ()  # --solve's answer, then the other knob's for the same sessions
 
     @property
     def cache_budget(self) -> int | None:
@@ -506,20 +521,61 @@ class PlanResult:
         return sorted({f.quality.model for f in self.fits if f.quality is not None and f.quality.samples})
 
 
+GROWTH_STEP = 256  # mlx-lm's KVCache.step: the sizes a person types for a ring or a window
+
+
+def typed_size(size: int) -> int:
+    """``size`` rounded up to what a person would type: a power of two below the growth step,
+    else a multiple of it (up, so the kept fraction stays at least the measured one)."""
+    if size <= GROWTH_STEP:
+        return 1 << max(0, math.ceil(math.log2(max(1, size))))
+    return math.ceil(size / GROWTH_STEP) * GROWTH_STEP
+
+
+def suggestions(evidence: Sequence[Evidence], context: int) -> list[Spec]:
+    """What ``--suggest`` adds: every measured strategy, and every measured bounded one scaled to
+    ``context`` at its measured kept fraction, its bound rounded up by :func:`typed_size`."""
+    out: dict[tuple, Spec] = {}
+    for spec in [parse_spec(e.spec) for e in evidence]:
+        out.setdefault(spec.key, spec)
+    for spec in scaled_candidates(evidence, context):
+        knob = spec.strategy.window
+        try:
+            typed = parse_spec(f"{spec.name}:" + ",".join(
+                f"{k}={typed_size(v) if k == knob else v}" for k, v in spec.params))  # fmt: skip
+        except ValueError:
+            continue
+        if typed.window is not None and typed.window < context:
+            out.setdefault(typed.key, typed)
+    return list(out.values())
+
+
 def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] = ()) -> PlanResult:
     """Plan ``request`` for ``arch`` and judge each fit by ``evidence`` (see
-    :func:`cachelib.plan.quality.judge`). When the request has a threshold, the strategies the
-    evidence measured are candidates too, and so is each measured bounded strategy scaled to the
-    target context at its measured kept fraction; each is planned on its own, so that one this
-    model or backend refuses is listed in ``skipped``, not fatal. The cheapest covered fit that
-    meets the thresholds is recommended."""
+    :func:`cachelib.plan.quality.judge`). A ``--solve`` plans its ring and the KV bits that fit
+    the same sessions too; with ``suggest`` the strategies the evidence speaks for are planned
+    as well (:func:`suggestions`), each on its own, so that one this model or backend refuses is
+    listed in ``skipped``, not fatal. The strategy to deploy is :func:`~cachelib.plan.quality.choose`'s."""
     fits = plan(arch, request)
     added: list[str] = []
     skipped: dict[str, str] = {}
-    if request.recommending:
-        asked = {s.key for s in request.strategies}
-        measured = [parse_spec(e.spec) for e in evidence]
-        for spec in measured + scaled_candidates(evidence, request.context):
+    asked = {s.key for s in request.strategies}
+    solved: list[Solved] = []
+    if request.solve is not None:
+        for knob in (request.solve, *(k for k in SOLVE if k != request.solve)):
+            try:
+                found = solve_sessions(arch, replace(request, solve=knob))
+            except ValueError:
+                if knob == request.solve:
+                    raise
+                continue  # the other knob, where this runtime has none (vLLM's own cache has no ring)
+            solved.append(found)
+            whole = found.spec is not None and found.spec.window is not None and found.spec.window >= request.context
+            if found.spec is not None and not whole and found.spec.key not in asked:
+                asked.add(found.spec.key)
+                fits += plan(arch, replace(request, strategies=(found.spec,)))
+    if request.suggest:
+        for spec in suggestions(evidence, request.context):
             if spec.key in asked:
                 continue
             asked.add(spec.key)
@@ -530,11 +586,37 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
             else:
                 added.append(str(spec))
     fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch)
-    rec = None
-    if request.recommending:
-        rec = recommend(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
-                        judgements=judgements)  # fmt: skip
-    return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements)
+    if request.kv_format is not None:
+        fits = [_judge_format(f, request, evidence, arch, judgements) for f in fits]
+    runtime = request.runtime
+    choice = choose(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
+                    judgements=judgements, sessions=request.sessions, most_sessions=request.most_sessions,
+                    runtime=runtime, flags=None if runtime is None else lambda s: runtime_flags(s, runtime),
+                    kv_format=request.kv_format)  # fmt: skip
+    rec = choice if request.recommending else None
+    return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements, choice,
+                      tuple(solved))  # fmt: skip
+
+
+def _judge_format(fit: Fit, request: PlanRequest, evidence: Sequence[Evidence], arch: Arch,
+                  judgements: dict[str, Judgement]) -> Fit:
+    """A runtime's own cache stored in a lossy KV format (vLLM fp8, llama.cpp q8_0 / q4_0) is not
+    exact: it is judged by the evidence of the strategy of that name, where this cachelib has one
+    and it was measured, else it is "not measured"."""
+    if not parse_spec(fit.spec).lossless:
+        return fit
+    fmt = request.kv_format
+    try:
+        spec = parse_spec(fmt)
+    except ValueError:
+        j = Judgement(fit.spec, None, f"KV format {fmt}: not measured (cachelib has no strategy {fmt!r} to measure it)")
+    else:
+        found = judge(evidence, spec, backend=request.backend, context=fit.cache.context, planned=arch)
+        why = f"KV format {fmt}, judged as {spec}: {found.reason}" if found.quality is not None else \
+            f"KV format {fmt}: not measured ({found.reason})"
+        j = Judgement(fit.spec, found.quality, why, found.command)
+    judgements[fit.spec] = j
+    return replace(fit, quality=j.quality)
 
 
 def llama_cpp_argv(r: PlanRequest) -> list[str]:

@@ -165,17 +165,23 @@ def test_default_run_in_a_real_browser_draws_the_charts(app_url, browser, tmp_pa
     _shoot(page, tmp_path, "profiles")
 
     # The Planner, judged by the committed evidence (a run saved on the Live page is not evidence
-    # unless picked): memory and frontier with the 5 asked strategies and the evidence's
-    # candidates, the retrieval heatmap of the committed passkey trials, and the quality-evidence chart.
+    # unless picked): the answer first, memory and frontier with the runtime's standard set and,
+    # suggested, the evidence's candidates; the retrieval heatmap of the committed passkey trials
+    # and the quality-evidence chart, shown on demand.
     page.get_by_role("link", name="Planner").click()
+    page.locator(".st-key-plan_answer").get_by_text("mlx_lm.generate").wait_for()
     page.locator(".st-key-plan_frontier .js-plotly-plot").wait_for()
+    page.get_by_text("Suggest from the evidence").click()
+    page.get_by_text("Also planned, suggested by the evidence").wait_for()
+    page.get_by_text("Show the evidence").click()
     page.locator(".st-key-plan_quality .js-plotly-plot").wait_for()
     page.locator(".st-key-plan_retrieval .js-plotly-plot").wait_for()
-    page.get_by_text("Also planned because the evidence speaks for them").wait_for()
     page.wait_for_timeout(1000)
     assert page.locator("[data-testid='stException']").count() == 0
     traces = _traces_per_chart(page)
-    assert len(traces) == 4 and min(traces[:2]) > 5, traces
+    # the 3 asked strategies drawn (allocated + peak, the max-context marks; their lines and the star), the
+    # suggested ones listed in the table and offered in "Strategies shown"
+    assert len(traces) == 4 and traces[:2] == [7, 4], traces
     _shoot(page, tmp_path, "planner")
 
     # A page's own URL, opened directly (a bookmark, a reload), runs through main.py's routes.

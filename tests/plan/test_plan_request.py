@@ -27,7 +27,7 @@ def test_to_argv_reads_back_as_the_same_request():
     request = PlanRequest(
         ["standard", "rotating:keep=4,max_size=4096"], context=32768, batch=2, backend="torch", dtype="bfloat16",
         prefill=1000, prefill_chunk=512, budget_bytes=24 * GiB, weights_dtype="q4_k", reserve_bytes=1_250_000_000,
-        max_kl=0.1, min_agreement=0.123456789,
+        max_kl=0.1, min_agreement=0.123456789, suggest=True, most_sessions=True,
     )  # fmt: skip
     argv = request.to_argv("llama-3.1-8b", ["my profiles"])
     assert _from_argv(argv) == request
@@ -104,14 +104,17 @@ def test_plan_request_adds_measured_candidates_and_lists_what_it_cannot_plan():
         Evidence("quantized:bits=8", "smollm2", "mlx", 8192, 1.0, 4, 0.001, 0.99),
         Evidence("quantized:bits=4,group_size=128", "other", "mlx", 8192, 1.0, 4, 0.01, 0.99),  # 64-wide heads refuse
     ]
-    request = PlanRequest(["standard", "quantized:bits=4"], context=4096, budget_bytes=24 * GB, max_kl=0.01)
+    request = PlanRequest(["standard", "quantized:bits=4"], context=4096, budget_bytes=24 * GB, max_kl=0.01,
+                          suggest=True)  # fmt: skip
     result = plan_request(SMOL, request, measured)
     assert [f.spec for f in result.fits] == ["standard", "quantized:bits=4", "quantized:bits=8"]
     assert result.added == ("quantized:bits=8",) and list(result.skipped) == ["quantized:bits=4,group_size=128"]
-    assert result.recommendation.fit.spec == "quantized:bits=8"
+    assert result.recommendation.fit.spec == "standard"  # lossless and it fits: nothing lossy is needed
+    assert "one sample" in result.recommendation.verdicts["quantized:bits=8"]  # and one sample settles nothing
     assert result.request is request and result.cache_budget == request.cache_budget(SMOL)
     assert result.measured_on == ["smollm2"]
-    quiet = plan_request(SMOL, replace(request, max_kl=None), measured)  # no threshold: nothing added
-    assert [f.spec for f in quiet.fits] == ["standard", "quantized:bits=4"] and quiet.recommendation is None
+    quiet = plan_request(SMOL, replace(request, suggest=False), measured)  # not asked for: nothing added
+    assert [f.spec for f in quiet.fits] == ["standard", "quantized:bits=4"]
+    assert plan_request(SMOL, replace(request, max_kl=None), measured).recommendation is None  # no threshold
 
 
