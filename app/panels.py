@@ -11,7 +11,7 @@ from cachelib.core.units import human_bytes
 
 from . import charts
 from .data import SUMMARY_DISPLAY, RunView, measured_on, probes_of
-from .keys import Keys
+from .keys import Keys, kept
 from .plain import md
 
 PLOTLY_CONFIG = {"displaylogo": False}
@@ -83,9 +83,9 @@ def charts_grid(view: RunView, key: str) -> None:
         if layers is not None:
             present = [s for s in view.strategies if (layers["strategy"] == s).any()] or view.strategies
             a, b = st.columns([3, 2])
-            strategy = a.selectbox("Per-layer memory of", present, key=Keys.layer_strategy(key))
+            strategy = a.selectbox("Per-layer memory of", present, **kept(Keys.layer_strategy(key)))
             value = b.selectbox(
-                "showing", list(charts.LAYER_VALUES), key=Keys.layer_value(key),
+                "showing", list(charts.LAYER_VALUES), **kept(Keys.layer_value(key)),
                 format_func=lambda v: charts.LAYER_VALUES[v][0],
             )  # fmt: skip
             fig = view.figure(
@@ -113,11 +113,11 @@ def strategy_picker(view: RunView, key: str) -> tuple[list[str], bool | None]:
         st.session_state[k] = [s for s in st.session_state[k] if s in options]
     a, b = st.columns([4, 2], vertical_alignment="bottom")
     chosen = a.multiselect(
-        "Strategies shown", options, default=options if k not in st.session_state else None, key=k,
+        "Strategies shown", options, default=options if k not in st.session_state else None, **kept(k),
         help="the charts draw these; each strategy keeps its colour whichever are shown",
     )  # fmt: skip
     layout = b.selectbox(
-        "Memory chart", list(LAYOUTS), key=Keys.layout(key),
+        "Memory chart", list(LAYOUTS), **kept(Keys.layout(key)),
         help=f"auto: one panel per strategy from {charts.SMALL_MULTIPLES_FROM} strategies shown, where lines overlap",
     )  # fmt: skip
     if not chosen:
@@ -147,7 +147,7 @@ def table_when_asked(view: RunView, table: str, key: str, what: str) -> pd.DataF
     is malformed (one line naming the file, line and column)."""
     if view.large and not view.loaded(table):
         size = human_bytes(view.size_bytes)
-        if not st.toggle(f"{what}: read the {table} table ({size} profile)", key=Keys.read_table(key, table)):
+        if not st.toggle(f"{what}: read the {table} table ({size} profile)", **kept(Keys.read_table(key, table))):
             return None
     try:
         with st.spinner(f"Reading the {table} table…"):

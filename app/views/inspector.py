@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import charts, importance_charts, inspector_charts, state
 from app.data import RunView, nearest_at_or_before
-from app.keys import Keys
+from app.keys import Keys, kept
 from app.panels import PLOTLY_CONFIG
 from app.plain import md
 
@@ -32,7 +32,7 @@ if not sources:
     st.stop()
 
 top = st.columns([3, 3, 2])
-source = top[0].selectbox("Run", list(sources), key=Keys.INSP_SOURCE)
+source = top[0].selectbox("Run", list(sources), **kept(Keys.INSP_SOURCE))
 view = sources[source]
 try:  # a large profile's per-layer, slot and mask tables are read when a page first needs them
     with st.spinner("Reading the per-layer, slot and mask tables…"):
@@ -45,10 +45,10 @@ strategies = [s for s in view.strategies if (view.layers["strategy"] == s).any()
 if not strategies:
     st.warning("This run recorded no per-layer rows (the memory probe was off): nothing to inspect.")
     st.stop()
-strategy = top[1].selectbox("Strategy", strategies, key=Keys.INSP_STRATEGY)
+strategy = top[1].selectbox("Strategy", strategies, **kept(Keys.INSP_STRATEGY))
 steps = view.steps_recorded(strategy, "layers")
 layers = sorted(int(x) for x in view.layers.loc[view.layers["strategy"] == strategy, "layer"].unique())
-layer = top[2].selectbox("Layer", layers, key=Keys.INSP_LAYER)
+layer = top[2].selectbox("Layer", layers, **kept(Keys.INSP_LAYER))
 
 
 def _toggle_play() -> None:
@@ -73,7 +73,7 @@ def step_panel() -> None:
             st.session_state[Keys.INSP_PLAYING] = False
             st.rerun()  # redraw the Play button and stop the ticking
     if len(steps) > 1:
-        step = st.select_slider("Step", steps, key=Keys.INSP_STEP)
+        step = st.select_slider("Step", steps, **kept(Keys.INSP_STEP))
     else:
         step = steps[0]
         st.caption(f"step {step} (the only step recorded)")
@@ -110,7 +110,7 @@ def step_panel() -> None:
 
     st.subheader("What the cache holds over the run")
     span = st.select_slider(
-        "Rows in the block", [16, 32, 64, 128, 256], value=inspector_charts.RUN_SPAN, key=Keys.INSP_SPAN,
+        "Rows in the block", [16, 32, 64, 128, 256], value=inspector_charts.RUN_SPAN, **kept(Keys.INSP_SPAN),
         help="how many recorded decode steps the block shows, ending at the chosen one",
     )  # fmt: skip
     tables = (view.steps, view.layers, view.slots, view.masks)
@@ -144,7 +144,7 @@ def step_panel() -> None:
 
     st.subheader("Quantization error")
     column = st.radio(
-        "Error of", list(charts.ERROR_COLUMNS), key=Keys.INSP_ERROR, horizontal=True,
+        "Error of", list(charts.ERROR_COLUMNS), **kept(Keys.INSP_ERROR), horizontal=True,
         format_func=lambda c: charts.ERROR_COLUMNS[c],
     )  # fmt: skip
     left, right = st.columns(2)
