@@ -10,11 +10,17 @@ import streamlit as st
 from cachelib.core.units import human_bytes
 
 from . import charts
+from .figures import below_toolbar
 from .data import SUMMARY_DISPLAY, RunView, measured_on, probes_of
 from .keys import Keys, kept
 from .plain import md
 
 PLOTLY_CONFIG = {"displaylogo": False}
+
+
+def chart(fig, key: str) -> None:
+    """Draw ``fig`` with the app's plotly settings, its title clear of plotly's toolbar."""
+    st.plotly_chart(below_toolbar(fig), key=key, config=PLOTLY_CONFIG)
 
 
 def status(view: RunView) -> None:
@@ -71,12 +77,12 @@ def charts_grid(view: RunView, key: str) -> None:
             ("memory", picked, multiples),
             lambda: charts.cache_memory_figure(view.steps, shown, view.reference, colors, multiples),
         )
-        st.plotly_chart(fig, key=f"{key}_memory", config=PLOTLY_CONFIG)
+        chart(fig, f"{key}_memory")
     with right:
         fig = view.figure(
             ("quality", picked), lambda: charts.quality_figure(view.steps, shown, view.baselines, colors)
         )
-        st.plotly_chart(fig, key=f"{key}_quality", config=PLOTLY_CONFIG)
+        chart(fig, f"{key}_quality")
     left, right = st.columns(2)
     with left:
         layers = table_when_asked(view, "layers", key, "Per-layer memory")
@@ -91,10 +97,10 @@ def charts_grid(view: RunView, key: str) -> None:
             fig = view.figure(
                 ("layers", strategy, value), lambda: charts.layer_heatmap_figure(layers, strategy or "", value)
             )
-            st.plotly_chart(fig, key=f"{key}_layers", config=PLOTLY_CONFIG)
+            chart(fig, f"{key}_layers")
     with right:
         fig = view.figure(("speed", picked), lambda: charts.speed_figure(view.steps, shown, colors))
-        st.plotly_chart(fig, key=f"{key}_speed", config=PLOTLY_CONFIG)
+        chart(fig, f"{key}_speed")
     if note := sampling_note(view):
         st.caption(note)
 

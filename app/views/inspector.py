@@ -7,7 +7,7 @@ import streamlit as st
 from app import charts, importance_charts, inspector_charts, state
 from app.data import RunView, nearest_at_or_before
 from app.keys import Keys, kept
-from app.panels import PLOTLY_CONFIG
+from app.panels import chart
 from app.plain import md
 
 PLAY_SECONDS = 0.6  # one step per tick while playing
@@ -81,7 +81,7 @@ def step_panel() -> None:
     slot_steps = view.steps_recorded(strategy, "slots")
     ring_step = nearest_at_or_before(slot_steps, step) if slot_steps else step
     fig = inspector_charts.ring_figure(view.slots, view.layers, strategy, ring_step, layer)
-    st.plotly_chart(fig, key="insp_ring", config=PLOTLY_CONFIG)
+    chart(fig, "insp_ring")
     if ring_step != step:
         st.caption(f"Slots are sampled; showing step {ring_step}, the last recorded at or before {step}.")
 
@@ -103,10 +103,7 @@ def step_panel() -> None:
         left, right = st.columns(2)
         for col, order in ((left, "slot"), (right, "temporal")):
             with col:
-                st.plotly_chart(
-                    inspector_charts.mask_figure(view.masks, strategy, mask_step, layer, order),
-                    key=f"insp_mask_{order}", config=PLOTLY_CONFIG,
-                )  # fmt: skip
+                chart(inspector_charts.mask_figure(view.masks, strategy, mask_step, layer, order), f"insp_mask_{order}")
 
     st.subheader("What the cache holds over the run")
     span = st.select_slider(
@@ -115,7 +112,7 @@ def step_panel() -> None:
     )  # fmt: skip
     tables = (view.steps, view.layers, view.slots, view.masks)
     fig = inspector_charts.mask_run_figure(*tables, strategy, layer, step, span)
-    st.plotly_chart(fig, key="insp_mask_run", config=PLOTLY_CONFIG)
+    chart(fig, "insp_mask_run")
     held_from = "its slot table (ring probe)" if (view.slots["strategy"] == strategy).any() else "its per-layer rows"
     st.caption(
         f"One row per recorded decode step: what {md(strategy)} held, from {held_from}; the rows are only the "
@@ -130,10 +127,10 @@ def step_panel() -> None:
         left, right = st.columns(2)
         with left:
             fig = importance_charts.kept_layers_figure(view.slots, view.layers, strategy, ring_step)
-            st.plotly_chart(fig, key="insp_kept_layers", config=PLOTLY_CONFIG)
+            chart(fig, "insp_kept_layers")
         with right:
             fig = importance_charts.kept_steps_figure(view.slots, view.layers, strategy, layer, step)
-            st.plotly_chart(fig, key="insp_kept_steps", config=PLOTLY_CONFIG)
+            chart(fig, "insp_kept_steps")
         st.caption(
             f"From the slot table (ring probe), step {ring_step}: which absolute positions each layer holds, and "
             f"which positions layer {layer} holds at each recorded step. For caches that evict per KV head "
@@ -147,13 +144,17 @@ def step_panel() -> None:
         "Error of", list(charts.ERROR_COLUMNS), **kept(Keys.INSP_ERROR), horizontal=True,
         format_func=lambda c: charts.ERROR_COLUMNS[c],
     )  # fmt: skip
+    quantized = (view.layers["strategy"] == strategy) & view.layers[["key_rel_rms", "value_rel_rms"]].notna().any(axis=1)
+    if not quantized.any():  # one line, not two empty frames
+        st.caption(f"{md(strategy)}: {charts.NO_QUANT_ERROR}.")
+        return
     left, right = st.columns(2)
     with left:
         fig = charts.quant_error_heatmap(view.layers, strategy, column)
-        st.plotly_chart(fig, key="insp_qheat", config=PLOTLY_CONFIG)
+        chart(fig, "insp_qheat")
     with right:
         fig = charts.quant_error_bars(view.layers, view.strategies, strategy, step)
-        st.plotly_chart(fig, key="insp_qbars", config=PLOTLY_CONFIG)
+        chart(fig, "insp_qbars")
 
 
 st.fragment(run_every=PLAY_SECONDS if playing else None)(step_panel)()

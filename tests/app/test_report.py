@@ -81,12 +81,12 @@ def test_memory_lines_join_the_sampled_steps_of_a_profile_recorded_with_memory_e
     recorded = steps[(steps["strategy"] == "standard") & steps["cache_bytes_used"].notna()]
     standard = next(line for line in info.used if line.label == "standard")
     assert standard.steps == recorded["step"].tolist() and len(standard.steps) == 65  # 0, 4, ..., 252 and 255
-    assert standard.values == recorded["cache_bytes_used"].astype(float).tolist()
+    assert standard.values == (recorded["cache_bytes_used"].astype(float) / 2**20).tolist()  # MiB, binary
     assert [line.label for line in info.used] == example.strategies
     assert len({line.color for line in info.used}) == len(example.strategies)  # one colour per strategy
     (reference,) = info.reference
     assert reference.label == "full cache, float32"
-    assert reference.values[-1] == 46_080 * 301  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes, 301 tokens
+    assert reference.values[-1] == 46_080 * 301 / 2**20  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes, 301 tokens
     assert standard.values[-1] == reference.values[-1]  # the standard cache uses exactly the full cache's bytes
 
 
