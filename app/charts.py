@@ -463,7 +463,8 @@ def quant_error_heatmap(layers: pd.DataFrame, strategy: str, column: str = "key_
     # Two lines: a long strategy label and the error's name do not fit a half-width chart in one.
     title = f"{strategy}<br><sup>{ERROR_COLUMNS[column]} per layer and step</sup>"
     info = HeatmapInfo(title, z, steps, layer_ids, None, "")
-    fig = _heatmap_plot(info, colorscale="Magma")
+    # Light for a small error, dark red for a large one (Magma's light end read as a high value).
+    fig = _heatmap_plot(info, colorscale="YlOrRd")
     fig.update_layout(margin={"t": 80})
     return fig
 

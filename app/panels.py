@@ -41,11 +41,22 @@ def summary(view: RunView) -> None:
     colors = charts.strategy_colors(view.strategies)
     shown = table[[c for c in SUMMARY_DISPLAY if c in table]].rename(columns=SUMMARY_DISPLAY)
     styled = view.figure(("summary",), lambda: _styled(shown, colors))
-    st.dataframe(styled, hide_index=True, width="stretch")
+    st.dataframe(styled, hide_index=True, width="stretch", column_config=SUMMARY_HEADS)
     st.caption(md(measured_on(table)))
     lines = [f"- **{md(s)}** — {md(v)}" for s, v in zip(table["strategy"], table["verdict"]) if v != "baseline"]
     if lines:
         st.markdown("**In plain words**\n\n" + "\n".join(lines))
+
+
+# Short headers, the full name on hover: ten columns fit a 1,400 px window without scrolling sideways.
+SUMMARY_HEADS = {
+    name: st.column_config.Column(short, help=name, width="small" if short != "strategy" else "large")
+    for name, short in {
+        "strategy": "strategy", "steps": "steps", "peak MiB allocated": "peak MiB", "MiB used": "MiB used",
+        "tokens held": "tokens held", "bytes/token held": "B/token", "saved vs full cache": "saved",
+        "mean KL (nats)": "mean KL", "top-1 agreement": "top-1", "tokens/s": "tokens/s",
+    }.items()
+}  # fmt: skip
 
 
 def _styled(shown, colors: dict[str, str]):
