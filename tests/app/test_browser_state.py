@@ -30,7 +30,16 @@ def _open(browser, url: str, width: int = 1440):  # noqa: F811
     return page
 
 
-def _visible_errors(page) -> list[str]:
+def _visible_errors(page, mentioning: str | None = None) -> list[str]:
+    """The error boxes shown; with ``mentioning``, once one mentions it (or none shows, when "")."""
+    if mentioning is not None:
+        script = ("(m) => { const e = Array.from(document.querySelectorAll('[data-testid=stAlertContentError]'))"
+                  ".filter(e => e.getBoundingClientRect().width > 0);"
+                  " return m === '' ? e.length === 0 : e.some(x => x.innerText.includes(m)); }")  # fmt: skip
+        try:
+            page.wait_for_function(script, arg=mentioning, timeout=20_000)
+        except Exception:  # noqa: BLE001 (a timeout: report what the page shows)
+            pass
     return page.evaluate(
         "() => Array.from(document.querySelectorAll('[data-testid=stAlertContentError]'))"
         ".filter(e => e.getBoundingClientRect().width > 0).map(e => e.innerText.trim())"
@@ -44,8 +53,23 @@ def _type(page, key: str, text: str) -> None:
     page.wait_for_timeout(1200)  # the rerun the field caused
 
 
-def _run_disabled(page) -> bool:
-    return page.locator(".st-key-run button").is_disabled()
+def _chosen(page, key: str) -> str:
+    """The option a select box shows."""
+    script = """(k) => { const el = document.querySelector(`.st-key-${k}`);
+      const input = el.querySelector('input');
+      const shown = el.querySelector('[data-baseweb=select]');
+      return (input && input.value) || (shown ? shown.innerText.trim().split('\\n')[0] : ''); }"""
+    return page.evaluate(script, key)
+
+
+def _run_disabled(page, expected: bool) -> bool:
+    """Whether Run is off, once it reads ``expected`` (or the wait ran out: the page settled otherwise)."""
+    script = "(want) => Array.from(document.querySelectorAll('.st-key-run button')).every(b => b.disabled === want)"
+    try:
+        page.wait_for_function(script, arg=expected, timeout=20_000)
+    except Exception:  # noqa: BLE001 (a timeout: report what the page shows)
+        pass
+    return page.locator(".st-key-run button").first.is_disabled()
 
 
 def test_settings_survive_a_page_change_and_bad_fields_turn_run_off(app_url, browser):  # noqa: F811
@@ -55,34 +79,31 @@ def test_settings_survive_a_page_change_and_bad_fields_turn_run_off(app_url, bro
     page.get_by_role("option", name="h2o", exact=True).click()
     page.locator(".st-key-strategy_1_h2o-budget input").wait_for()
     _type(page, "strategy_1_h2o.budget", "32")
-    assert _visible_errors(page) == []
+    assert _visible_errors(page, "") == []
 
     page.get_by_role("link", name="Planner").click()
     page.get_by_text("One spec per line").wait_for()
     page.get_by_role("link", name="Live comparison").click()
     page.locator(".st-key-strategy_1_h2o-budget input").wait_for()
-    names = [page.locator(f".st-key-strategy_{i}_name input").get_attribute("aria-label") for i in range(3)]
-    values = [page.locator(f".st-key-strategy_{i}_name").inner_text() for i in range(3)]
-    assert [v.split("\n")[-1].strip() for v in values] == ["standard", "h2o", "quantized"], (names, values)
+    assert [_chosen(page, f"strategy_{i}_name") for i in range(3)] == ["standard", "h2o", "quantized"]
     assert page.locator(".st-key-strategy_1_h2o-budget input").input_value() == "32"
 
     # A duplicated row: one line in its row, Run off until a knob differs.
-    page.locator(".st-key-strategy_1_dup button").click()
-    page.wait_for_timeout(1500)
-    errors = _visible_errors(page)
+    page.locator(".st-key-strategy_1_dup button").first.click()
+    errors = _visible_errors(page, "repeats strategy 2")
     assert len(errors) == 1 and "repeats strategy 2" in errors[0], errors
-    assert _run_disabled(page)
+    assert _run_disabled(page, True)
     _type(page, "strategy_3_h2o.budget", "48")
-    assert _visible_errors(page) == [] and not _run_disabled(page)
+    assert _visible_errors(page, "") == [] and not _run_disabled(page, False)
 
     # Whole numbers as typed: one visible message beside the field, Run off, for each bad entry.
     for typed in ("1e12", "-5", "abc"):
         _type(page, "strategy_3_h2o.budget", typed)
-        errors = _visible_errors(page)
+        errors = _visible_errors(page, typed)
         assert len(errors) == 1 and typed in errors[0] and "allowed: a whole number" in errors[0], errors
-        assert _run_disabled(page)
+        assert _run_disabled(page, True)
     _type(page, "strategy_3_h2o.budget", "48")
-    assert not _run_disabled(page)
+    assert not _run_disabled(page, False)
 
 
 def test_a_finished_runs_status_line_keeps_its_duration_after_a_page_change(app_url, browser):  # noqa: F811
@@ -145,7 +166,8 @@ TITLE_UNDER_TOOLBAR = """() => Array.from(document.querySelectorAll('.js-plotly-
   if (!bar || !title) return [];
   const a = bar.getBoundingClientRect(), b = title.getBoundingClientRect();
   const overlap = a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
-  return overlap ? [title.textContent.slice(0, 60)] : [];
+  const where = r => `${r.left | 0}..${r.right | 0} x ${r.top | 0}..${r.bottom | 0}`;
+  return overlap ? [`${title.textContent.slice(0, 40)}: title ${where(b)}, toolbar ${where(a)}`] : [];
 })"""
 
 
