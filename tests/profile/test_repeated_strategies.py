@@ -11,7 +11,9 @@ import re
 import pytest
 
 from cachelib.cli import main
-from cachelib.profile import Probes, check_distinct, list_profiles, load_profile, read_meta, run_profile
+from cachelib.profile import (
+    Probes, check_distinct, list_profiles, load_profile, read_meta, run_profile, save_profile,
+)  # fmt: skip
 from cachelib.profile.report import report_html
 from cachelib.spec import parse_spec
 
@@ -69,6 +71,11 @@ def test_every_kind_of_run_the_app_makes_is_saved_and_reopens(tmp_path, load_mod
     assert again.strategies == STRATEGIES
     page = report_html([again], [kind])
     assert f"cachelib profile: {kind}" in page
+    # The Profiles page's "Save as" writes the loaded profile again; that file reopens too, and
+    # `python -m cachelib report` reads both.
+    saved = save_profile(again, tmp_path / f"{kind}-copy.csv")
+    assert load_profile(saved).strategies == STRATEGIES
+    assert main(["report", str(out), str(saved), "--out", str(tmp_path / "report.html")]) == 0
 
 
 def test_a_profile_of_an_older_version_that_labelled_a_copy_reopens(tmp_path, load_model):
