@@ -48,9 +48,11 @@ def summary(view: RunView) -> None:
         st.markdown("**In plain words**\n\n" + "\n".join(lines))
 
 
-# Short headers, the full name on hover: ten columns fit a 1,400 px window without scrolling sideways.
+# Short headers, the full name on hover, the strategy column pinned: ten columns fit a 1,400 px
+# window without scrolling sideways (long "profile / strategy" labels end in "…", whole on hover).
 SUMMARY_HEADS = {
-    name: st.column_config.Column(short, help=name, width="small" if short != "strategy" else "large")
+    name: st.column_config.Column(short, help=name, width="small")
+    if short != "strategy" else st.column_config.Column(short, help=name, width=260, pinned=True)
     for name, short in {
         "strategy": "strategy", "steps": "steps", "peak MiB allocated": "peak MiB", "MiB used": "MiB used",
         "tokens held": "tokens held", "bytes/token held": "B/token", "saved vs full cache": "saved",

@@ -155,6 +155,10 @@ def test_two_example_profiles_leave_every_plot_wide_with_every_series_in_its_leg
     for p in plots:
         assert p is not None and p["width"] >= 300, p
         assert p["shown"] and sorted(p["shown"]) == sorted(p["legend"]), p
+    # The summary table of the 15 strategies: every column in view at 1,440 px, no sideways scroll.
+    scroll = page.evaluate("() => { const s = Array.from(document.querySelectorAll('[data-testid=stDataFrame] "
+                           ".dvn-scroller')).pop(); return s ? [s.scrollWidth, s.clientWidth] : null; }")  # fmt: skip
+    assert scroll is not None and scroll[0] <= scroll[1] + 1, scroll
     quality = plots[0]
     assert any(s.endswith("/ sliding:window=64") for s in quality["legend"])  # the worst series, in view
     assert len(quality["shown"]) >= 13
