@@ -45,7 +45,6 @@ class Keys:
     STRATEGY_NEXT = "_strategy_next"  # the id the next row gets
     STRATEGY_ADD = "strategy_add"
     RUN = "run"
-    RUN_BLOCKED = "_run_blocked"  # why Run is off this run (the fields that do not parse), or ""
     STOP = "stop"
 
     # Profiles

@@ -1,10 +1,12 @@
 """The run form's widgets: model and device, input text, probes, and the strategy rows.
 
 The strategy editor is built from :data:`cachelib.spec.STRATEGIES`: every knob of the chosen
-strategy gets a widget with its valid range (a select box for knobs with a fixed set of values,
-an "off" choice for optional ones). Rows live in ``st.session_state``; the widgets hold the values.
-Turning rows into specs goes through :func:`cachelib.spec.make_spec`, so a bad combination
-(``keep >= max_size``) is refused with the same message as everywhere else.
+strategy gets a widget (a select box for knobs with a fixed set of values, an "off" choice for
+optional ones; a text field read as a whole number for the others, :func:`int_field`). Rows live
+in ``st.session_state``; the widgets hold the values and keep them through page changes
+(:func:`app.keys.kept`). Turning rows into specs goes through :func:`cachelib.spec.make_spec` and
+:func:`cachelib.profile.check_distinct`, so a bad combination (``keep >= max_size``) or a
+repeated strategy is refused with the same message as everywhere else, in its row, before Run.
 """
 
 from __future__ import annotations
