@@ -272,10 +272,7 @@ def strategy_editor(backend: str) -> list[dict[str, Any]]:
                 )  # fmt: skip
             with buttons:
                 b1, b2 = st.columns(2)
-                b1.button(
-                    "Duplicate", key=Keys.strategy(row, "dup"), on_click=_duplicate_row, args=(row,), width="stretch",
-                    help="a copy of this row below it, to change a knob of (a run compares each strategy once)",
-                )  # fmt: skip
+                b1.button("Duplicate", key=Keys.strategy(row, "dup"), on_click=_duplicate_row, args=(row,), width="stretch")
                 b2.button(
                     "Remove", key=Keys.strategy(row, "del"), on_click=_remove_row, args=(row,),
                     disabled=len(rows) == 1, width="stretch",
