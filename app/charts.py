@@ -18,7 +18,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .figures import LEGEND_RIGHT, PALETTE, REFERENCE_COLOR, empty_figure, legend_below, sampling_period, strategy_colors
+from .figures import (
+    LEGEND_RIGHT, PALETTE, REFERENCE_COLOR, empty_figure, legend_below, sampling_period, strategy_colors,
+)  # fmt: skip
 
 MIB = 2**20
 KIB = 2**10

@@ -137,8 +137,9 @@ def allowed_text(lo: int | None, hi: int | None, empty: str | None = None) -> st
 def parse_int(text: str, lo: int | None = None, hi: int | None = None, *, empty: str | None = None,
               what: str = "value") -> int | None:  # fmt: skip
     """``text`` as the whole number it spells in digits (``1_000`` too), or None when empty and
-    ``empty`` says what that means ("off", "default 4"). Anything else (``1e12``, ``2.5``, ``abc``, out of range) raises ValueError naming
-    ``what`` and the allowed values: nothing is rounded or clipped into range."""
+    ``empty`` says what that means ("off", "default 4"). Anything else (``1e12``, ``2.5``,
+    ``abc``, out of range) raises ValueError naming ``what`` and the allowed values: nothing is
+    rounded or clipped into range."""
     t = str(text).strip()
     allowed = allowed_text(lo, hi, empty)
     if not t:
@@ -272,7 +273,9 @@ def strategy_editor(backend: str) -> list[dict[str, Any]]:
                 )  # fmt: skip
             with buttons:
                 b1, b2 = st.columns(2)
-                b1.button("Duplicate", key=Keys.strategy(row, "dup"), on_click=_duplicate_row, args=(row,), width="stretch")
+                b1.button(
+                    "Duplicate", key=Keys.strategy(row, "dup"), on_click=_duplicate_row, args=(row,), width="stretch"
+                )
                 b2.button(
                     "Remove", key=Keys.strategy(row, "del"), on_click=_remove_row, args=(row,),
                     disabled=len(rows) == 1, width="stretch",

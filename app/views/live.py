@@ -153,4 +153,5 @@ else:
         st.info("Press **Run** to decode with the strategies above (defaults: the bundled SmolLM2, 64 tokens).")
         # An empty chart where the charts will be: the browser fetches and starts plotly (a
         # 4.7 MB script, seconds on a busy 2-core machine) while the run is set up, not after Run.
-        panels.chart(empty_figure("Cache memory", "the charts of a run fill in here as it goes", height=200), "idle_chart")
+        idle = empty_figure("Cache memory", "the charts of a run fill in here as it goes", height=200)
+        panels.chart(idle, "idle_chart")

@@ -132,13 +132,16 @@ PLOTS = """(keys) => keys.map(k => {
   const shown = (d.data || []).filter(t => t.showlegend !== false && t.name).map(t => t.name);
   const legend = Array.from(d.querySelectorAll('.legend .traces')).filter(t => {
     const b = t.getBoundingClientRect();
-    return b.width > 0 && b.top >= box.top - 1 && b.bottom <= box.bottom + 1 && b.left >= box.left - 1 && b.right <= box.right + 1;
+    return b.width > 0 && b.top >= box.top - 1 && b.bottom <= box.bottom + 1
+      && b.left >= box.left - 1 && b.right <= box.right + 1;
   }).map(t => t.textContent);
   return {key: k, width: d._fullLayout._size.w, height: d._fullLayout._size.h, shown, legend};
 })"""
 
 
-def test_two_example_profiles_leave_every_plot_wide_with_every_series_in_its_legend(app_url, browser, tmp_path):  # noqa: F811
+def test_two_example_profiles_leave_every_plot_wide_with_every_series_in_its_legend(
+    app_url, browser, tmp_path  # noqa: F811
+):
     folder = tmp_path / "profiles"
     folder.mkdir(exist_ok=True)
     for f in EXAMPLES.glob("*.csv"):
