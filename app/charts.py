@@ -18,11 +18,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .figures import LEGEND_RIGHT, PALETTE, empty_figure, sampling_period, strategy_colors
+from .figures import (
+    LEGEND_RIGHT, PALETTE, REFERENCE_COLOR, empty_figure, legend_below, sampling_period, strategy_colors,
+)  # fmt: skip
 
 MIB = 2**20
 KIB = 2**10
-REFERENCE_COLOR = "#7f7f7f"
+PLOT_PX = 320  # the plot area's height in the strategy figures; their legends add to it, below
 
 
 def _floats(s: pd.Series) -> np.ndarray:
@@ -140,18 +142,12 @@ def _memory_title(info: MemoryInfo, multiples: bool) -> dict:
 
 
 def _memory_plot(info: MemoryInfo) -> go.Figure:
-    fig = go.Figure(_reference_traces(info, legend=True))
+    fig = go.Figure()
     for s in info.series:
         fig.add_traces(_memory_traces(info, s, legend=True))
-    fig.update_layout(
-        title=_memory_title(info, False),
-        margin={"t": 80},
-        xaxis_title="step",
-        yaxis_title="MiB",
-        legend=LEGEND_RIGHT,
-        height=460,
-    )
-    return fig
+    fig.add_traces(_reference_traces(info, legend=True))  # on top: it matches the baseline's line
+    fig.update_layout(title=_memory_title(info, False), xaxis_title="step", yaxis_title="MiB")
+    return legend_below(fig, PLOT_PX)
 
 
 def _panel_title(label: str, width: int = 30) -> str:
@@ -338,13 +334,9 @@ def _quality_plot(info: QualityInfo) -> go.Figure:
             )
         )  # fmt: skip
     fig.update_layout(
-        title="Quality vs the baseline",
-        yaxis_title="nats",
-        yaxis2={"title": {"text": "%"}, "range": [0, 101]},
-        height=480,
-        legend=LEGEND_RIGHT,
+        title="Quality vs the baseline", yaxis_title="nats", yaxis2={"title": {"text": "%"}, "range": [0, 101]}
     )
-    return fig
+    return legend_below(fig, PLOT_PX + 60, top=70)
 
 
 def quality_figure(
@@ -382,6 +374,7 @@ def _speed_info(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str
         _Series(s, colors.get(s, PALETTE[0]), _floats(part["step"]), {"tokens_per_second": _floats(part[rate])})
         for s, part in _ordered(decode, strategies)
     ]
+    series = _batch_lines(series)
     process = {}
     for col in PROCESS_COUNTERS:
         # One process holds every strategy's caches: these counters are not per strategy.
@@ -389,6 +382,27 @@ def _speed_info(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str
         if len(per_step):
             process[col] = (per_step.index.to_numpy(dtype="float64"), _floats(per_step))
     return SpeedInfo(series, process)
+
+
+BATCH_COLOR = "#555555"
+
+
+def _batch_lines(series: list[_Series]) -> list[_Series]:
+    """Strategies that ran as one strategy batch share each step's forward, so their tokens/s are
+    the same numbers: one line for them, named for how many, instead of lines drawn on each other."""
+    groups: dict[tuple, list[_Series]] = {}
+    for s in series:
+        key = (s.step.tobytes(), s.values["tokens_per_second"].tobytes())
+        groups.setdefault(key, []).append(s)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+        else:
+            name = f"one batch of {len(group)}: " + ", ".join(g.strategy for g in group)
+            out.append(_Series(name if len(name) <= 60 else f"one batch of {len(group)} strategies", BATCH_COLOR,
+                               group[0].step, group[0].values))  # fmt: skip
+    return out
 
 
 def _speed_plot(info: SpeedInfo) -> go.Figure:
@@ -416,10 +430,8 @@ def _speed_plot(info: SpeedInfo) -> go.Figure:
         title="Speed and memory of the process",
         yaxis={"title": {"text": "tokens/s"}, "rangemode": "tozero"},
         yaxis2_title="MiB",
-        height=480,
-        legend=LEGEND_RIGHT,
     )
-    return fig
+    return legend_below(fig, PLOT_PX + 60, top=70)
 
 
 def speed_figure(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str, str] | None = None) -> go.Figure:
@@ -453,7 +465,8 @@ def quant_error_heatmap(layers: pd.DataFrame, strategy: str, column: str = "key_
     # Two lines: a long strategy label and the error's name do not fit a half-width chart in one.
     title = f"{strategy}<br><sup>{ERROR_COLUMNS[column]} per layer and step</sup>"
     info = HeatmapInfo(title, z, steps, layer_ids, None, "")
-    fig = _heatmap_plot(info, colorscale="Magma")
+    # Light for a small error, dark red for a large one (Magma's light end read as a high value).
+    fig = _heatmap_plot(info, colorscale="YlOrRd")
     fig.update_layout(margin={"t": 80})
     return fig
 

@@ -10,26 +10,39 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-# Okabe-Ito (colour-blind safe, yellow left out: unreadable on white), then Tol's muted set:
-# 14 distinct colours, so a run of up to 14 strategies never repeats one.
-PALETTE = (
-    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000",
-    "#882255", "#117733", "#999933", "#44AA99", "#AA4499", "#332288", "#DDCC77",
-)  # fmt: skip
+from cachelib.profile.palette import PALETTE, REFERENCE_COLOR, legend_below, strategy_colors
 
-# A vertical legend right of the plot area: plotly widens the right margin to fit it, so it
-# never lies over the data however many entries it has.
+__all__ = ["PALETTE", "REFERENCE_COLOR", "LEGEND_RIGHT", "below_toolbar", "empty_figure", "legend_below",
+           "sampling_period", "strategy_colors"]
+
+# One palette, byte unit and legend rule for the app and the HTML report (they live in cachelib,
+# which the report is part of); LEGEND_RIGHT stays for figures of few, short entries.
 LEGEND_RIGHT = {
     "orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top", "font": {"size": 11},
 }  # fmt: skip
+TOOLBAR_PX = 36  # plotly's toolbar (top right, on hover): a title starts below it
 
 
-def strategy_colors(strategies: Sequence[str]) -> dict[str, str]:
-    """The colour of each strategy, by its place in the run's order (the baseline is first).
-
-    Pass the run's full order even when a figure shows a subset: a strategy keeps its colour
-    whichever others are shown. Past len(PALETTE) strategies the colours repeat."""
-    return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(strategies)}
+def below_toolbar(fig: go.Figure) -> go.Figure:
+    """Move ``fig``'s title below plotly's toolbar, growing the top margin to match (at 800 px a
+    centred title ran under the toolbar's buttons). Idempotent: figures are kept and drawn again."""
+    title = fig.layout.title
+    if not title or not title.text or fig.layout.meta == "below_toolbar":
+        return fig
+    height = fig.layout.height or 450
+    lines = str(title.text).count("<br>") + 1
+    top = TOOLBAR_PX + 22 * lines + 12
+    margin = fig.layout.margin.t if fig.layout.margin.t is not None else 80
+    if margin < top:  # the plot keeps its own height: the figure grows by what the margin grows
+        fig.update_layout(height=height + top - margin, margin={"t": top})
+    # Pixels from the figure's top (pad), whatever height the figure is drawn at; plotly lifts a
+    # title of several lines by the lines after the first (measured: 16-17 px each, Chromium).
+    fig.update_layout(
+        title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": TOOLBAR_PX + 18 * (lines - 1)},
+               "x": 0, "xref": "paper", "xanchor": "left"},
+        meta="below_toolbar",
+    )  # fmt: skip
+    return fig
 
 
 def sampling_period(steps: Sequence[float] | np.ndarray) -> int | None:

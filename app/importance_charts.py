@@ -165,15 +165,19 @@ def _kept_layers_plot(info: KeptLayersInfo) -> go.Figure:
     _prompt_line(fig, info.prompt_tokens, "x")
     held = [len(info.held(int(l))) for l in info.layers]
     what = (
-        f"colour: share of each layer's {int(info.heads.max())} KV heads that hold the position"
+        f"colour: share of the layer's {int(info.heads.max())} KV heads holding it"
         if info.per_head
         else "which absolute positions each layer holds"
     )
+    count = f"{min(held)}" if min(held) == max(held) else f"{min(held)}–{max(held)} (by layer)"
+    # Per-head eviction: a position counts as held when any KV head holds it; each head holds
+    # fewer (the summary's "tokens held" counts one head's).
+    union = " by any KV head (each head holds fewer)" if info.per_head else ""
     fig.update_layout(
         title={
             "text": (
-                f"kept positions per layer · {info.strategy} · step {info.step}"
-                f"<br><sup>{what}; {min(held)}–{max(held)} of {int(info.seen.max())} positions held</sup>"
+                f"kept positions per layer<br><sup>{info.strategy} · step {info.step}</sup>"
+                f"<br><sup>{what}</sup><br><sup>{count} of {int(info.seen.max())} positions held{union}</sup>"
             )
         },
         xaxis_title="absolute position",
@@ -257,10 +261,10 @@ def _kept_steps_plot(info: KeptStepsInfo) -> go.Figure:
     fig.update_layout(
         title={
             "text": (
-                f"kept positions over the run · {info.strategy} · layer {info.layer} · steps "
-                f"{info.steps[0]}–{info.steps[-1]}{every}"
-                f"<br><sup>a ring's window climbs the diagonal; positions chosen once or heavy hitters stay as "
-                f"rows ({stay} positions held at every decode step shown)</sup>"
+                f"kept positions over the run<br><sup>{info.strategy} · layer {info.layer} · steps "
+                f"{info.steps[0]}–{info.steps[-1]}{every}</sup>"
+                f"<br><sup>a ring's window climbs the diagonal; chosen positions stay as rows</sup>"
+                f"<br><sup>{stay} positions held at every decode step shown</sup>"
             )
         },
         xaxis_title="step",

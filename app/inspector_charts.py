@@ -122,8 +122,8 @@ def _ring_plot(info: RingInfo) -> go.Figure:
     fig.update_layout(
         title={
             "text": (
-                f"{info.strategy} · layer {info.layer} · step {info.step}: {held} of {cap} slots hold tokens, "
-                f"keep {info.keep}, evicted {info.evicted}"
+                f"{info.strategy} · layer {info.layer} · step {info.step}:<br><sup>{held} of {cap} slots hold "
+                f"tokens, keep {info.keep}, evicted {info.evicted}</sup>"
             ),
             "y": 0.98, "yanchor": "top", "yref": "container",
         },

@@ -7,6 +7,20 @@ widgets by them. Chart element keys, which hold no state, stay with their charts
 
 from __future__ import annotations
 
+from typing import Any
+
+# How long an input widget's value lives when a run does not draw it: for the browser session.
+# Streamlit drops the state of a widget that a run leaves out (every widget of the other pages);
+# "session" keeps it, so a page change keeps what was set and a page reload starts afresh.
+PERSIST = "session"
+
+
+def kept(key: str) -> dict[str, Any]:
+    """The keyword arguments that key an input widget and keep its value through page changes:
+    ``st.selectbox(..., **kept(Keys.MODEL))``. Every page's input widgets take them (buttons and
+    file uploaders hold no value to keep and take a plain ``key``)."""
+    return {"key": key, "persist_state": PERSIST}
+
 
 class Keys:
     # What the pages hand to each other

@@ -64,6 +64,8 @@ class LiveRun:
         self.stop_event = threading.Event()
         self.started = time.perf_counter()
         self.first_step_at: float | None = None  # seconds after start when step 0 was recorded
+        self.ended_at: float | None = None  # seconds after start when the run ended (its clock stops)
+        self.last_step_at: float | None = None  # seconds after start when the last step was recorded
         self.profile: Profile | None = None  # the profile being filled (set at step 0)
         self.result: Profile | None = None
         self.error = ""
@@ -109,6 +111,7 @@ class LiveRun:
             self.waiting = True
             if self._should_stop():
                 self.waiting = False
+                self.ended_at = time.perf_counter() - self.started
                 self.done.set()
                 return
         self.waiting = False
@@ -135,6 +138,7 @@ class LiveRun:
             self.error = f"{type(e).__name__}: {e}"
         finally:
             self._lock.release()
+            self.ended_at = time.perf_counter() - self.started
             self.done.set()
 
     def _on_step(self, event: StepEvent) -> None:
@@ -144,6 +148,7 @@ class LiveRun:
         # Row counts at a step boundary: the UI reads rows only up to here, so it never sees
         # half a step while the next one is being appended.
         self._marks = (event.step, {t: len(event.profile.rows(t)) for t in TABLES})
+        self.last_step_at = time.perf_counter() - self.started
 
     # UI thread ----------------------------------------------------------------------------------
 
@@ -214,11 +219,16 @@ class LiveRun:
         self.min_gap = seconds / UI_SHARE
 
     def rate_text(self) -> str:
-        elapsed = time.perf_counter() - self.started
+        """The status line: steps, seconds, steps/s. A finished run's numbers are its own (the
+        clock stops when the run ends, however much later the page is drawn)."""
+        ended = self.ended_at if self.done.is_set() else None
+        elapsed = ended if ended is not None else time.perf_counter() - self.started
         steps = self.step + 1
-        parts = [f"step {max(steps, 0)}/{self.total}", f"{elapsed:.1f} s"]
+        parts = [f"step {max(steps, 0)}/{self.total}", f"{elapsed:.1f} s" + (" in all" if ended is not None else "")]
         if self.first_step_at is not None and steps > 1:
-            rate = (steps - 1) / max(1e-9, elapsed - self.first_step_at)
+            # Decode steps after the first, over the time they took (the prefill and step 0 excluded).
+            until = self.last_step_at if ended is not None and self.last_step_at is not None else elapsed
+            rate = (steps - 1) / max(1e-9, until - self.first_step_at)
             parts.append(f"{rate:.1f} steps/s ({len(self.strategies)} strategies each)")
         if len(self.refreshes) > 1:
             gaps = pd.Series(self.refreshes).diff().dropna()

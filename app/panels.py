@@ -10,11 +10,17 @@ import streamlit as st
 from cachelib.core.units import human_bytes
 
 from . import charts
+from .figures import below_toolbar
 from .data import SUMMARY_DISPLAY, RunView, measured_on, probes_of
-from .keys import Keys
+from .keys import Keys, kept
 from .plain import md
 
 PLOTLY_CONFIG = {"displaylogo": False}
+
+
+def chart(fig, key: str) -> None:
+    """Draw ``fig`` with the app's plotly settings, its title clear of plotly's toolbar."""
+    st.plotly_chart(below_toolbar(fig), key=key, config=PLOTLY_CONFIG)
 
 
 def status(view: RunView) -> None:
@@ -35,11 +41,24 @@ def summary(view: RunView) -> None:
     colors = charts.strategy_colors(view.strategies)
     shown = table[[c for c in SUMMARY_DISPLAY if c in table]].rename(columns=SUMMARY_DISPLAY)
     styled = view.figure(("summary",), lambda: _styled(shown, colors))
-    st.dataframe(styled, hide_index=True, width="stretch")
+    st.dataframe(styled, hide_index=True, width="stretch", column_config=SUMMARY_HEADS)
     st.caption(md(measured_on(table)))
     lines = [f"- **{md(s)}** — {md(v)}" for s, v in zip(table["strategy"], table["verdict"]) if v != "baseline"]
     if lines:
         st.markdown("**In plain words**\n\n" + "\n".join(lines))
+
+
+# Short headers, the full name on hover, the strategy column pinned: ten columns fit a 1,400 px
+# window without scrolling sideways (long "profile / strategy" labels end in "…", whole on hover).
+SUMMARY_HEADS = {
+    name: st.column_config.Column(short, help=name, width="small")
+    if short != "strategy" else st.column_config.Column(short, help=name, width=260, pinned=True)
+    for name, short in {
+        "strategy": "strategy", "steps": "steps", "peak MiB allocated": "peak MiB", "MiB used": "MiB used",
+        "tokens held": "tokens held", "bytes/token held": "B/token", "saved vs full cache": "saved",
+        "mean KL (nats)": "mean KL", "top-1 agreement": "top-1", "tokens/s": "tokens/s",
+    }.items()
+}  # fmt: skip
 
 
 def _styled(shown, colors: dict[str, str]):
@@ -71,30 +90,30 @@ def charts_grid(view: RunView, key: str) -> None:
             ("memory", picked, multiples),
             lambda: charts.cache_memory_figure(view.steps, shown, view.reference, colors, multiples),
         )
-        st.plotly_chart(fig, key=f"{key}_memory", config=PLOTLY_CONFIG)
+        chart(fig, f"{key}_memory")
     with right:
         fig = view.figure(
             ("quality", picked), lambda: charts.quality_figure(view.steps, shown, view.baselines, colors)
         )
-        st.plotly_chart(fig, key=f"{key}_quality", config=PLOTLY_CONFIG)
+        chart(fig, f"{key}_quality")
     left, right = st.columns(2)
     with left:
         layers = table_when_asked(view, "layers", key, "Per-layer memory")
         if layers is not None:
             present = [s for s in view.strategies if (layers["strategy"] == s).any()] or view.strategies
             a, b = st.columns([3, 2])
-            strategy = a.selectbox("Per-layer memory of", present, key=Keys.layer_strategy(key))
+            strategy = a.selectbox("Per-layer memory of", present, **kept(Keys.layer_strategy(key)))
             value = b.selectbox(
-                "showing", list(charts.LAYER_VALUES), key=Keys.layer_value(key),
+                "showing", list(charts.LAYER_VALUES), **kept(Keys.layer_value(key)),
                 format_func=lambda v: charts.LAYER_VALUES[v][0],
             )  # fmt: skip
             fig = view.figure(
                 ("layers", strategy, value), lambda: charts.layer_heatmap_figure(layers, strategy or "", value)
             )
-            st.plotly_chart(fig, key=f"{key}_layers", config=PLOTLY_CONFIG)
+            chart(fig, f"{key}_layers")
     with right:
         fig = view.figure(("speed", picked), lambda: charts.speed_figure(view.steps, shown, colors))
-        st.plotly_chart(fig, key=f"{key}_speed", config=PLOTLY_CONFIG)
+        chart(fig, f"{key}_speed")
     if note := sampling_note(view):
         st.caption(note)
 
@@ -113,11 +132,11 @@ def strategy_picker(view: RunView, key: str) -> tuple[list[str], bool | None]:
         st.session_state[k] = [s for s in st.session_state[k] if s in options]
     a, b = st.columns([4, 2], vertical_alignment="bottom")
     chosen = a.multiselect(
-        "Strategies shown", options, default=options if k not in st.session_state else None, key=k,
+        "Strategies shown", options, default=options if k not in st.session_state else None, **kept(k),
         help="the charts draw these; each strategy keeps its colour whichever are shown",
     )  # fmt: skip
     layout = b.selectbox(
-        "Memory chart", list(LAYOUTS), key=Keys.layout(key),
+        "Memory chart", list(LAYOUTS), **kept(Keys.layout(key)),
         help=f"auto: one panel per strategy from {charts.SMALL_MULTIPLES_FROM} strategies shown, where lines overlap",
     )  # fmt: skip
     if not chosen:
@@ -147,7 +166,7 @@ def table_when_asked(view: RunView, table: str, key: str, what: str) -> pd.DataF
     is malformed (one line naming the file, line and column)."""
     if view.large and not view.loaded(table):
         size = human_bytes(view.size_bytes)
-        if not st.toggle(f"{what}: read the {table} table ({size} profile)", key=Keys.read_table(key, table)):
+        if not st.toggle(f"{what}: read the {table} table ({size} profile)", **kept(Keys.read_table(key, table))):
             return None
     try:
         with st.spinner(f"Reading the {table} table…"):

@@ -6,8 +6,8 @@ import streamlit as st
 
 from app import charts, importance_charts, inspector_charts, state
 from app.data import RunView, nearest_at_or_before
-from app.keys import Keys
-from app.panels import PLOTLY_CONFIG
+from app.keys import Keys, kept
+from app.panels import chart
 from app.plain import md
 
 PLAY_SECONDS = 0.6  # one step per tick while playing
@@ -32,7 +32,7 @@ if not sources:
     st.stop()
 
 top = st.columns([3, 3, 2])
-source = top[0].selectbox("Run", list(sources), key=Keys.INSP_SOURCE)
+source = top[0].selectbox("Run", list(sources), **kept(Keys.INSP_SOURCE))
 view = sources[source]
 try:  # a large profile's per-layer, slot and mask tables are read when a page first needs them
     with st.spinner("Reading the per-layer, slot and mask tables…"):
@@ -45,10 +45,10 @@ strategies = [s for s in view.strategies if (view.layers["strategy"] == s).any()
 if not strategies:
     st.warning("This run recorded no per-layer rows (the memory probe was off): nothing to inspect.")
     st.stop()
-strategy = top[1].selectbox("Strategy", strategies, key=Keys.INSP_STRATEGY)
+strategy = top[1].selectbox("Strategy", strategies, **kept(Keys.INSP_STRATEGY))
 steps = view.steps_recorded(strategy, "layers")
 layers = sorted(int(x) for x in view.layers.loc[view.layers["strategy"] == strategy, "layer"].unique())
-layer = top[2].selectbox("Layer", layers, key=Keys.INSP_LAYER)
+layer = top[2].selectbox("Layer", layers, **kept(Keys.INSP_LAYER))
 
 
 def _toggle_play() -> None:
@@ -73,7 +73,7 @@ def step_panel() -> None:
             st.session_state[Keys.INSP_PLAYING] = False
             st.rerun()  # redraw the Play button and stop the ticking
     if len(steps) > 1:
-        step = st.select_slider("Step", steps, key=Keys.INSP_STEP)
+        step = st.select_slider("Step", steps, **kept(Keys.INSP_STEP))
     else:
         step = steps[0]
         st.caption(f"step {step} (the only step recorded)")
@@ -81,7 +81,7 @@ def step_panel() -> None:
     slot_steps = view.steps_recorded(strategy, "slots")
     ring_step = nearest_at_or_before(slot_steps, step) if slot_steps else step
     fig = inspector_charts.ring_figure(view.slots, view.layers, strategy, ring_step, layer)
-    st.plotly_chart(fig, key="insp_ring", config=PLOTLY_CONFIG)
+    chart(fig, "insp_ring")
     if ring_step != step:
         st.caption(f"Slots are sampled; showing step {ring_step}, the last recorded at or before {step}.")
 
@@ -103,19 +103,16 @@ def step_panel() -> None:
         left, right = st.columns(2)
         for col, order in ((left, "slot"), (right, "temporal")):
             with col:
-                st.plotly_chart(
-                    inspector_charts.mask_figure(view.masks, strategy, mask_step, layer, order),
-                    key=f"insp_mask_{order}", config=PLOTLY_CONFIG,
-                )  # fmt: skip
+                chart(inspector_charts.mask_figure(view.masks, strategy, mask_step, layer, order), f"insp_mask_{order}")
 
     st.subheader("What the cache holds over the run")
     span = st.select_slider(
-        "Rows in the block", [16, 32, 64, 128, 256], value=inspector_charts.RUN_SPAN, key=Keys.INSP_SPAN,
+        "Rows in the block", [16, 32, 64, 128, 256], value=inspector_charts.RUN_SPAN, **kept(Keys.INSP_SPAN),
         help="how many recorded decode steps the block shows, ending at the chosen one",
     )  # fmt: skip
     tables = (view.steps, view.layers, view.slots, view.masks)
     fig = inspector_charts.mask_run_figure(*tables, strategy, layer, step, span)
-    st.plotly_chart(fig, key="insp_mask_run", config=PLOTLY_CONFIG)
+    chart(fig, "insp_mask_run")
     held_from = "its slot table (ring probe)" if (view.slots["strategy"] == strategy).any() else "its per-layer rows"
     st.caption(
         f"One row per recorded decode step: what {md(strategy)} held, from {held_from}; the rows are only the "
@@ -130,10 +127,10 @@ def step_panel() -> None:
         left, right = st.columns(2)
         with left:
             fig = importance_charts.kept_layers_figure(view.slots, view.layers, strategy, ring_step)
-            st.plotly_chart(fig, key="insp_kept_layers", config=PLOTLY_CONFIG)
+            chart(fig, "insp_kept_layers")
         with right:
             fig = importance_charts.kept_steps_figure(view.slots, view.layers, strategy, layer, step)
-            st.plotly_chart(fig, key="insp_kept_steps", config=PLOTLY_CONFIG)
+            chart(fig, "insp_kept_steps")
         st.caption(
             f"From the slot table (ring probe), step {ring_step}: which absolute positions each layer holds, and "
             f"which positions layer {layer} holds at each recorded step. For caches that evict per KV head "
@@ -144,16 +141,20 @@ def step_panel() -> None:
 
     st.subheader("Quantization error")
     column = st.radio(
-        "Error of", list(charts.ERROR_COLUMNS), key=Keys.INSP_ERROR, horizontal=True,
+        "Error of", list(charts.ERROR_COLUMNS), **kept(Keys.INSP_ERROR), horizontal=True,
         format_func=lambda c: charts.ERROR_COLUMNS[c],
     )  # fmt: skip
+    quantized = (view.layers["strategy"] == strategy) & view.layers[["key_rel_rms", "value_rel_rms"]].notna().any(axis=1)
+    if not quantized.any():  # one line, not two empty frames
+        st.caption(f"{md(strategy)}: {charts.NO_QUANT_ERROR}.")
+        return
     left, right = st.columns(2)
     with left:
         fig = charts.quant_error_heatmap(view.layers, strategy, column)
-        st.plotly_chart(fig, key="insp_qheat", config=PLOTLY_CONFIG)
+        chart(fig, "insp_qheat")
     with right:
         fig = charts.quant_error_bars(view.layers, view.strategies, strategy, step)
-        st.plotly_chart(fig, key="insp_qbars", config=PLOTLY_CONFIG)
+        chart(fig, "insp_qbars")
 
 
 st.fragment(run_every=PLAY_SECONDS if playing else None)(step_panel)()

@@ -29,10 +29,11 @@ with st.sidebar:
     model = widgets.model_settings()
     st.subheader("Input")
     options = widgets.input_settings()
-    probes, memory_limit = widgets.probe_settings()
+    probes, memory_limit, problems = widgets.probe_settings()
 
 with st.expander("Strategies", expanded=state.current() is None):
     rows = widgets.strategy_editor(model["backend"])
+problems += [r["problem"] for r in rows if r["problem"]]
 
 
 def start() -> None:
@@ -67,9 +68,16 @@ def load_model(name: str, backend: str, device: str):
 
 
 run_col, note_col = st.columns([1, 5], vertical_alignment="center")
-clicked = run_col.button("Run", type="primary", key=Keys.RUN, disabled=running, width="stretch")
-note_col.caption(f"Runs are saved to {md(state.profiles_dir())} when they end (finished or stopped).")
-if clicked:
+clicked = run_col.button(
+    "Run", type="primary", key=Keys.RUN, disabled=running or bool(problems), width="stretch",
+    help="off while a field is marked in red" if problems else None,
+)  # fmt: skip
+if problems:  # each is shown beside its field; this says why Run is off
+    where = "field is" if len(problems) == 1 else f"{len(problems)} fields are"
+    note_col.caption(f":red[Run is off until the {where} fixed (marked in red above or in the sidebar).]")
+else:
+    note_col.caption(f"Runs are saved to {md(state.profiles_dir())} when they end (finished or stopped).")
+if clicked and not problems:
     st.session_state.pop(Keys.LIVE, None)  # a finished run's results are already current
     try:
         start()
@@ -145,7 +153,5 @@ else:
         st.info("Press **Run** to decode with the strategies above (defaults: the bundled SmolLM2, 64 tokens).")
         # An empty chart where the charts will be: the browser fetches and starts plotly (a
         # 4.7 MB script, seconds on a busy 2-core machine) while the run is set up, not after Run.
-        st.plotly_chart(
-            empty_figure("Cache memory", "the charts of a run fill in here as it goes", height=200),
-            key="idle_chart", config=panels.PLOTLY_CONFIG,
-        )  # fmt: skip
+        idle = empty_figure("Cache memory", "the charts of a run fill in here as it goes", height=200)
+        panels.chart(idle, "idle_chart")

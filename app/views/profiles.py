@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import panels, state, streams
-from app.keys import Keys
+from app.keys import Keys, kept
 from app.plain import md
 from cachelib.profile import list_profiles
 from cachelib.sweep import load_index
@@ -47,7 +47,7 @@ if (cur := state.current()) is not None:
     with right:
         with st.form("save_as", border=False):
             a, b = st.columns([3, 1], vertical_alignment="bottom")
-            new_name = a.text_input("Save as", key=Keys.SAVE_NAME, placeholder="a name, e.g. smollm2-ring-vs-4bit")
+            new_name = a.text_input("Save as", **kept(Keys.SAVE_NAME), placeholder="a name, e.g. smollm2-ring-vs-4bit")
             if b.form_submit_button("Save"):
                 try:
                     saved = state.save_as(profile, new_name)
@@ -96,7 +96,7 @@ options = [*by_name, *uploaded]
 if Keys.COMPARE not in st.session_state:
     st.session_state[Keys.COMPARE] = [n for n in st.session_state.get(Keys.COMPARE_KEPT, []) if n in options]
 st.session_state[Keys.COMPARE] = [n for n in st.session_state[Keys.COMPARE] if n in options] + fresh
-chosen = st.multiselect("Compare", options, key=Keys.COMPARE, placeholder="choose profiles to load")
+chosen = st.multiselect("Compare", options, **kept(Keys.COMPARE), placeholder="choose profiles to load")
 st.session_state[Keys.COMPARE_KEPT] = chosen
 
 views, sources = {}, {}

@@ -16,7 +16,7 @@ from .evaluation import Evaluation, load_evaluation, save_evaluation
 from .guard import parse_memory_limit
 from .probes import PROBE_HELP, Probes
 from .retrieval import retrieval
-from .run import StepEvent, default_profile_name, run_profile, strategy_labels
+from .run import StepEvent, check_distinct, default_profile_name, run_profile, strategy_labels
 from .schema import SCHEMA_VERSION, TABLES
 from .store import Profile, ProfileFile, list_profiles, load_profile, read_meta, save_profile
 from .summary import summarize, verdict
@@ -46,5 +46,6 @@ __all__ = [
     "TABLES",
     "parse_memory_limit",
     "default_profile_name",
+    "check_distinct",
     "strategy_labels",
 ]

@@ -25,15 +25,15 @@ from typing import Callable, NamedTuple, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from .. import __version__
 from .store import Profile
+from .palette import BYTE_UNIT, MIB, PALETTE, REFERENCE_COLOR, legend_below
 from .summary import full_cache_bytes_per_token, summarize, verdict
 
-PALETTE = qualitative.Dark24  # 24 distinct colours, assigned in strategy order
+PLOT_PX = 340  # the plot area's height; each figure's legend, under it, adds its own rows
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Line(NamedTuple):
 
 
 class MemoryInfo(NamedTuple):
-    used: list[Line]
+    used: list[Line]  # values in MiB (2^20 bytes), as every byte axis and table of the app and report
     allocated: list[Line]
     reference: list[Line]  # the full cache holding every token so far, per profile (dtype in the label)
 
@@ -89,6 +89,7 @@ def _labelled(runs: Sequence[ReportRun]) -> list[tuple[ReportRun, str, str, str]
     for run, name in zip(runs, names):
         for s in run.strategies:
             label = s if len(runs) == 1 else f"{name} / {s}"
+            # The app's colours: the same palette over the same order (cachelib.profile.palette).
             out.append((run, s, label, PALETTE[len(out) % len(PALETTE)]))
     return out
 
@@ -105,7 +106,7 @@ def memory_info(runs: Sequence[ReportRun]) -> MemoryInfo:
         for out, column in ((used, "cache_bytes_used"), (allocated, "cache_bytes_allocated")):
             steps, values = _series(run.steps, strategy, column)
             if steps:
-                out.append(Line(label, color, steps, values))
+                out.append(Line(label, color, steps, [v / MIB for v in values]))
     curves: dict[tuple, list[str]] = {}  # one line per distinct curve, naming the profiles it stands for
     for run, name in zip(runs, _unique([r.name for r in runs])):
         per_token = full_cache_bytes_per_token(run.meta)
@@ -118,7 +119,7 @@ def memory_info(runs: Sequence[ReportRun]) -> MemoryInfo:
     for (dtype, steps, values), names in curves.items():
         what = f"full cache, {dtype}".rstrip(", ")
         label = what if len(runs) == 1 else f"{what} ({', '.join(names)})"
-        reference.append(Line(label, "#888888", list(steps), list(values)))
+        reference.append(Line(label, REFERENCE_COLOR, list(steps), [v / MIB for v in values]))
     return MemoryInfo(used, allocated, reference)
 
 
@@ -157,16 +158,11 @@ def _scatter(line: Line, name: str, dash: str = "solid", group: str | None = Non
     )  # fmt: skip
 
 
-def _layout(fig: go.Figure, title: str) -> go.Figure:
-    # The legend sits under the plot, in its own space that grows with the entries (about three
-    # a row): it never covers a line or an axis title, however many strategies there are.
-    entries = sum(1 for tr in fig.data if tr.showlegend is not False)
-    rows = -(-entries // 3)
-    fig.update_layout(
-        title=title, template="plotly_white", height=380 + 22 * rows, margin=dict(l=60, r=20, t=60, b=60 + 22 * rows),
-        legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.01, xanchor="left", x=0),
-    )  # fmt: skip
-    return fig
+def _layout(fig: go.Figure, title: str, plot_px: int = PLOT_PX) -> go.Figure:
+    # The legend sits under the plot, one entry a row, in room of its own: the plot keeps its
+    # size and no line or axis title is covered, however many strategies there are.
+    fig.update_layout(title=title, template="plotly_white", margin=dict(l=60, r=20))
+    return legend_below(fig, plot_px, top=60, bottom=50)
 
 
 def memory_plot(info: MemoryInfo) -> go.Figure:
@@ -180,7 +176,7 @@ def memory_plot(info: MemoryInfo) -> go.Figure:
     for line in info.reference:
         fig.add_trace(_scatter(line, line.label, dash="dot"))
     fig.update_xaxes(title="step")
-    fig.update_yaxes(title="bytes (all layers)")
+    fig.update_yaxes(title=f"{BYTE_UNIT} (all layers)")  # binary units, as the summary table's
     return _layout(fig, "Cache memory: used (solid), allocated (dashed), full cache (dotted)")
 
 
@@ -193,7 +189,7 @@ def quality_plot(info: QualityInfo) -> go.Figure:
     fig.update_yaxes(title="KL (nats)", row=1, col=1)
     fig.update_yaxes(title="top-1 agreement", tickformat=".0%", range=[0, 1.02], row=2, col=1)
     fig.update_xaxes(title="step", row=2, col=1)
-    return _layout(fig, "Quality vs the baseline: KL per step, and top-1 agreement so far")
+    return _layout(fig, "Quality vs the baseline: KL per step, and top-1 agreement so far", PLOT_PX + 100)
 
 
 def speed_plot(info: SpeedInfo) -> go.Figure:
@@ -316,7 +312,8 @@ def report_html(
     if not runs:
         raise ValueError("a report needs at least one profile")
     decoders = list(decode) if isinstance(decode, Sequence) else [decode] * len(runs)
-    title = title or "cachelib comparison: " + " + ".join(r.name for r in runs)
+    title = title or (f"cachelib profile: {runs[0].name}" if len(runs) == 1
+                      else "cachelib comparison: " + " + ".join(r.name for r in runs))
     body = [f"<h1>{_e(title)}</h1>",
             f"<p class='note'>Made by cachelib {_e(__version__)} on {_now()}. Every number below was measured "
             "on the model, backend and dtype named with it.</p>"]  # fmt: skip

@@ -49,7 +49,7 @@ from ..spec import Spec, parse_spec
 from .backends import probe_for
 from .evaluate import DEFAULT_PREFILL_CHUNK, check_limit, resolve_texts, teacher_forced_logits, teacher_forced_logits_rows
 from .evaluation import Evaluation, typed_frame
-from .run import strategy_labels
+from .run import check_distinct, strategy_labels
 
 KIND = "retrieval"
 TASKS = ("passkey", "copy")
@@ -232,6 +232,7 @@ def retrieval(
         backend = model.info.backend
     for spec in specs:
         spec.check_backend(backend)
+    check_distinct(specs)
     contexts = [_check_int("context", c, 2) for c in _listed("contexts", contexts)]
     depths = [_check_depth(d) for d in _listed("depths", depths)]
     trials = _check_int("trials", trials, 1)

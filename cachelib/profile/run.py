@@ -71,8 +71,28 @@ class _Strategy:
         return self.views
 
 
+def check_distinct(specs: Sequence[Spec | None]) -> None:
+    """Refuse a strategy given twice (the same name and effective knobs, :attr:`Spec.key`), with
+    one line naming both places (numbered from 1; None stands for a place not filled in yet): a
+    profile names each strategy once, so what is written can be read back. Every entry point
+    (library, CLI, app) applies this before anything runs."""
+    first: dict[tuple, int] = {}
+    for i, spec in enumerate(specs):
+        if spec is None:
+            continue
+        j = first.setdefault(spec.key, i)
+        if j != i:
+            where = "the baseline" if j == 0 else f"strategy {j + 1}"
+            same = "" if str(specs[j]) == str(spec) else f" ({specs[j]})"
+            raise ValueError(
+                f"strategy {i + 1} ({spec}) repeats {where}{same}: a run compares each strategy once; "
+                "change a knob or remove the copy"
+            )
+
+
 def strategy_labels(specs: Sequence[Spec]) -> list[str]:
-    """Canonical spec text per strategy; repeats get ``#2``, ``#3`` so every label is unique."""
+    """Canonical spec text per strategy; repeats get ``#2``, ``#3`` so every label is unique
+    (:func:`run_profile` refuses repeats, :func:`check_distinct`; other callers may label them)."""
     seen: dict[str, int] = {}
     out = []
     for spec in specs:
@@ -117,6 +137,7 @@ def run_profile(
     specs = [parse_spec(s) for s in strategies]
     if not specs:
         raise ValueError("give at least one strategy (the first is the baseline)")
+    check_distinct(specs)
     if isinstance(model, LoadedModel):
         backend = model.info.backend
     for spec in specs:

@@ -579,8 +579,13 @@ def _checked_meta(long: pd.DataFrame, label: str, source=None) -> dict[str, str]
             value = None
         if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
             raise bad(key, f"{_short(meta[key])} is not a JSON list of strategy names")
-        if len(set(value)) != len(value):
-            raise bad(key, f"{_short(meta[key])} names a strategy twice")
+        # Strategy names are unique (a run refuses a repeated strategy; files of older versions
+        # named a copy "spec#2"); "specs" may repeat a spec text only as such a labelled copy.
+        repeated = next((v for v in value if value.count(v) > 1), None)
+        if repeated is not None and key == "strategies":
+            raise bad(key, f"{_short(meta[key])} names the strategy {repeated!r} twice; each strategy needs its own name")
+    if "specs" in meta and len(json.loads(meta["specs"])) != len(json.loads(meta["strategies"])):
+        raise bad("specs", f"{_short(meta['specs'])} does not give one spec per strategy of {_short(meta['strategies'])}")
     if meta["baseline"] not in json.loads(meta["strategies"]):
         raise bad("baseline", f"{_short(meta['baseline'])} is not one of the run's strategies")
     if meta.get("probes"):

@@ -91,9 +91,12 @@ def test_memory_figure_draws_used_and_allocated_per_strategy_in_mib():
     colors = figures.strategy_colors([A, B])
     assert by[B, "used"]["line"]["color"] == by[B, "allocated"]["line"]["color"] == colors[B]
     assert by[B, "allocated"]["line"]["dash"] == "dash"
-    # One legend entry per strategy (not one per line), in a legend right of the plot area.
+    # One legend entry per strategy (not one per line), in a legend under the plot area that
+    # grows the figure (the plot keeps its height, however many entries).
     assert [t["name"] for t in fig["data"] if t.get("showlegend") is not False] == [A, B]
-    assert fig["layout"]["legend"]["x"] >= 1 and fig["layout"]["legend"]["xanchor"] == "left"
+    legend, margin = fig["layout"]["legend"], fig["layout"]["margin"]
+    assert legend["yref"] == "container" and legend["y"] == 0 and legend["yanchor"] == "bottom"
+    assert fig["layout"]["height"] - margin["t"] - margin["b"] == charts.PLOT_PX
 
 
 def sampled_steps_table(every: int = 4, last: int = 9):
@@ -272,8 +275,15 @@ def test_quant_error_bars_show_the_nearest_recorded_step_at_or_before():
 
 def test_sampled_speed_lines_keep_only_the_timed_steps():
     steps = sampled_steps_table().assign(tokens_per_second=lambda f: f["step"].where(f["step"] % 2 == 0) * 1.0)
+    steps.loc[steps["strategy"] == B, "tokens_per_second"] *= 2  # each strategy timed on its own
     info = charts._speed_info(steps, [A, B])
     assert [s.step.tolist() for s in info.series] == [[2, 4, 6, 8]] * 2  # decode steps the probe timed
+
+
+def test_strategies_of_one_batch_share_one_speed_line():
+    steps = sampled_steps_table().assign(tokens_per_second=lambda f: f["step"].where(f["step"] % 2 == 0) * 1.0)
+    info = charts._speed_info(steps, [A, B])  # the same tokens/s at every step: one forward for both
+    assert [s.strategy for s in info.series] == [f"one batch of 2: {A}, {B}"]
 
 
 def test_the_sampling_caption_names_the_charted_probes_that_were_sampled():

@@ -123,11 +123,11 @@ def test_the_figures_draw(kept_profile):
     slots, layers = _tables(kept_profile)
     for strategy in (RING, SNAPKV, H2O):
         fig = plain(kc.kept_layers_figure(slots, layers, strategy, 5).to_dict())
-        assert fig["layout"]["title"]["text"].startswith(f"kept positions per layer · {strategy} · step 5")
+        assert fig["layout"]["title"]["text"].startswith(f"kept positions per layer<br><sup>{strategy} · step 5")
         assert np.asarray(fig["data"][0]["z"]).shape == (4, _offset(layers, strategy, 5, 0))
         assert any(str(t.get("name", "")).startswith("end of the prompt") for t in fig["data"])
         fig = plain(kc.kept_steps_figure(slots, layers, strategy, 1, STEPS - 1).to_dict())
-        assert fig["layout"]["title"]["text"].startswith(f"kept positions over the run · {strategy} · layer 1")
+        assert fig["layout"]["title"]["text"].startswith(f"kept positions over the run<br><sup>{strategy} · layer 1")
         assert np.asarray(fig["data"][0]["z"]).shape == (_offset(layers, strategy, STEPS - 1, 1), STEPS)
     empty = kc.kept_layers_figure(slots, layers, "standard", 5).to_dict()
     assert "no slot table" in empty["layout"]["annotations"][0]["text"]
@@ -144,8 +144,8 @@ def test_inspector_draws_the_kept_positions(profiles_dir, kept_profile):
         at.select_slider(key=Keys.INSP_STEP).set_value(8).run()
         assert not at.exception
         titles = [f["layout"]["title"]["text"] for f in plotly_figures(at)]
-        assert any(t.startswith(f"kept positions per layer · {strategy} · step 8") for t in titles), titles
-        assert any(t.startswith(f"kept positions over the run · {strategy} · layer 0 · steps 0–8") for t in titles)
+        assert any(t.startswith(f"kept positions per layer<br><sup>{strategy} · step 8") for t in titles), titles
+        assert any(t.startswith(f"kept positions over the run<br><sup>{strategy} · layer 0 · steps 0–8") for t in titles)
     at.selectbox(key=Keys.INSP_STRATEGY).set_value("standard").run()
     assert not at.exception
     assert any("recorded no slot table" in c.value for c in at.caption)

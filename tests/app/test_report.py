@@ -81,12 +81,12 @@ def test_memory_lines_join_the_sampled_steps_of_a_profile_recorded_with_memory_e
     recorded = steps[(steps["strategy"] == "standard") & steps["cache_bytes_used"].notna()]
     standard = next(line for line in info.used if line.label == "standard")
     assert standard.steps == recorded["step"].tolist() and len(standard.steps) == 65  # 0, 4, ..., 252 and 255
-    assert standard.values == recorded["cache_bytes_used"].astype(float).tolist()
+    assert standard.values == (recorded["cache_bytes_used"].astype(float) / 2**20).tolist()  # MiB, binary
     assert [line.label for line in info.used] == example.strategies
     assert len({line.color for line in info.used}) == len(example.strategies)  # one colour per strategy
     (reference,) = info.reference
     assert reference.label == "full cache, float32"
-    assert reference.values[-1] == 46_080 * 301  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes, 301 tokens
+    assert reference.values[-1] == 46_080 * 301 / 2**20  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes, 301 tokens
     assert standard.values[-1] == reference.values[-1]  # the standard cache uses exactly the full cache's bytes
 
 
@@ -215,3 +215,52 @@ def test_streams_markdown_styles_the_departure_and_escapes_the_text():
     assert segments_markdown(segments) == (
         r" \*\*not bold\*\* " + r" :orange-background[**\[x\](y)**]" + " ~~ok~~" + "\n"
     )
+
+
+def _app_colors(views) -> dict[str, str]:
+    """Strategy -> colour as the app's charts draw it (the combined view of the loaded profiles)."""
+    from app.charts import cache_memory_figure
+    from app.data import combine, run_view
+    from app.figures import strategy_colors
+
+    view = combine(views)
+    fig = cache_memory_figure(view.steps, view.strategies, None, strategy_colors(view.strategies), small_multiples=False)
+    return {t.name: t.line.color for t in fig.data if t.meta == "used"}
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_report_gives_each_strategy_the_apps_colour_binary_byte_axes_and_a_title_that_counts(example, count):
+    from app.data import run_view
+    from cachelib.profile.report import report_figures
+
+    torch = load_profile(ROOT / "profiles" / "examples" / "smollm2-torch-256t.csv", name="smollm2-torch-256t")
+    profiles = [(example, "smollm2-mlx-256t"), (torch, "smollm2-torch-256t")][:count]
+    app = _app_colors([run_view(p, n) for p, n in profiles])
+    runs = [ReportRun.of(p, n) for p, n in profiles]
+    figures = report_figures(runs)
+    report = {t.name: t.line.color for t in figures["memory"].data if t.line.dash == "solid"}
+    assert len(app) == sum(len(p.strategies) for p, _ in profiles) and report == app
+    quality = {t.name: t.line.color for t in figures["quality"].data if t.showlegend is not False}
+    assert all(app[name] == color for name, color in quality.items())
+    assert figures["memory"].layout.yaxis.title.text.startswith("MiB")  # 2^20 bytes, as the summary table
+    top = max(max(t.y) for t in figures["memory"].data)
+    assert 1 < top < 2**14  # MiB, not bytes (~13.9 MiB for 301 float32 tokens)
+    page = report_html(runs)
+    title = re.search(r"<h1>(.*?)</h1>", page).group(1)
+    assert title == ("cachelib profile: smollm2-mlx-256t" if count == 1 else
+                     "cachelib comparison: smollm2-mlx-256t + smollm2-torch-256t")  # fmt: skip
+
+
+def test_report_figures_keep_their_plot_size_and_every_legend_entry_however_many_series(example):
+    from cachelib.profile.palette import LEGEND_ROW
+    from cachelib.profile.report import report_figures
+
+    torch = load_profile(ROOT / "profiles" / "examples" / "smollm2-torch-256t.csv")
+    one = report_figures([ReportRun.of(example, "mlx")])
+    two = report_figures([ReportRun.of(example, "mlx"), ReportRun.of(torch, "torch")])
+    for name in one:
+        a, b = one[name].layout, two[name].layout
+        plot_a, plot_b = a.height - a.margin.t - a.margin.b, b.height - b.margin.t - b.margin.b
+        assert plot_a == plot_b  # the plot keeps its height; the legend below adds its rows
+        entries = sum(1 for t in two[name].data if t.showlegend is not False and t.name)
+        assert b.legend.orientation == "v" and b.legend.yref == "container" and b.margin.b >= entries * LEGEND_ROW
