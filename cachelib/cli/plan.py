@@ -24,6 +24,7 @@ from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request
 from ..plan.runtimes import describe_layout, runtime_names
 from ..plan.device import WEIGHT_FORMATS
 from ..plan.solver import Fit
+from ..plan.speed import SpeedReport, speed_report
 
 CSV_COLUMNS = (
     "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",
@@ -90,6 +91,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-agreement", type=finite_float(0.0, 1.0),
                         help="recommend the cheapest strategy with top-1 agreement at least this (0..1)")  # fmt: skip
     parser.add_argument("--csv", type=Path, metavar="FILE", help="also write the table as CSV (raw bytes)")
+    add_speed_arguments(parser)
+
+
+def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..plan.hardware import hardware_names
+
+    parser.add_argument("--hardware", metavar="NAME",
+                        help=f"plan decode tokens/s and time to first token on this device: {', '.join(hardware_names())} "
+                        "(cpu: this machine, probed)")  # fmt: skip
+    parser.add_argument("--min-tokens-per-s", type=float, metavar="X",
+                        help="also answer: the most sessions that each decode at >= X tokens/s (needs --hardware)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,7 +121,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
         weights_dtype=args.weights_dtype, runtime=args.runtime, tp=args.tp, pp=args.pp, kv_format=args.kv_format,
         device=args.device, sessions=args.sessions, solve=args.solve, max_kl=args.max_kl,
-        min_agreement=args.min_agreement,
+        min_agreement=args.min_agreement, hardware=args.hardware, min_tokens_per_s=args.min_tokens_per_s,
     )  # fmt: skip
 
 
@@ -151,6 +163,9 @@ def _run(args: argparse.Namespace) -> None:
         print("recommendation: " + result.recommendation.text)
         for spec, why in result.skipped.items():
             print(f"measured but not plannable here: {spec} ({why})")
+    if request.hardware is not None:
+        print()
+        print(format_speed(speed_report(arch, request, fits, flash_attn=getattr(request, "flash_attn", True)), request))
     if args.layers:
         for spec in request.strategies:
             print()
@@ -191,6 +206,36 @@ SESSIONS_TEXT = (
     "conversations of this context served concurrently (one prefills while the others hold their cache), "
     "so sessions can exceed the max batch"
 )
+
+
+def format_speed(report: SpeedReport, request: PlanRequest) -> str:
+    """The speed table (one row per strategy at the sessions it fits), what a step reads, the
+    speed-ups and, with a threshold, the most sessions at that speed."""
+    hw, eff = report.hardware, report.efficiency
+    lines = [f"speed on {hw.name}: {hw.bandwidth / 1e9:,.0f} GB/s" + (
+        f", {hw.compute(request.dtype if request.dtype != 'float32' else 'float32') / 1e12:,.1f} TFLOP/s"
+        if hw.compute("float16") else "") + f" ({'; '.join(hw.sources)})",
+        f"  runtime reaches {eff.bandwidth_fraction:.0%} of the bandwidth, {eff.compute_fraction:.0%} of the compute, "
+        f"+{eff.overhead_s * 1e3:.2f} ms per step, interval +-{eff.spread:.0%}: {eff.source}"]  # fmt: skip
+    rows = report.rows()
+    head = ["strategy", "sessions", "tok/s/session", "interval", "tok/s all", "tok/s/device", "TTFT s", "step GB", "bound"]
+    keys = ["strategy", "sessions", "tokens/s per session", "interval", "tokens/s aggregate", "tokens/s per device",
+            "time to first token s", "step GB read", "bound"]  # fmt: skip
+    if report.most_sessions:
+        head.append(f">= {request.min_tokens_per_s:g} tok/s")
+        keys.append("sessions at min tokens/s")
+    table = [[("-" if r.get(k) is None else str(r.get(k))) for k in keys] for r in rows]
+    widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head))]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(t, widths))) for t in table]
+    lines += [s.explain() for s in report.speeds]
+    lines += report.speedups
+    for spec, (n, fit_n) in report.most_sessions.items():
+        cap = "" if fit_n is None else f" (memory fits {fit_n})"
+        lines.append(f"most sessions at >= {request.min_tokens_per_s:g} tokens/s each: {spec}: {n}{cap}")
+    if hw.note:
+        lines.append(f"note: {hw.note}")
+    return "\n".join(lines)
 
 
 def _limit_text(fit: Fit) -> str:

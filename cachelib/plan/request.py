@@ -88,6 +88,8 @@ class PlanRequest:
     solve: str | None = None  # "max_kv_size" | "bits": search the strategy knob that fits the sessions
     max_kl: float | None = None  # recommend the cheapest strategy with mean KL at most this (nats)
     min_agreement: float | None = None  # ... and/or top-1 agreement at least this (0..1)
+    hardware: str | None = None  # a device of cachelib.plan.hardware (or "cpu", probed): plan the speed on it
+    min_tokens_per_s: float | None = None  # the most sessions that each decode at least this fast
 
     def __post_init__(self) -> None:
         specs = tuple(parse_spec(s) for s in self.strategies)
@@ -125,6 +127,17 @@ class PlanRequest:
                 raise ValueError(f"unknown --solve {self.solve!r}; allowed: {', '.join(SOLVE)}")
             if self.sessions is None or self.budget_bytes is None:
                 raise ValueError(f"--solve {self.solve} needs --sessions N and --budget (what must fit, and where)")
+        self._check_speed()
+
+    def _check_speed(self) -> None:
+        """The speed fields: a known hardware name; a speed threshold >= 0 that has hardware."""
+        from .hardware import hardware_names
+
+        if self.hardware is not None and self.hardware not in hardware_names():
+            raise ValueError(f"unknown hardware {self.hardware!r}; allowed: {', '.join(hardware_names())}")
+        _check_number("--min-tokens-per-s", self.min_tokens_per_s, integer=False, lo=0, optional=True)
+        if self.min_tokens_per_s is not None and self.hardware is None:
+            raise ValueError(f"--min-tokens-per-s needs --hardware NAME; allowed: {', '.join(hardware_names())}")
 
     @property
     def recommending(self) -> bool:
@@ -260,6 +273,10 @@ class PlanRequest:
             args += ["--max-kl", _number(self.max_kl)]
         if self.min_agreement is not None:
             args += ["--min-agreement", _number(self.min_agreement)]
+        if self.hardware is not None:
+            args += ["--hardware", self.hardware]
+        if self.min_tokens_per_s is not None:
+            args += ["--min-tokens-per-s", _number(self.min_tokens_per_s)]
         return args
 
 
