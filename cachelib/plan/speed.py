@@ -229,6 +229,7 @@ def published_efficiency(runtime: str, kind: str) -> Efficiency | None:
 
 # Runtimes without published measurements fitted here borrow another's fit, said so, with a wider interval.
 BORROW = {("vllm", "cuda"): ("llama.cpp", "cuda"), ("transformers", "cuda"): ("llama.cpp", "cuda"),
+          ("cachelib-torch", "cuda"): ("llama.cpp", "cuda"), ("cachelib-mlx", "cuda"): ("llama.cpp", "cuda"),
           ("mlx-lm", "apple"): ("llama.cpp", "apple"), ("cachelib-mlx", "apple"): ("llama.cpp", "apple")}  # fmt: skip
 
 

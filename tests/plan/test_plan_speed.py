@@ -185,3 +185,28 @@ def test_cli_prints_speed_and_errors_in_one_line(capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
         assert "allowed: h100-sxm" in err[0] or "must be >= 0" in err[0]
+
+
+@pytest.mark.slow
+def test_planner_page_speed_agrees_with_the_cli(capsys):
+    """The Planner page's speed table on an H100 equals what the command it shows prints with
+    ``--hardware h100-sxm``."""
+    import shlex
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from cachelib.cli import main as cli_main
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app" / "main.py"), default_timeout=90)
+    at.run()
+    at.switch_page("views/planner.py").run()
+    at.selectbox(key="plan_hardware").set_value("h100-sxm").run()
+    assert not at.exception and not at.error
+    table = next(d.value for d in at.dataframe if "tokens/s per session" in d.value.columns)
+    assert cli_main([*shlex.split(at.code[0].value)[3:], "--hardware", "h100-sxm"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("strategy") and "tok/s/session" in line)
+    cli_rows = {line.split()[0]: float(line.split()[2]) for line in out[start + 1 : start + 1 + len(table)]}
+    for _, row in table.iterrows():
+        assert cli_rows[row["strategy"]] == pytest.approx(row["tokens/s per session"])
