@@ -38,7 +38,8 @@ def speed_frontier_figure(points: Sequence[FrontierPoint], strategies: Sequence[
         color = colors.get(spec, "#888")
         band = pd.concat([rows, rows.iloc[::-1]])
         fig.add_scatter(x=band.sessions, y=list(rows.high) + list(rows.low.iloc[::-1]), fill="toself", line_width=0,
-                        fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False, legendgroup=spec)  # fmt: skip
+                        fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False,
+                        legendgroup=spec)  # fmt: skip
         for fits, dash in ((True, "solid"), (False, "dot")):
             part = rows[rows.fits == fits]
             if part.empty:
@@ -83,6 +84,6 @@ def speed_section(planned) -> None:
     st.dataframe(pd.DataFrame(report.rows()), hide_index=True, width="stretch", key="plan_speed_table")
     for line in [s.explain() for s in report.speeds] + report.speedups:
         st.caption(line)
-    fig = speed_frontier_figure(points, [f.spec for f in fits], min_tokens_per_s=wanted,
-                                title=f"Sessions against tokens/s per session at {request.context:,} tokens on {name}")  # fmt: skip
+    title = f"Sessions against tokens/s per session at {request.context:,} tokens on {name}"
+    fig = speed_frontier_figure(points, [f.spec for f in fits], min_tokens_per_s=wanted, title=title)
     st.plotly_chart(fig, key="plan_speed_frontier")

@@ -63,7 +63,8 @@ def _fill_direct(backend: str, cache, arch, batch: int, context: int, chunk: int
 
         for a in range(0, context, chunk):
             n = min(chunk, context - a)
-            k, v = mx.array(rng.standard_normal(shape(n), dtype=np.float32)), mx.array(rng.standard_normal(shape(n), dtype=np.float32))
+            k = mx.array(rng.standard_normal(shape(n), dtype=np.float32))
+            v = mx.array(rng.standard_normal(shape(n), dtype=np.float32))
             for c in cache:
                 c.update_and_fetch(k, v)
             mx.eval([c.state for c in cache])
@@ -115,11 +116,14 @@ def main() -> None:
     ap.add_argument("--contexts", default="256,1024,2048,8192")
     ap.add_argument("--calibrate", default="256,1024", help="contexts the fit uses (the rest are checked)")
     ap.add_argument("--batches", default="1,4")
-    ap.add_argument("--max-batch-context", type=int, default=8192, help="batch > 1 only up to this context (RAM, time)")
+    ap.add_argument("--max-batch-context", type=int, default=2048, help="batch > 1 only up to this context (RAM, time)")
     ap.add_argument("--max-prefill", type=int, default=2048,
                     help="prefill through the model up to this context; longer caches are filled through their own "
                     "update with random K/V (the decode step is timed the same; its prefill is not)")  # fmt: skip
     ap.add_argument("--prefill-batches", action="store_true", help="prefill batch > 1 through the model too")
+    ap.add_argument("--prefill-strategies", nargs="+", default=list(STRATEGIES),
+                    help="strategies whose prompt goes through the model (the others' caches are filled "
+                    "directly)")  # fmt: skip
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--save", action="store_true", help=f"keep each backend's standard fit in {PROBE_CACHE}")
@@ -143,7 +147,8 @@ def main() -> None:
             cases = [(b, c) for c in contexts for b in batches if b == 1 or c <= args.max_batch_context]
             measured = {}
             for b, c in cases:
-                direct = c > args.max_prefill or b > 1 and not args.prefill_batches
+                direct = (c > args.max_prefill or b > 1 and not args.prefill_batches
+                          or spec not in args.prefill_strategies)  # fmt: skip
                 pre, steps, p_pre, p_dec = run_case(loaded, backend, arch, spec, b, c, args.chunk, args.steps, direct)
                 measured[(b, c)] = (pre, statistics.median(steps), p_pre, p_dec)
 
@@ -190,7 +195,8 @@ def main() -> None:
                     lo, hi = cs[0], cs[-1]
                     ms = measured[(b, hi)][1] / measured[(b, lo)][1]
                     ps = preds[(b, hi)] / preds[(b, lo)]
-                    print(f"  batch {b}: slowdown {lo}->{hi}: predicted x{ps:.2f}, measured x{ms:.2f} ({ps / ms - 1:+.1%})")
+                    print(f"  batch {b}: slowdown {lo}->{hi}: predicted x{ps:.2f}, measured x{ms:.2f} "
+                          f"({ps / ms - 1:+.1%})")  # fmt: skip
                     summary.append((backend, spec, b, f"slowdown {lo}->{hi}", ps / ms - 1, None))
             print(flush=True)
         del loaded

@@ -218,7 +218,8 @@ def format_speed(report: SpeedReport, request: PlanRequest) -> str:
         f"  runtime reaches {eff.bandwidth_fraction:.0%} of the bandwidth, {eff.compute_fraction:.0%} of the compute, "
         f"+{eff.overhead_s * 1e3:.2f} ms per step, interval +-{eff.spread:.0%}: {eff.source}"]  # fmt: skip
     rows = report.rows()
-    head = ["strategy", "sessions", "tok/s/session", "interval", "tok/s all", "tok/s/device", "TTFT s", "step GB", "bound"]
+    head = ["strategy", "sessions", "tok/s/session", "interval", "tok/s all", "tok/s/device", "TTFT s", "step GB",
+            "bound"]  # fmt: skip
     keys = ["strategy", "sessions", "tokens/s per session", "interval", "tokens/s aggregate", "tokens/s per device",
             "time to first token s", "step GB read", "bound"]  # fmt: skip
     if report.most_sessions:

@@ -59,16 +59,18 @@ def _gpu(name, bandwidth_gbs, fp16_tflops, memory_gb, *, fp8=None, fp32=None, li
 
 H100 = "https://www.nvidia.com/en-us/data-center/h100/"  # H100 datasheet (SXM and PCIe/NVL columns)
 H200 = "https://www.nvidia.com/en-us/data-center/h200/"
-A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 L40S = "https://www.nvidia.com/en-us/data-center/l40s/"
 A10 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf"
 ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"  # RTX 4090, table 2
 GA102 = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"  # RTX 3090
-M1_PRO_MAX = "https://www.apple.com/newsroom/2021/10/introducing-m1-pro-and-m1-max-the-most-powerful-chips-apple-has-ever-built/"
-M1_ULTRA = "https://www.apple.com/newsroom/2022/03/apple-unveils-m1-ultra-the-worlds-most-powerful-chip-for-a-personal-computer/"
-M2_PRO_MAX = "https://www.apple.com/newsroom/2023/01/apple-unveils-m2-pro-and-m2-max-next-generation-chips-for-next-level-workflows/"
+NEWS = "https://www.apple.com/newsroom/"
+M1_PRO_MAX = NEWS + "2021/10/introducing-m1-pro-and-m1-max-the-most-powerful-chips-apple-has-ever-built/"
+M1_ULTRA = NEWS + "2022/03/apple-unveils-m1-ultra-the-worlds-most-powerful-chip-for-a-personal-computer/"
+M2_PRO_MAX = NEWS + "2023/01/apple-unveils-m2-pro-and-m2-max-next-generation-chips-for-next-level-workflows/"
 M2_ULTRA = "https://www.apple.com/newsroom/2023/06/apple-introduces-m2-ultra/"
-M3 = "https://www.apple.com/newsroom/2023/10/apple-unveils-m3-m3-pro-and-m3-max-the-most-advanced-chips-for-a-personal-computer/"
+M3 = NEWS + "2023/10/apple-unveils-m3-m3-pro-and-m3-max-the-most-advanced-chips-for-a-personal-computer/"
 M3_ULTRA = "https://www.apple.com/newsroom/2025/03/apple-reveals-m3-ultra-taking-apple-silicon-to-a-new-extreme/"
 M4 = "https://www.apple.com/newsroom/2024/05/apple-introduces-m4-chip/"
 M4_PRO_MAX = "https://www.apple.com/newsroom/2024/10/apple-introduces-m4-pro-and-m4-max/"
@@ -77,7 +79,8 @@ M4_PRO_MAX = "https://www.apple.com/newsroom/2024/10/apple-introduces-m4-pro-and
 def _apple(name, bandwidth_gbs, memory_gb, source, fp32_tflops=None):
     # Apple publishes FP32 TFLOPS for the M1 family only; its GPUs issue FP16 at the FP32 rate.
     flops = {} if fp32_tflops is None else {"float32": fp32_tflops * T, "float16": fp32_tflops * T}
-    note = "" if fp32_tflops else "Apple publishes no FLOPs for this chip: decode is planned bandwidth-bound, prefill is not predicted"
+    note = "" if fp32_tflops else ("Apple publishes no FLOPs for this chip: decode is planned bandwidth-bound, "
+                                   "prefill is not predicted")
     return Hardware(name, "apple", bandwidth_gbs * GBS, flops, int(memory_gb * 1e9), None, (source,), note)
 
 
@@ -93,7 +96,8 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
          note="the A10 datasheet: AWS's A10G has no NVIDIA sheet of its own"),
     _gpu("rtx-4090", 1008, 165.2, 24, fp8=330.3, fp32=82.6, link_gbs=32, sources=(ADA,),
          note="FP16 tensor with FP32 accumulate, dense"),
-    _gpu("rtx-3090", 936, 71, 24, fp32=35.6, link_gbs=32, sources=(GA102,), note="FP16 tensor with FP32 accumulate, dense"),
+    _gpu("rtx-3090", 936, 71, 24, fp32=35.6, link_gbs=32, sources=(GA102,),
+         note="FP16 tensor with FP32 accumulate, dense"),
     _apple("m1-pro", 200, 32, M1_PRO_MAX, 5.2),
     _apple("m1-max", 400, 64, M1_PRO_MAX, 10.4),
     _apple("m1-ultra", 800, 128, M1_ULTRA, 21),

@@ -111,7 +111,8 @@ def _active_params(arch: Arch, tp: int) -> tuple[float, float]:
 
 
 def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int, tuple[int, ...]],
-              weights_bytes: int, quantized: bool, materialised: bool, all_logits: bool, tp: int = 1) -> StepCost:  # fmt: skip
+              weights_bytes: int, quantized: bool, materialised: bool, all_logits: bool,
+              tp: int = 1) -> StepCost:  # fmt: skip
     """One forward of ``rows`` sessions x ``tokens`` new tokens over caches that hold ``held``
     (bytes per session, tokens per attention layer) after it, on one device of ``tp``."""
     kv_per_row, layer_tokens = held
@@ -131,7 +132,8 @@ def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int
     attn_flops = 4 * heads * dim * visible * rows
     deq_flops = 2 * rows * sum(layer_tokens) * arch.kv_heads / tp * (arch.key_dim + arch.value_dim) if quantized else 0
     score_bytes = int(4 * 4 * heads * visible * rows) if materialised else 0  # float32 scores and probs, out and in
-    comm = 2 * arch.num_layers * rows * tokens * arch.hidden_size * 2 if tp > 1 else 0  # 2 all-reduces per layer, 16-bit
+    # 2 all-reduces per layer of the 16-bit hidden states
+    comm = 2 * arch.num_layers * rows * tokens * arch.hidden_size * 2 if tp > 1 else 0
     return StepCost(int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm)
 
 
@@ -258,7 +260,8 @@ def efficiency(runtime: str | None, backend: str, hw: Hardware) -> Efficiency:
     if other is not None:
         base = published_efficiency(*other)
         return replace(base, spread=max(base.spread, BORROWED_SPREAD),
-                       source=f"borrowed from {other[0]} on {other[1]} ({base.source}); no {key} measurement fitted")  # fmt: skip
+                       source=f"borrowed from {other[0]} on {other[1]} ({base.source}); "
+                       f"no {key} measurement fitted")  # fmt: skip
     raise ValueError(f"no calibration of {key} on {hw.kind} devices; calibrated: "
                      + ", ".join(f"{r} on {k}" for r, k in sorted({*BORROW, *BORROW.values()})))  # fmt: skip
 
@@ -355,7 +358,8 @@ class SpeedModel:
     def _flags(self, spec: Spec) -> tuple[bool, bool]:
         """(quantized K/V, scores materialised) as this runtime runs ``spec``."""
         kv_format = self.deployment.kv_format if self.deployment is not None else None
-        quantized = spec.name in ("quantized", "kivi") or bool(dict(spec.params).get("bits")) or kv_format in ("q8_0", "q4_0", "fp8")
+        quantized = (spec.name in ("quantized", "kivi") or bool(dict(spec.params).get("bits"))
+                     or kv_format in ("q8_0", "q4_0", "fp8"))  # fmt: skip
         if self.runtime == "llama.cpp":
             return quantized, not self.flash_attn
         device = "cpu" if self.hw.kind == "cpu" else "gpu"
@@ -389,7 +393,8 @@ class SpeedModel:
             n = min(chunk, prompt - done)
             held = _prompt_held(self.arch, spec, self.r.backend, self.r.dtype, self.deployment, chunk, done + n)
             cost = step_cost(self.arch, spec, rows=rows, tokens=n, held=held, weights_bytes=self.weights,
-                             quantized=quantized, materialised=mat, all_logits=self.runtime is None, tp=self.r.tp)  # fmt: skip
+                             quantized=quantized, materialised=mat, all_logits=self.runtime is None,
+                             tp=self.r.tp)  # fmt: skip
             total += step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
             done += n
         return total
@@ -501,7 +506,8 @@ class SpeedReport:
         return out
 
 
-def speed_report(arch: Arch, request, fits, *, flash_attn: bool = True, hardware_name: str | None = None) -> SpeedReport:
+def speed_report(arch: Arch, request, fits, *, flash_attn: bool = True,
+                 hardware_name: str | None = None) -> SpeedReport:  # fmt: skip
     """Each fit's speed on ``request.hardware`` at the sessions it fits (its batch without a
     budget), the aggregate speed-ups over the first strategy, and, with
     ``request.min_tokens_per_s``, the most sessions at that speed each."""
@@ -541,13 +547,15 @@ def kv_format_comparison(arch: Arch, request, other: str, this: Speed, **kw) -> 
         fit.spec, fit.sessions or request.batch)  # fmt: skip
     fp8, dtype = (alt, this) if other == "fp8" else (this, alt)
     name = f"KV {request.dtype}"
+    agg = fp8.aggregate_tokens_per_s.value / dtype.aggregate_tokens_per_s.value
+    each = fp8.tokens_per_s.value / dtype.tokens_per_s.value
     per = [x.cost.kv_bytes / x.sessions / 1e9 for x in (dtype, fp8)]
     return [
         f"with --kv-format fp8: {fp8.sessions} sessions at {fp8.tokens_per_s.value:.1f} tokens/s each, "
         f"{fp8.aggregate_tokens_per_s.value:,.0f} in all; {name}: {dtype.sessions} at {dtype.tokens_per_s.value:.1f}, "
         f"{dtype.aggregate_tokens_per_s.value:,.0f} in all",
-        f"fp8 KV speed-up: x{fp8.aggregate_tokens_per_s.value / dtype.aggregate_tokens_per_s.value:.2f} aggregate at each "
-        f"format's maximum sessions (x{fp8.tokens_per_s.value / dtype.tokens_per_s.value:.2f} per session): a session's "
+        f"fp8 KV speed-up: x{agg:.2f} aggregate at each format's maximum sessions (x{each:.2f} per session): "
+        f"a session's "
         f"K/V is {per[1]:.2f} GB per step in fp8 against {per[0]:.2f} GB in {request.dtype} (1 byte per element "
         f"against 2), so a step of {fp8.sessions} fp8 sessions reads {fp8.cost.bytes / 1e9:.1f} GB "
         f"(weights {fp8.cost.weight_bytes / 1e9:.1f}) and one of {dtype.sessions} {request.dtype} sessions "

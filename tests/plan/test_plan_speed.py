@@ -22,9 +22,12 @@ from cachelib.plan.speed import (
 
 PR_4766_3090 = "https://github.com/ggml-org/llama.cpp/pull/4766 (JohannesGaessler, RTX 3090, master column)"
 DISC_4167 = "https://github.com/ggml-org/llama.cpp/discussions/4167 (build 8e672ef, Llama-2-7B Q4_0 3.56 GiB, tg128)"
-PR_5021 = "https://github.com/ggml-org/llama.cpp/pull/5021 (ochafik, M3 Pro 18-core GPU, Meta-Llama-3-8B-Instruct Q4_K_M 4.58 GiB)"
-PR_17505 = "https://github.com/ggml-org/llama.cpp/pull/17505 (RTX 4090, llama 8B Q4_0 4.33 GiB, -fa 1, -ub 1, pp512@d32768, master)"
-PR_17891 = "https://github.com/ggml-org/llama.cpp/pull/17891 (RTX 3090, llama 7B Q4_0 3.56 GiB, -fa 1, -ub 1, pp512@d32768)"
+PR_5021 = ("https://github.com/ggml-org/llama.cpp/pull/5021 (ochafik, M3 Pro 18-core GPU, "
+           "Meta-Llama-3-8B-Instruct Q4_K_M 4.58 GiB)")
+PR_17505 = ("https://github.com/ggml-org/llama.cpp/pull/17505 (RTX 4090, llama 8B Q4_0 4.33 GiB, -fa 1, -ub 1, "
+            "pp512@d32768, master)")
+PR_17891 = ("https://github.com/ggml-org/llama.cpp/pull/17891 (RTX 3090, llama 7B Q4_0 3.56 GiB, -fa 1, -ub 1, "
+            "pp512@d32768)")
 NORMIE_40 = "https://github.com/brand-o/normiebench/issues/40 (M1 Max, llama 3.1 8b q4_k_m, llama.cpp Metal, tg128)"
 NORMIE_3 = "https://github.com/brand-o/normiebench/issues/3 (Mac mini M4, llama 3.1 8b q4_k_m, llama.cpp Metal, tg128)"
 
