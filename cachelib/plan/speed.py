@@ -26,6 +26,8 @@ Strategies as the runtime runs them (each rule's source beside it):
 - llama.cpp's quantized V cache needs flash attention: llama.cpp refuses to create the context
   otherwise (src/llama-context.cpp: "quantized V cache requires flash_attn"); without flash
   attention llama.cpp materialises the scores too (``ggml_soft_max`` over ``kq``);
+- on torch a quantized cache (cachelib's, as transformers' ``QuantizedLayer.update``) decodes its
+  whole K/V to the dtype every update: written, then read by attention;
 - vLLM's fp8 KV stores one byte per element, half of fp16's bytes per step
   (https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html).
 """
@@ -71,10 +73,11 @@ class StepCost(NamedTuple):
     score_bytes: int  # attention scores materialised: written and read back
     flops: float
     comm_bytes: int  # tensor-parallel all-reduce payload per device
+    decoded_bytes: int = 0  # K/V decoded to the dtype for attention: written and read back
 
     @property
     def bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.score_bytes
+        return self.weight_bytes + self.kv_bytes + self.score_bytes + self.decoded_bytes
 
 
 def runtime_key(runtime: str | None, backend: str) -> str:
@@ -112,9 +115,10 @@ def _active_params(arch: Arch, tp: int) -> tuple[float, float]:
 
 def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int, tuple[int, ...]],
               weights_bytes: int, quantized: bool, materialised: bool, all_logits: bool,
-              tp: int = 1) -> StepCost:  # fmt: skip
+              tp: int = 1, decoded_itemsize: int = 0) -> StepCost:  # fmt: skip
     """One forward of ``rows`` sessions x ``tokens`` new tokens over caches that hold ``held``
-    (bytes per session, tokens per attention layer) after it, on one device of ``tp``."""
+    (bytes per session, tokens per attention layer) after it, on one device of ``tp``;
+    ``decoded_itemsize``: the quantized K/V is decoded whole at this itemsize for attention."""
     kv_per_row, layer_tokens = held
     embed, tied = _embedding_params(arch)
     read_weights = weights_bytes if tied or not arch.num_params else weights_bytes * (1 - embed / arch.num_params)
@@ -134,7 +138,10 @@ def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int
     score_bytes = int(4 * 4 * heads * visible * rows) if materialised else 0  # float32 scores and probs, out and in
     # 2 all-reduces per layer of the 16-bit hidden states
     comm = 2 * arch.num_layers * rows * tokens * arch.hidden_size * 2 if tp > 1 else 0
-    return StepCost(int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm)
+    elements = rows * sum(layer_tokens) * arch.kv_heads / tp * (arch.key_dim + arch.value_dim)
+    decoded = int(2 * elements * decoded_itemsize)
+    return StepCost(int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm,
+                    decoded)  # fmt: skip
 
 
 def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str, tp: int = 1) -> float:
@@ -355,11 +362,18 @@ class SpeedModel:
             raise ValueError(f"{arch.name} has no parameter count; give --weights-memory to plan its speed")
         self.weights = weights
 
+    def _decoded_itemsize(self, spec: Spec) -> int:
+        """On torch a quantized cache hands attention its whole K/V decoded to the dtype every
+        update (cachelib's torch quantized caches, as transformers' ``QuantizedLayer.update``):
+        written, then read back. MLX's attention reads the codes (``quantized_matmul``)."""
+        if self.r.backend == "torch" and self.runtime in (None, "transformers") and spec.key_bits is not None:
+            return check_dtype(self.r.dtype)
+        return 0
+
     def _flags(self, spec: Spec) -> tuple[bool, bool]:
         """(quantized K/V, scores materialised) as this runtime runs ``spec``."""
         kv_format = self.deployment.kv_format if self.deployment is not None else None
-        quantized = (spec.name in ("quantized", "kivi") or bool(dict(spec.params).get("bits"))
-                     or kv_format in ("q8_0", "q4_0", "fp8"))  # fmt: skip
+        quantized = spec.key_bits is not None or kv_format in ("q8_0", "q4_0", "fp8")
         if self.runtime == "llama.cpp":
             return quantized, not self.flash_attn
         device = "cpu" if self.hw.kind == "cpu" else "gpu"
@@ -372,7 +386,8 @@ class SpeedModel:
         held = _held(self.arch, spec, self.r.backend, self.r.dtype, self.deployment, self.r.prefill_chunk, context)
         quantized, mat = self._flags(spec)
         cost = step_cost(self.arch, spec, rows=sessions, tokens=1, held=held, weights_bytes=self.weights,
-                         quantized=quantized, materialised=mat, all_logits=True, tp=self.r.tp)  # fmt: skip
+                         quantized=quantized, materialised=mat, all_logits=True, tp=self.r.tp,
+                         decoded_itemsize=self._decoded_itemsize(spec))  # fmt: skip
         t = step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
         peak = self.hw.compute(self.dtype)
         bound = "compute" if peak and cost.flops / (self.eff.compute_fraction * peak) > cost.bytes / (
@@ -394,7 +409,7 @@ class SpeedModel:
             held = _prompt_held(self.arch, spec, self.r.backend, self.r.dtype, self.deployment, chunk, done + n)
             cost = step_cost(self.arch, spec, rows=rows, tokens=n, held=held, weights_bytes=self.weights,
                              quantized=quantized, materialised=mat, all_logits=self.runtime is None,
-                             tp=self.r.tp)  # fmt: skip
+                             tp=self.r.tp, decoded_itemsize=self._decoded_itemsize(spec))  # fmt: skip
             total += step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
             done += n
         return total
