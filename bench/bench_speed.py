@@ -1,25 +1,29 @@
 """Predicted against measured decode step time and prefill time on this machine's CPU: the
 planner's speed model (:mod:`cachelib.plan.speed`) with this machine's probed bandwidth and
-compute (:func:`cachelib.plan.hardware.probe_cpu`) against real decodes of the bundled
+compute (:func:`cachelib.plan.hardware.measure_cpu`) against real decodes of the bundled
 SmolLM2-135M on both backends (float32 on the CPU, weights dequantized).
 
-Each case: a strategy, a batch, a context. The prompt (random token ids) is fed in chunks of
-``--chunk`` tokens up to the context (timed: the prefill), then ``--steps`` one-token decode
-steps are timed one by one (the median is quoted). The runtime's fractions of the probed peaks
-and its per-step overhead are fitted on the calibration contexts only (``--calibrate``, default
-256 and 1,024), per backend and strategy, and the other contexts are predicted from them: the
-check. Targets (issue 31): every checked decode step within 15%, the slowdown from the smallest
-to the largest context within 15%, prefill within 25%.
+For each backend, strategy and batch, a cache is built at every context: up to
+``--max-prefill`` tokens (batch 1, the ``--prefill-strategies``) the prompt goes through the
+model in ``--chunk``-token chunks (timed: the prefill); longer or other caches are filled
+through their own update with random K/V (a decode step reads and computes the same whatever
+the values). Then ``--steps`` rounds each time one decode step of every context in turn (the
+machine's load hits them alike), with a bandwidth/compute probe per round; medians are quoted.
+The runtime's fractions of the probed peaks and its per-step overhead are fitted on the
+calibration contexts only (``--calibrate``), per backend and strategy, and every other context is
+predicted from them: the check. Targets (issue 31): every checked decode step within 15%, the
+slowdown from the smallest to the largest context within 15%, prefill within 25%.
 
-    python bench/bench_speed.py                          # both backends, 4 strategies, batch 1 and 4
-    python bench/bench_speed.py --backend mlx --contexts 256,1024,4096 --batches 1
-    python bench/bench_speed.py --save                   # keep the fit for `plan --hardware cpu`
+    PYTHONPATH=. python bench/bench_speed.py                 # both backends, 4 strategies, batch 1 and 4
+    PYTHONPATH=. python bench/bench_speed.py --backend mlx --strategies standard --batches 1 --steps 16
+    PYTHONPATH=. python bench/bench_speed.py --save          # keep the fit for `plan --hardware cpu`
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import statistics
 import time
 
@@ -79,49 +83,74 @@ def _fill_direct(backend: str, cache, arch, batch: int, context: int, chunk: int
                 cache.update(k, v, i)
 
 
-def run_case(loaded, backend: str, arch, spec: str, batch: int, context: int, chunk: int, steps: int, direct: bool,
-             seed: int = 0):  # fmt: skip
-    """(prefill seconds or None when filled directly, decode step seconds each, probe before the
-    prefill, probe before the decode) of one real run."""
-    ids = np.random.default_rng(seed).integers(0, loaded.info.vocab_size, size=(batch, context + steps))
+def _with_params(loaded, backend: str, arch):
+    """``arch`` with the loaded model's parameter count and embedding tying (the FLOPs need them)."""
+    model = loaded.model
+    if backend == "mlx":
+        from mlx.utils import tree_flatten
+
+        count = sum(v.size for _, v in tree_flatten(model.parameters()))
+        tied = bool(getattr(model.args, "tie_word_embeddings", False))
+    else:
+        count = sum(p.numel() for p in model.parameters())  # a tied matrix is counted once
+        tied = bool(model.config.tie_word_embeddings)
+    return replace(arch, num_params=int(count), config={**arch.config, "tie_word_embeddings": tied})
+
+
+def run_group(loaded, backend: str, arch, spec: str, batch: int, contexts: list[int], chunk: int, steps: int,
+              direct: dict[int, bool], seed: int = 0):  # fmt: skip
+    """Real runs of one strategy and batch at each context, their decode steps interleaved.
+
+    Each context's cache is prefilled through the model (timed, a probe just before) or filled
+    directly; then ``steps`` rounds each time one decode step of every context in turn, with a
+    probe per round, so the machine's load hits every context alike. Returns, per context,
+    (prefill seconds or None, its probe, median decode step seconds), and the rounds' median
+    probe (bytes/s, FLOP/s)."""
     if backend == "mlx":
         from cachelib.mlx.factory import make_cache
     else:
         from cachelib.torch.factory import make_cache
-    cache = make_cache(loaded.model, parse_spec(spec))
-    forward = _forward(loaded, backend, cache)
-    probe_pre = measure_cpu(0.3)
-    prefill = None
-    if direct:
-        _fill_direct(backend, cache, arch, batch, context, chunk, seed)
-    else:
-        start = time.perf_counter()
-        for a in range(0, context, chunk):
-            forward(ids[:, a : min(a + chunk, context)])
-        prefill = time.perf_counter() - start
-    probe_dec = measure_cpu(0.3)
-    times = []
-    for i in range(context, context + steps):
-        t = time.perf_counter()
-        forward(ids[:, i : i + 1])
-        times.append(time.perf_counter() - t)
-    del cache
-    return prefill, times, probe_pre, probe_dec
+    ids = np.random.default_rng(seed).integers(0, loaded.info.vocab_size, size=(batch, max(contexts) + steps))
+    runs = {}
+    for c in contexts:
+        cache = make_cache(loaded.model, parse_spec(spec))
+        forward = _forward(loaded, backend, cache)
+        probe, prefill = measure_cpu(0.3), None
+        if direct[c]:
+            _fill_direct(backend, cache, arch, batch, c, chunk, seed)
+        else:
+            start = time.perf_counter()
+            for a in range(0, c, chunk):
+                forward(ids[:, a : min(a + chunk, c)])
+            prefill = time.perf_counter() - start
+        runs[c] = (cache, forward, prefill, probe, [])
+    probes = []
+    for i in range(steps):
+        probes.append(measure_cpu(0.2))
+        for c in contexts if i % 2 == 0 else contexts[::-1]:
+            forward, times = runs[c][1], runs[c][4]
+            t = time.perf_counter()
+            forward(ids[:, c + i : c + i + 1])
+            times.append(time.perf_counter() - t)
+    probe = tuple(statistics.median(p[k] for p in probes) for k in (0, 1))
+    out = {c: (r[2], r[3], statistics.median(r[4])) for c, r in runs.items()}
+    del runs
+    return out, probe
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", nargs="+", default=["mlx", "torch"], choices=["mlx", "torch"])
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
-    ap.add_argument("--contexts", default="256,1024,2048,8192")
-    ap.add_argument("--calibrate", default="256,1024", help="contexts the fit uses (the rest are checked)")
+    ap.add_argument("--contexts", default="256,512,1024,2048,8192")
+    ap.add_argument("--calibrate", default="256,512", help="contexts the fit uses (the rest are checked)")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--max-batch-context", type=int, default=2048, help="batch > 1 only up to this context (RAM, time)")
-    ap.add_argument("--max-prefill", type=int, default=2048,
+    ap.add_argument("--max-prefill", type=int, default=1024,
                     help="prefill through the model up to this context; longer caches are filled through their own "
                     "update with random K/V (the decode step is timed the same; its prefill is not)")  # fmt: skip
     ap.add_argument("--prefill-batches", action="store_true", help="prefill batch > 1 through the model too")
-    ap.add_argument("--prefill-strategies", nargs="+", default=list(STRATEGIES),
+    ap.add_argument("--prefill-strategies", nargs="+", default=["standard"],
                     help="strategies whose prompt goes through the model (the others' caches are filled "
                     "directly)")  # fmt: skip
     ap.add_argument("--chunk", type=int, default=512)
@@ -140,17 +169,18 @@ def main() -> None:
     summary = []
     for backend in args.backend:
         loaded = load("smollm2", backend)
-        arch = arch_from_model_info(loaded.info)
+        arch = _with_params(loaded, backend, arch_from_model_info(loaded.info))
         weights = int(arch.config.get("measured_weight_bytes") or 0) or None
-        run_case(loaded, backend, arch, "standard", 1, 64, 64, 4, False)  # warm-up
+        run_group(loaded, backend, arch, "standard", 1, [64], 64, 2, {64: False})  # warm-up
         for spec in args.strategies:
-            cases = [(b, c) for c in contexts for b in batches if b == 1 or c <= args.max_batch_context]
             measured = {}
-            for b, c in cases:
-                direct = (c > args.max_prefill or b > 1 and not args.prefill_batches
-                          or spec not in args.prefill_strategies)  # fmt: skip
-                pre, steps, p_pre, p_dec = run_case(loaded, backend, arch, spec, b, c, args.chunk, args.steps, direct)
-                measured[(b, c)] = (pre, statistics.median(steps), p_pre, p_dec)
+            for b in batches:
+                cs = [c for c in contexts if b == 1 or c <= args.max_batch_context]
+                direct = {c: c > args.max_prefill or b > 1 and not args.prefill_batches
+                          or spec not in args.prefill_strategies for c in cs}  # fmt: skip
+                got, probe = run_group(loaded, backend, arch, spec, b, cs, args.chunk, args.steps, direct)
+                for c, (pre, p_pre, step) in got.items():
+                    measured[(b, c)] = (pre, step, p_pre, probe)
 
             def model_for(b, c, probe, eff):
                 r = PlanRequest([spec], context=c, batch=b, backend=backend, dtype="float32", prefill_chunk=args.chunk,
@@ -168,7 +198,8 @@ def main() -> None:
                 if p is not None:
                     pre.append((model_for(b, c, p_pre, one).prefill(spec, rows=b), p))
             eff = fit(dec, [], f"{backend} {spec} on this CPU, contexts {sorted(calib)}")
-            f_c = min(1.0, sum(x for x, _ in pre) / sum(y for _, y in pre)) if pre else 1.0
+            # Relative to the probe's numpy matmul: the runtime's own BLAS may reach more (f_c > 1).
+            f_c = sum(x for x, _ in pre) / sum(y for _, y in pre) if pre else 1.0
             eff = Efficiency(eff.bandwidth_fraction, f_c, eff.overhead_s, eff.spread, eff.source)
             if spec == "standard":
                 saved[runtime_key(None, backend)] = eff.__dict__

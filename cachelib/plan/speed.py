@@ -258,7 +258,7 @@ def efficiency(runtime: str | None, backend: str, hw: Hardware) -> Efficiency:
         saved = saved_cpu_efficiency(key)
         if saved is not None:
             return saved
-        return Efficiency(1.0, 1.0, 0.0, 1.0, "not calibrated on this CPU: peaks taken whole, +-100% "
+        return Efficiency(1.0, 1.0, 0.0, 0.5, "not calibrated on this CPU: peaks taken whole, +-50% "
                           "(python bench/bench_speed.py --save calibrates it)")  # fmt: skip
     own = published_efficiency(key, hw.kind)
     if own is not None:
@@ -357,6 +357,8 @@ class SpeedModel:
         if self.runtime == "llama.cpp" and kv_format in ("q8_0", "q4_0") and not flash_attn:
             raise ValueError(f"llama.cpp's {kv_format} V cache needs flash attention (-fa on); allowed without it: f16")
         self.eff = eff or efficiency(self.runtime, request.backend, self.hw)
+        if arch.num_params is None:
+            raise ValueError(f"{arch.name} has no parameter count: its FLOPs are unknown, so is its speed")
         weights = request.weights(arch)
         if weights is None:
             raise ValueError(f"{arch.name} has no parameter count; give --weights-memory to plan its speed")
