@@ -213,3 +213,20 @@ def test_planner_page_speed_agrees_with_the_cli(capsys):
     cli_rows = {line.split()[0]: float(line.split()[2]) for line in out[start + 1 : start + 1 + len(table)]}
     for _, row in table.iterrows():
         assert cli_rows[row["strategy"]] == pytest.approx(row["tokens/s per session"])
+
+
+def test_frontier_figure_draws_each_strategy_dotted_past_memory():
+    from app.speed_charts import speed_frontier_figure
+
+    arch = preset("llama-3.1-8b")
+    r = PlanRequest(["standard", "quantized:bits=4"], context=16384, runtime="mlx-lm", budget_bytes=64 * GiB,
+                    hardware="m2-ultra")  # fmt: skip
+    fits = plan(arch, r)
+    points = speed_frontier(SpeedModel(arch, r, "m2-ultra"), fits)
+    fig = speed_frontier_figure(points, [f.spec for f in fits], min_tokens_per_s=10).to_dict()
+    named = {t.get("name") for t in fig["data"] if t.get("showlegend", True) and t.get("mode") == "lines+markers"}
+    assert named == {"standard", "quantized:bits=4"}
+    assert any(t.get("line", {}).get("dash") == "dot" for t in fig["data"])
+    for f in fits:  # per-session speed falls as sessions grow
+        ys = [p.tokens_per_s for p in points if p.strategy == f.spec]
+        assert ys == sorted(ys, reverse=True)
