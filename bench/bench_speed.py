@@ -32,7 +32,7 @@ import numpy as np
 from cachelib.models import load
 from cachelib.plan import PlanRequest, arch_from_model_info
 from cachelib.plan.hardware import PROBE_CACHE, cpu_hardware, measure_cpu, probe_cpu
-from cachelib.plan.speed import Efficiency, SpeedModel, fit, runtime_key
+from cachelib.plan.speed import Efficiency, SpeedModel, fit_pairs, runtime_key
 from cachelib.spec import parse_spec
 
 STRATEGIES = ("standard", "rotating:max_size=512,keep=4", "quantized:bits=8", "quantized:bits=4")
@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--backend", nargs="+", default=["mlx", "torch"], choices=["mlx", "torch"])
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     ap.add_argument("--contexts", default="256,512,1024,2048,8192")
-    ap.add_argument("--calibrate", default="256,512", help="contexts the fit uses (the rest are checked)")
+    ap.add_argument("--calibrate", default="256,2048", help="contexts the fit uses (the rest are checked)")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--max-batch-context", type=int, default=2048, help="batch > 1 only up to this context (RAM, time)")
     ap.add_argument("--max-prefill", type=int, default=1024,
@@ -162,8 +162,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     hw = probe_cpu(refresh=True)
     print(f"this CPU: {hw.note}; probed {hw.bandwidth / 1e9:.2f} GB/s copy bandwidth, "
-          f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; each case re-probes just before its prefill "
-          "and its decode, and is predicted with those figures")  # fmt: skip
+          f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; a prefill is predicted with a probe "
+          "taken just before it, decode steps with the median of one probe per round")  # fmt: skip
     print("the machine is shared with other jobs: timings are noisy\n")
     saved: dict[str, dict] = {}
     summary = []
@@ -189,22 +189,28 @@ def main() -> None:
 
             # Fit on the calibration contexts against the whole peaks probed at the time, then predict every case.
             one = Efficiency(1.0, 1.0, 0.0, 0.0, "whole peaks")
-            dec, pre = [], []
+            dec = []
             for (b, c), (p, s, p_pre, p_dec) in measured.items():
                 if c not in calib:
                     continue
                 cost = model_for(b, c, p_dec, one).decode(spec, b)[1]
-                dec.append((cost.bytes / p_dec[0], s))
-                if p is not None:
-                    pre.append((model_for(b, c, p_pre, one).prefill(spec, rows=b), p))
-            eff = fit(dec, [], f"{backend} {spec} on this CPU, contexts {sorted(calib)}")
-            # Relative to the probe's numpy matmul: the runtime's own BLAS may reach more (f_c > 1).
-            f_c = sum(x for x, _ in pre) / sum(y for _, y in pre) if pre else 1.0
-            eff = Efficiency(eff.bandwidth_fraction, f_c, eff.overhead_s, eff.spread, eff.source)
+                dec.append((cost.bytes / p_dec[0], cost.pairs, s))
+            eff = fit_pairs(dec, f"{backend} {spec} on this CPU, contexts {sorted(calib)}")
+            # f_c: the fraction of the probe's matmul rate at which the predicted calibration prefills
+            # take as long as measured, the decode fit's attention and overhead terms kept (a bisection:
+            # the prefill time falls as f_c grows). Relative to numpy's matmul, f_c may pass 1.
+            pre_cases = [(b, c, p, p_pre) for (b, c), (p, s, p_pre, p_dec) in measured.items() if c in calib and p]
+            lo, hi = 1e-3, 1e3
+            for _ in range(40 if pre_cases else 0):
+                mid = (lo * hi) ** 0.5
+                e = replace(eff, compute_fraction=mid)
+                t = sum(model_for(b, c, pp, e).prefill(spec, rows=b) for b, c, _, pp in pre_cases)
+                lo, hi = (mid, hi) if t > sum(p for _, _, p, _ in pre_cases) else (lo, mid)
+            eff = replace(eff, compute_fraction=(lo * hi) ** 0.5 if pre_cases else 1.0)
             if spec == "standard":
                 saved[runtime_key(None, backend)] = eff.__dict__
             print(f"{backend} {spec}: fitted f_bw {eff.bandwidth_fraction:.2f}, f_c {eff.compute_fraction:.2f}, "
-                  f"overhead {eff.overhead_s * 1e3:.2f} ms")  # fmt: skip
+                  f"overhead {eff.overhead_s * 1e3:.2f} ms, {eff.pair_s * 1e9:.2f} ns per attention pair")  # fmt: skip
             print(f"  {'batch':>5} {'context':>7} {'set':>5} {'GB/s':>5} {'GF/s':>5} {'step ms pred':>12} {'meas':>8} "
                   f"{'err':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7}")  # fmt: skip
             preds = {}

@@ -63,6 +63,9 @@ class Efficiency:
     overhead_s: float
     spread: float
     source: str
+    # Seconds per (head x query x visible key) of attention computed as matmul + softmax (the CPU
+    # backends): not a fused kernel that streams K/V at the bandwidth. 0 where attention is fused.
+    pair_s: float = 0.0
 
 
 class StepCost(NamedTuple):
@@ -74,6 +77,7 @@ class StepCost(NamedTuple):
     flops: float
     comm_bytes: int  # tensor-parallel all-reduce payload per device
     decoded_bytes: int = 0  # K/V decoded to the dtype for attention: written and read back
+    pairs: float = 0.0  # heads x queries x visible keys, summed over layers and rows
 
     @property
     def bytes(self) -> int:
@@ -141,7 +145,7 @@ def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int
     elements = rows * sum(layer_tokens) * arch.kv_heads / tp * (arch.key_dim + arch.value_dim)
     decoded = int(2 * elements * decoded_itemsize)
     return StepCost(int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm,
-                    decoded)  # fmt: skip
+                    decoded, heads * visible * rows)  # fmt: skip
 
 
 def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str, tp: int = 1) -> float:
@@ -155,7 +159,7 @@ def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str,
         if hw.link_bandwidth is None:
             raise ValueError(f"{hw.name} has no published link bandwidth for tensor parallelism")
         t += 2 * (tp - 1) / tp * cost.comm_bytes / hw.link_bandwidth  # ring all-reduce
-    return t + eff.overhead_s
+    return t + cost.pairs * eff.pair_s + eff.overhead_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,6 +195,25 @@ def _deployment(runtime: str | None, kv_format: str | None = None, backend: str 
     from .runtimes import Deployment
 
     return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format)
+
+
+def fit_pairs(decode: list[tuple[float, float, float]], source: str) -> Efficiency:
+    """Bandwidth fraction, seconds per attention pair and per-step overhead from measured decode
+    steps given as (bytes / peak bandwidth, attention pairs, measured seconds): least squares on
+    ``seconds = x / f_bw + pairs x pair_s + overhead``, terms that fit below 0 dropped (a plain
+    :func:`fit` then). Needs steps at contexts far enough apart to tell bytes from pairs."""
+    import numpy as np
+
+    x = np.array([[d[0], d[1], 1.0] for d in decode])
+    y = np.array([d[2] for d in decode])
+    for cols in ([0, 1, 2], [0, 1], [0, 2], [0]):
+        coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+        if (coef >= 0).all() and coef[0] > 0:
+            break
+    got = dict(zip(cols, coef))
+    eff = Efficiency(1 / got[0], 1.0, float(got.get(2, 0.0)), MIN_SPREAD, source, float(got.get(1, 0.0)))
+    res = [abs((a / eff.bandwidth_fraction + p * eff.pair_s + eff.overhead_s) / t - 1) for a, p, t in decode]
+    return replace(eff, spread=max([MIN_SPREAD, *res]))
 
 
 def fit(decode: list[tuple[float, float]], prefill: list[tuple[float, float, float]], source: str) -> Efficiency:
