@@ -63,8 +63,8 @@ class Efficiency:
     overhead_s: float
     spread: float
     source: str
-    # Seconds per (head x query x visible key) of attention computed as matmul + softmax (the CPU
-    # backends): not a fused kernel that streams K/V at the bandwidth. 0 where attention is fused.
+    # Seconds per (head x visible key) of a decode step's attention computed as matvec + softmax
+    # (the CPU backends): not a fused kernel streaming K/V at the bandwidth. 0 where it is fused.
     pair_s: float = 0.0
 
 
@@ -144,8 +144,10 @@ def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int
     comm = 2 * arch.num_layers * rows * tokens * arch.hidden_size * 2 if tp > 1 else 0
     elements = rows * sum(layer_tokens) * arch.kv_heads / tp * (arch.key_dim + arch.value_dim)
     decoded = int(2 * elements * decoded_itemsize)
+    # The per-pair cost is single-query attention's (a decode step); a chunk's is matmul FLOPs.
+    pairs = heads * visible * rows if tokens == 1 else 0.0
     return StepCost(int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm,
-                    decoded, heads * visible * rows)  # fmt: skip
+                    decoded, pairs)  # fmt: skip
 
 
 def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str, tp: int = 1) -> float:
