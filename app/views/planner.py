@@ -433,3 +433,6 @@ st.dataframe(
 counted(planned)
 charts(planned)
 evidence(planned)
+from app.speed_charts import speed_section  # noqa: E402  # the speed section (issue 31), after the rest
+
+speed_section(planned)

@@ -26,6 +26,7 @@ from ..plan.runtimes import RUNTIMES, describe_layout, runtime_names
 from ..plan.device import WEIGHT_FORMATS
 from ..plan.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES, VLLM_FLAGS, kv_format_of
 from ..plan.solver import Fit
+from ..plan.speed import SpeedReport, speed_report
 
 CSV_COLUMNS = (
     "model", "backend", "dtype", "batch", "context", "prefill", "prefill_chunk", "strategy",
@@ -130,6 +131,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="CUDA graph memory vLLM >= 0.21 subtracts from the pool (its log: 'Estimated CUDA graph "
                       "memory'; default 0: earlier builds capture the graphs after sizing the pool)")  # fmt: skip
     add_llama_cpp_arguments(parser)
+    add_speed_arguments(parser)
+
+
+def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..plan.hardware import hardware_names
+
+    parser.add_argument("--hardware", metavar="NAME",
+                        help=f"plan decode tokens/s and time to first token on this device: {', '.join(hardware_names())} "
+                        "(cpu: this machine, probed)")  # fmt: skip
+    parser.add_argument("--min-tokens-per-s", type=float, metavar="X",
+                        help="also answer: the most sessions that each decode at >= X tokens/s (needs --hardware)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,6 +184,7 @@ def request_from_args(args: argparse.Namespace, arch=None) -> PlanRequest:
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         non_torch_bytes=args.non_torch_memory, cuda_graph_bytes=args.cuda_graph_memory, **llama_cpp_fields(args),
         suggest=args.suggest, most_sessions=args.most_sessions,
+        hardware=args.hardware, min_tokens_per_s=args.min_tokens_per_s,
     )  # fmt: skip
 
 
@@ -225,6 +238,9 @@ def _run(args: argparse.Namespace) -> None:
         else:
             print(f"\n{len(answer.commands)} evaluation(s) would measure what the evidence does not cover: --commands "
                   "prints them")  # fmt: skip
+    if request.hardware is not None:
+        print()
+        print(format_speed(speed_report(arch, request, fits, flash_attn=request.flash_attn != "off"), request))
     if args.layers:
         for spec in request.strategies:
             print()
@@ -277,6 +293,37 @@ SESSIONS_TEXT = (
     "conversations of this context served concurrently (one prefills while the others hold their cache), "
     "so sessions can exceed the max batch"
 )
+
+
+def format_speed(report: SpeedReport, request: PlanRequest) -> str:
+    """The speed table (one row per strategy at the sessions it fits), what a step reads, the
+    speed-ups and, with a threshold, the most sessions at that speed."""
+    hw, eff = report.hardware, report.efficiency
+    lines = [f"speed on {hw.name}: {hw.bandwidth / 1e9:,.0f} GB/s" + (
+        f", {hw.compute(request.dtype if request.dtype != 'float32' else 'float32') / 1e12:,.1f} TFLOP/s"
+        if hw.compute("float16") else "") + f" ({'; '.join(hw.sources)})",
+        f"  runtime reaches {eff.bandwidth_fraction:.0%} of the bandwidth, {eff.compute_fraction:.0%} of the compute, "
+        f"+{eff.overhead_s * 1e3:.2f} ms per step, interval +-{eff.spread:.0%}: {eff.source}"]  # fmt: skip
+    rows = report.rows()
+    head = ["strategy", "sessions", "tok/s/session", "interval", "tok/s all", "tok/s/device", "TTFT s", "step GB",
+            "bound"]  # fmt: skip
+    keys = ["strategy", "sessions", "tokens/s per session", "interval", "tokens/s aggregate", "tokens/s per device",
+            "time to first token s", "step GB read", "bound"]  # fmt: skip
+    if report.most_sessions:
+        head.append(f">= {request.min_tokens_per_s:g} tok/s")
+        keys.append("sessions at min tokens/s")
+    table = [[("-" if r.get(k) is None else str(r.get(k))) for k in keys] for r in rows]
+    widths = [max(len(x[i]) for x in [head, *table]) for i in range(len(head))]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(t, widths))) for t in table]
+    lines += [s.explain() for s in report.speeds]
+    lines += report.speedups
+    for spec, (n, fit_n) in report.most_sessions.items():
+        cap = "" if fit_n is None else f" (memory fits {fit_n})"
+        lines.append(f"most sessions at >= {request.min_tokens_per_s:g} tokens/s each: {spec}: {n}{cap}")
+    if hw.note:
+        lines.append(f"note: {hw.note}")
+    return "\n".join(lines)
 
 
 def _limit_text(fit: Fit) -> str:

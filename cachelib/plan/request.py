@@ -117,6 +117,8 @@ class PlanRequest:
     tensor_split: tuple[float, ...] | None = None  # --tensor-split, one share per --pp device
     suggest: bool = False  # also plan the strategies the evidence speaks for, at sizes a person types
     most_sessions: bool = False  # recommend the most sessions, lossy or not (else lossless first)
+    hardware: str | None = None  # a device of cachelib.plan.hardware (or "cpu", probed): plan the speed on it
+    min_tokens_per_s: float | None = None  # the most sessions that each decode at least this fast
 
     def __post_init__(self) -> None:
         specs = tuple(parse_spec(s) for s in self.strategies)
@@ -158,6 +160,17 @@ class PlanRequest:
                 raise ValueError(f"unknown --solve {self.solve!r}; allowed: {', '.join(SOLVE)}")
             if self.sessions is None or self.budget_bytes is None:
                 raise ValueError(f"--solve {self.solve} needs --sessions N and --budget (what must fit, and where)")
+        self._check_speed()
+
+    def _check_speed(self) -> None:
+        """The speed fields: a known hardware name; a speed threshold >= 0 that has hardware."""
+        from .hardware import hardware_names
+
+        if self.hardware is not None and self.hardware not in hardware_names():
+            raise ValueError(f"unknown hardware {self.hardware!r}; allowed: {', '.join(hardware_names())}")
+        _check_number("--min-tokens-per-s", self.min_tokens_per_s, integer=False, lo=0, optional=True)
+        if self.min_tokens_per_s is not None and self.hardware is None:
+            raise ValueError(f"--min-tokens-per-s needs --hardware NAME; allowed: {', '.join(hardware_names())}")
 
     def _check_vllm_flags(self) -> None:
         given = [flag for flag, name in _VLLM_FIELDS if getattr(self, name) is not None]
@@ -354,6 +367,10 @@ class PlanRequest:
             args += ["--suggest"]
         if self.most_sessions:
             args += ["--most-sessions"]
+        if self.hardware is not None:
+            args += ["--hardware", self.hardware]
+        if self.min_tokens_per_s is not None:
+            args += ["--min-tokens-per-s", _number(self.min_tokens_per_s)]
         return args
 
 

@@ -1,0 +1,248 @@
+"""Devices and runtimes as data, for the speed model (:mod:`cachelib.plan.speed`).
+
+- :data:`HARDWARE`: published peak memory bandwidth and dense FLOPs per compute dtype of GPUs
+  and Apple silicon, each figure with the vendor page it comes from. Dense means without 2:4
+  sparsity (NVIDIA's headline tensor figures are sparse: the dense figure is half of them).
+- :func:`probe_cpu`: this machine's CPU, measured at run time by a short copy (bandwidth) and a
+  float32 matmul (compute) probe, cached in memory and in ``~/.cache/cachelib/cpu_probe.json``.
+- :data:`CALIBRATION`: published decode measurements (llama-bench ``tg128``) the runtimes'
+  achievable fractions are fitted on. The measurements the model is checked against are kept
+  apart, in ``tests/plan/test_plan_speed.py``; nothing here reads them.
+
+Nothing here computes a step's time: that is :mod:`cachelib.plan.speed`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+T = 1e12  # TFLOP/s
+GBS = 1e9  # GB/s (vendors' GB are 10^9 bytes)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device: peak memory bandwidth (bytes/s), dense FLOP/s per compute dtype (a dtype
+    missing from ``flops`` has no published figure), memory (bytes), the link tensor
+    parallelism's all-reduce crosses (bytes/s, one direction; None: not given), its kind
+    (``cuda``, ``apple``, ``cpu``: which calibration applies) and the sources of the figures."""
+
+    name: str
+    kind: str
+    bandwidth: float
+    flops: Mapping[str, float]
+    memory_bytes: int
+    link_bandwidth: float | None = None
+    sources: tuple[str, ...] = ()
+    note: str = ""
+
+    def compute(self, dtype: str) -> float | None:
+        """Dense FLOP/s at ``dtype`` (float16 and bfloat16 share a figure on every device here)."""
+        return self.flops.get("float16" if dtype == "bfloat16" else dtype)
+
+
+def _gpu(name, bandwidth_gbs, fp16_tflops, memory_gb, *, fp8=None, fp32=None, link_gbs=None, sources=(), note=""):
+    flops = {"float16": fp16_tflops * T}
+    if fp8 is not None:
+        flops["fp8"] = fp8 * T
+    if fp32 is not None:
+        flops["float32"] = fp32 * T
+    return Hardware(name, "cuda", bandwidth_gbs * GBS, flops, int(memory_gb * 1e9), None if link_gbs is None else
+                    link_gbs * GBS, tuple(sources), note)  # fmt: skip
+
+
+H100 = "https://www.nvidia.com/en-us/data-center/h100/"  # H100 datasheet (SXM and PCIe/NVL columns)
+H200 = "https://www.nvidia.com/en-us/data-center/h200/"
+A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+L40S = "https://www.nvidia.com/en-us/data-center/l40s/"
+A10 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf"
+ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"  # RTX 4090, table 2
+GA102 = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"  # RTX 3090
+NEWS = "https://www.apple.com/newsroom/"
+M1_PRO_MAX = NEWS + "2021/10/introducing-m1-pro-and-m1-max-the-most-powerful-chips-apple-has-ever-built/"
+M1_ULTRA = NEWS + "2022/03/apple-unveils-m1-ultra-the-worlds-most-powerful-chip-for-a-personal-computer/"
+M2_PRO_MAX = NEWS + "2023/01/apple-unveils-m2-pro-and-m2-max-next-generation-chips-for-next-level-workflows/"
+M2_ULTRA = "https://www.apple.com/newsroom/2023/06/apple-introduces-m2-ultra/"
+M3 = NEWS + "2023/10/apple-unveils-m3-m3-pro-and-m3-max-the-most-advanced-chips-for-a-personal-computer/"
+M3_ULTRA = "https://www.apple.com/newsroom/2025/03/apple-reveals-m3-ultra-taking-apple-silicon-to-a-new-extreme/"
+M4 = "https://www.apple.com/newsroom/2024/05/apple-introduces-m4-chip/"
+M4_PRO_MAX = "https://www.apple.com/newsroom/2024/10/apple-introduces-m4-pro-and-m4-max/"
+
+
+def _apple(name, bandwidth_gbs, memory_gb, source, fp32_tflops=None):
+    # Apple publishes FP32 TFLOPS for the M1 family only; its GPUs issue FP16 at the FP32 rate.
+    flops = {} if fp32_tflops is None else {"float32": fp32_tflops * T, "float16": fp32_tflops * T}
+    note = "" if fp32_tflops else ("Apple publishes no FLOPs for this chip: decode is planned bandwidth-bound, "
+                                   "prefill is not predicted")
+    return Hardware(name, "apple", bandwidth_gbs * GBS, flops, int(memory_gb * 1e9), None, (source,), note)
+
+
+HARDWARE: dict[str, Hardware] = {h.name: h for h in (
+    _gpu("h100-sxm", 3350, 989.5, 80, fp8=1979, fp32=67, link_gbs=450, sources=(H100,),
+         note="NVLink 900 GB/s bidirectional"),
+    _gpu("h100-pcie", 2000, 756.5, 80, fp8=1513, fp32=51, link_gbs=64, sources=(H100,), note="PCIe Gen5 x16"),
+    _gpu("h200", 4800, 989.5, 141, fp8=1979, fp32=67, link_gbs=450, sources=(H200,)),
+    _gpu("a100-40gb", 1555, 312, 40, fp32=19.5, link_gbs=300, sources=(A100,), note="SXM; no FP8 tensor cores"),
+    _gpu("a100-80gb", 2039, 312, 80, fp32=19.5, link_gbs=300, sources=(A100,), note="SXM; no FP8 tensor cores"),
+    _gpu("l40s", 864, 362.05, 48, fp8=733, fp32=91.6, link_gbs=32, sources=(L40S,), note="PCIe Gen4 x16"),
+    _gpu("a10g", 600, 125, 24, fp32=31.2, link_gbs=32, sources=(A10,),
+         note="the A10 datasheet: AWS's A10G has no NVIDIA sheet of its own"),
+    _gpu("rtx-4090", 1008, 165.2, 24, fp8=330.3, fp32=82.6, link_gbs=32, sources=(ADA,),
+         note="FP16 tensor with FP32 accumulate, dense"),
+    _gpu("rtx-3090", 936, 71, 24, fp32=35.6, link_gbs=32, sources=(GA102,),
+         note="FP16 tensor with FP32 accumulate, dense"),
+    _apple("m1-pro", 200, 32, M1_PRO_MAX, 5.2),
+    _apple("m1-max", 400, 64, M1_PRO_MAX, 10.4),
+    _apple("m1-ultra", 800, 128, M1_ULTRA, 21),
+    _apple("m2-pro", 200, 32, M2_PRO_MAX),
+    _apple("m2-max", 400, 96, M2_PRO_MAX),
+    _apple("m2-ultra", 800, 192, M2_ULTRA),
+    _apple("m3-pro", 150, 36, M3),
+    _apple("m3-max", 400, 128, M3),
+    _apple("m3-ultra", 819, 512, M3_ULTRA),
+    _apple("m4", 120, 32, M4),
+    _apple("m4-pro", 273, 64, M4_PRO_MAX),
+    _apple("m4-max", 546, 128, M4_PRO_MAX),
+)}  # fmt: skip
+CPU = "cpu"  # this machine's CPU, probed
+
+
+def hardware_names() -> list[str]:
+    return [*HARDWARE, CPU]
+
+
+def hardware(name: str) -> Hardware:
+    """A device by name (``cpu`` probes this machine); ValueError naming the allowed names."""
+    if name == CPU:
+        return probe_cpu()
+    if name not in HARDWARE:
+        raise ValueError(f"unknown hardware {name!r}; allowed: {', '.join(hardware_names())}")
+    return HARDWARE[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# this machine's CPU
+
+
+_PROBED: Hardware | None = None
+PROBE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cachelib" / "cpu_probe.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_cpu(seconds: float = 0.6) -> tuple[float, float]:
+    """(bytes/s, float32 FLOP/s) of this machine now: the medians of repeated 64 MiB copies
+    (bytes read + written, both arrays touched first) and 512^3 float32 matmuls, each run for
+    about ``seconds / 2`` (at least 5 times). Medians, not bests: on a shared machine a run
+    sees the load it sees, and so does the work it predicts."""
+    import numpy as np
+
+    src = np.ones(8 * 2**20, dtype=np.float64)  # 64 MiB, past the caches
+    dst = np.zeros_like(src)
+
+    def median_rate(work, amount: float) -> float:
+        rates, end = [], time.perf_counter() + seconds / 2
+        while time.perf_counter() < end or len(rates) < 5:
+            t = time.perf_counter()
+            work()
+            rates.append(amount / max(time.perf_counter() - t, 1e-9))
+        return sorted(rates)[len(rates) // 2]
+
+    bw = median_rate(lambda: np.copyto(dst, src), 2 * src.nbytes)
+    a = np.ones((512, 512), dtype=np.float32)
+    fl = median_rate(lambda: a @ a, 2 * 512**3)
+    return bw, fl
+
+
+def cpu_hardware(bandwidth: float, flops: float, source: str) -> Hardware:
+    """This CPU as a :class:`Hardware` with the given figures (float16 at the float32 rate)."""
+    return Hardware(CPU, "cpu", bandwidth, {"float32": flops, "float16": flops}, 0, None, (source,),
+                    f"{_cpu_model()} x{os.cpu_count()}; float16 taken at the float32 rate")  # fmt: skip
+
+
+def probe_cpu(*, refresh: bool = False) -> Hardware:
+    """This machine's CPU as a :class:`Hardware`, its figures measured (:func:`measure_cpu`) once
+    and cached in :data:`PROBE_CACHE` under the CPU's model name and core count."""
+    global _PROBED
+    key = f"{_cpu_model()} x{os.cpu_count()}"
+    if _PROBED is not None and not refresh:
+        return _PROBED
+    cached = {}
+    try:
+        cached = json.loads(PROBE_CACHE.read_text())
+    except (OSError, ValueError):
+        pass
+    if refresh or key not in cached:
+        bw, fl = measure_cpu()
+        cached[key] = {"bandwidth": bw, "flops_float32": fl, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        try:
+            PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
+            PROBE_CACHE.write_text(json.dumps(cached, indent=1))
+        except OSError:
+            pass  # a read-only home: the probe is simply not kept
+    got = cached[key]
+    source = f"probed {got['measured']}: 64 MiB copy, 512^3 float32 matmul ({PROBE_CACHE})"
+    _PROBED = cpu_hardware(got["bandwidth"], got["flops_float32"], source)
+    return _PROBED
+
+
+# ---------------------------------------------------------------------------------------------
+# published measurements the runtimes' fractions are fitted on (the check set lives in the tests)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One published decode speed: ``tokens_per_s`` of ``model`` (a preset or a config dict) with
+    ``weights_gib`` of weights (as the runtime printed its size), on ``hardware`` under
+    ``runtime``, ``batch`` sessions at ``depth`` tokens of context, K/V in ``kv_format``."""
+
+    source: str
+    model: str
+    weights_gib: float
+    hardware: str
+    runtime: str
+    tokens_per_s: float
+    depth: int = 0
+    batch: int = 1
+    kv_format: str | None = None
+    flash_attn: bool = False
+    test: str = "tg128"  # llama-bench's test: 128 tokens generated after `depth` tokens
+    params: Mapping = field(default_factory=dict, compare=False)
+
+
+PR_4766 = "https://github.com/ggml-org/llama.cpp/pull/4766"  # ggerganov's llama-bench run, RTX 4090, 2024-01
+DISC_4167 = "https://github.com/ggml-org/llama.cpp/discussions/4167"  # Apple silicon, build 8e672ef, Llama-2-7B
+
+CALIBRATION: tuple[Measurement, ...] = (
+    # llama.cpp CUDA: Llama-2-7B (llama-bench "llama 7B") F16 12.55 GiB and Q8_0 6.67 GiB, tg128, RTX 4090.
+    Measurement(PR_4766, "llama-2-7b", 12.55, "rtx-4090", "llama.cpp", 61.03),
+    Measurement(PR_4766, "llama-2-7b", 6.67, "rtx-4090", "llama.cpp", 98.13),
+    # llama.cpp Metal: Llama-2-7B Q4_0 (3.56 GiB) tg128 on an M1 Pro (16-core GPU) and an M2 Ultra (76-core GPU).
+    Measurement(DISC_4167, "llama-2-7b", 3.56, "m1-pro", "llama.cpp", 36.4),
+    Measurement(DISC_4167, "llama-2-7b", 3.56, "m2-ultra", "llama.cpp", 94.3),
+    # Prompt processing (pp512, one 512-token forward) of the same runs: the fraction of peak compute.
+    Measurement(PR_4766, "llama-2-7b", 12.55, "rtx-4090", "llama.cpp", 11048.22, test="pp512"),
+    Measurement(DISC_4167, "llama-2-7b", 3.56, "m1-pro", "llama.cpp", 266, test="pp512"),
+)  # fmt: skip
+
+# Llama-2-7B's config (https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json), for the measurements.
+LLAMA_2_7B = {
+    "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "torch_dtype": "float16", "tie_word_embeddings": False,
+}  # fmt: skip
