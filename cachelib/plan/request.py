@@ -442,7 +442,8 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
                 skipped[str(spec)] = str(e)
             else:
                 added.append(str(spec))
-    fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch)
+    fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch,
+                                  kv_format=request.kv_format)  # fmt: skip
     rec = None
     if request.recommending:
         rec = recommend(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
