@@ -178,7 +178,7 @@ class FormatKVCache(QuantizingCache):
             raise ValueError(f"{where} state: keys and values must both be present or both be None")
         if keys is not None and offset > token_length(keys):
             raise ValueError(f"{where} state: offset={offset} exceeds the {token_length(keys)} slots stored")
-        self.keys = None if keys is None else list(keys)
+        self.keys = None if keys is None else list(keys)  # handed back in the next update's dtype
         self.values = None if values is None else list(values)
 
     def is_trimmable(self) -> bool:
