@@ -141,3 +141,23 @@ def test_make_cache_puts_the_format_on_the_models_layers(load_model, text):
     logits = loaded.model(ids, cache=cache)
     mx.eval(logits)
     assert cache[0].offset == 6 and bool(mx.all(mx.isfinite(logits)).item())
+
+
+def test_format_caches_share_a_strategy_batch_with_the_results_of_one_by_one(load_model):
+    """The evaluation runs strategies as the rows of one batch: each format row gives the logits
+    its cache gives alone (up to the rounding of batched matmuls, which may flip a code)."""
+    from cachelib.mlx.rows import batch_problem
+    from cachelib.profile.evaluate import teacher_forced_logits, teacher_forced_logits_rows
+
+    loaded = load_model("tiny-llama", "mlx")
+    specs = ["standard", "fp8", "q8_0", "q4_0"]
+
+    def caches():
+        return [make_cache(loaded.model, s) for s in specs]
+
+    assert all(batch_problem(c) is None for c in caches())
+    prefix, continuation = list(range(3, 40)), list(range(40, 48))
+    rows = teacher_forced_logits_rows(loaded, caches(), prefix, continuation, prefill_chunk=16)
+    for i, cache in enumerate(caches()):
+        diff = np.abs(rows[i] - teacher_forced_logits(loaded, cache, prefix, continuation, prefill_chunk=16))
+        assert diff.mean() < 5e-3 and diff.max() < 0.1, (specs[i], diff.mean(), diff.max())  # logits ~2.3
