@@ -17,6 +17,8 @@ far as it reaches:
 - a lossy unbounded strategy (quantized, KIVI) by the same spec measured at a context at least
   as long as the target (the shortest such), else by its longest measured context, with an
   extrapolation note;
+- a runtime's lossy KV format (``--kv-format fp8|q8_0|q4_0``) by the strategy of the same name,
+  which stores it bit for bit (:func:`judge_kv_format`), never as exact;
 - evidence of the planned model beats that of another model, and the planned backend beats the
   other backend, whose use is said; a bounded strategy uses its own backend's evidence only,
   because the backends' rings prefill differently.
