@@ -31,7 +31,16 @@ import mlx.core as mx
 from ..core.rules import KV_FORMATS
 from ..core.units import STEP
 from ..introspect import CacheView
-from .base import Written, array_bytes, attention_mask, check_int, check_trim, per_token_bytes, token_length, write_linear
+from .base import (
+    Written,
+    array_bytes,
+    attention_mask,
+    check_int,
+    check_trim,
+    per_token_bytes,
+    token_length,
+    write_linear,
+)
 from .quantized import QuantizingCache, Terms
 
 BLOCK = 32  # ggml's QK8_0 / QK4_0
