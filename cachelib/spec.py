@@ -244,6 +244,11 @@ def _snapkv_knobs(budget_help: str) -> tuple[Knob, ...]:
     )
 
 
+def _format_layer(spec: Spec, backend: str) -> LayerCache:
+    # a runtime's storage format (the strategy's name is the format's), in KVCache's steps of 256
+    return LayerCache("FormatKVCache", "full", (("step", STEP),), kv_format=spec.name)
+
+
 def _sliding_window(spec: Spec, backend: str) -> LayerCache:
     if backend == "mlx":  # mlx-lm's sliding layers: a ring without sinks
         return LayerCache("RotatingKVCache", "full", (("max_size", spec.get("window")), ("keep", 0)))
@@ -365,6 +370,31 @@ STRATEGIES: dict[str, Strategy] = {
             plan_sliding=_offloaded_sliding,
             torch="cachelib.torch.cache:build_offloaded",
             lossless=True,
+        ),
+        # The runtimes' own KV formats, stored bit for bit as they store them (cachelib/*/formats.py).
+        Strategy(
+            "fp8",
+            "keys and values as float8 e4m3, per-tensor scale 1.0 (vLLM --kv-cache-dtype fp8)",
+            (),
+            plan=_format_layer,
+            mlx="cachelib.mlx.formats:build_format",
+            torch="cachelib.torch.formats:build_format",
+        ),
+        Strategy(
+            "q8_0",
+            "keys and values in ggml q8_0 blocks: 32 int8 codes + an fp16 scale (llama.cpp -ctk/-ctv q8_0)",
+            (),
+            plan=_format_layer,
+            mlx="cachelib.mlx.formats:build_format",
+            torch="cachelib.torch.formats:build_format",
+        ),
+        Strategy(
+            "q4_0",
+            "keys and values in ggml q4_0 blocks: 32 4-bit codes + an fp16 scale (llama.cpp -ctk/-ctv q4_0)",
+            (),
+            plan=_format_layer,
+            mlx="cachelib.mlx.formats:build_format",
+            torch="cachelib.torch.formats:build_format",
         ),
         # Importance-based eviction (docs/importance.md): a token budget per full-attention layer.
         Strategy(

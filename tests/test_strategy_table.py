@@ -29,6 +29,9 @@ EXAMPLES = {
     "pyramidkv": "pyramidkv:budget=640,window=32,beta=20",
     "tova": "tova:budget=256",
     "h2o": "h2o:budget=256,recent=32",
+    "fp8": "fp8",
+    "q8_0": "q8_0",
+    "q4_0": "q4_0",
 }
 
 

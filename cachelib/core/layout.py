@@ -24,6 +24,7 @@ class LayerCache:
     value_bits: int | None = None
     group_size: int | None = None
     offloaded: bool = False
+    kv_format: str | None = None  # stored in a runtime's format (rules.KV_FORMATS), not the dtype
 
     def knob(self, name: str) -> int:
         return dict(self.knobs)[name]
@@ -33,6 +34,8 @@ class LayerCache:
         if self.key_bits is not None:
             bits = self.key_bits if self.key_bits == self.value_bits else f"{self.key_bits}/{self.value_bits}"
             parts.append(f"bits={bits},group_size={self.group_size}")
+        if self.kv_format is not None:
+            parts.append(f"format={self.kv_format}")
         text = f"{self.kind}({', '.join(parts)})"
         return text + " offloaded" if self.offloaded else text
 
@@ -49,6 +52,8 @@ def rule_for(
     slot = quantized_bytes if quantized_bytes is not None else token_bytes
     if kind == "KVCache":
         return R.StepGrowth(token_bytes, cache.knob("step"))
+    if kind == "FormatKVCache":  # token_bytes: one slot in the cache's kv_format
+        return R.StepGrowth(token_bytes, cache.knob("step"), kind=kind)
     if kind in ("ConcatenateKVCache", "DynamicLayer"):
         return R.Concatenate(token_bytes, kind=kind)
     if kind == "RotatingKVCache":

@@ -50,6 +50,7 @@ import mlx.core as mx
 
 from ..core.units import STEP
 from .base import LayerCache
+from .formats import FormatKVCache
 from .kivi import KIVICache
 from .kv import ConcatenateKVCache, KVCache, StaticKVCache
 from .quantized import QuantizedKVCache, dequantize
@@ -57,7 +58,8 @@ from .rotating import QuantizedRotatingKVCache, RotatingKVCache
 
 # Layer caches a row may hold: every attention cache that makes its own mask. Chunked (the model
 # builds its mask), recurrent state and batch caches run one by one.
-ROW_CLASSES = (KVCache, ConcatenateKVCache, RotatingKVCache, QuantizedRotatingKVCache, QuantizedKVCache, KIVICache, StaticKVCache)
+ROW_CLASSES = (KVCache, ConcatenateKVCache, RotatingKVCache, QuantizedRotatingKVCache, QuantizedKVCache, KIVICache, StaticKVCache,
+               FormatKVCache)  # fmt: skip
 # the most the batch's key/value buffers may hold, all layers together, before it copies per layer instead
 BUFFER_BYTES = 1 << 30
 

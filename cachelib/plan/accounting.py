@@ -303,7 +303,7 @@ _RUNTIME_RULES = {"PagedBlocks", "PagedSlidingWindow", "MambaSpec", "llama_kv_ca
 
 
 def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int, kv_format: str | None = None) -> R.Rule:
-    fp = token_bytes(arch, dtype, batch=batch, kv_format=kv_format)
+    fp = token_bytes(arch, dtype, batch=batch, kv_format=cache.kv_format or kv_format)
     if cache.kind in _RUNTIME_RULES:
         return _runtime_rule(cache, arch, dtype, batch, fp)
     q = None

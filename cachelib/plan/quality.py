@@ -17,6 +17,8 @@ far as it reaches:
 - a lossy unbounded strategy (quantized, KIVI) by the same spec measured at a context at least
   as long as the target (the shortest such), else by its longest measured context, with an
   extrapolation note;
+- a runtime's lossy KV format (``--kv-format fp8|q8_0|q4_0``) by the strategy of the same name,
+  which stores it bit for bit (:func:`judge_kv_format`), never as exact;
 - evidence of the planned model beats that of another model, and the planned backend beats the
   other backend, whose use is said; a bounded strategy uses its own backend's evidence only,
   because the backends' rings prefill differently.
@@ -252,14 +254,38 @@ def scaled_candidates(evidence: Iterable[Evidence], context: int) -> list[Spec]:
     return list(out.values())
 
 
+def judge_kv_format(
+    evidence: Sequence[Evidence], kv_format: str, *, backend: str, context: int, planned: Arch | str | None = None
+) -> Judgement:
+    """What ``evidence`` says about a runtime's KV format (vLLM's ``fp8``, llama.cpp's ``q8_0`` /
+    ``q4_0``): the strategy of the same name stores it bit for bit, so its measured points judge
+    the format; unmeasured, the format is "not covered" (never exact: every one is lossy). The
+    runtimes' own kernels do not run here; llama.cpp's (``ggml``) plans use the torch evidence."""
+    on = backend if backend in ("mlx", "torch") else "torch"
+    j = judge(evidence, kv_format, backend=on, context=context, planned=planned)
+    how = f"--kv-format {kv_format} judged by strategy {kv_format}, which stores it bit for bit"
+    quality = None if j.quality is None else replace(j.quality, note=_join(how, j.quality.note))
+    reason = f"{how}; {j.reason}" if quality is not None else f"quality not measured: {how}; {j.reason}"
+    return replace(j, quality=quality, reason=reason)
+
+
 def judge_fits(
-    fits: Iterable[Fit], evidence: Sequence[Evidence], *, backend: str, planned: Arch | str | None = None
+    fits: Iterable[Fit],
+    evidence: Sequence[Evidence],
+    *,
+    backend: str,
+    planned: Arch | str | None = None,
+    kv_format: str | None = None,
 ) -> tuple[list[Fit], dict[str, Judgement]]:
     """``fits`` with the quality the evidence gives each at its planned context, and the
-    judgement behind each (keyed by spec text)."""
+    judgement behind each (keyed by spec text). Under a runtime's ``kv_format`` the cache holds
+    that format, whatever the strategy: :func:`judge_kv_format` judges it."""
     out, judgements = [], {}
     for f in fits:
-        j = judge(evidence, f.spec, backend=backend, context=f.cache.context, planned=planned)
+        if kv_format is not None:
+            j = judge_kv_format(evidence, kv_format, backend=backend, context=f.cache.context, planned=planned)
+        else:
+            j = judge(evidence, f.spec, backend=backend, context=f.cache.context, planned=planned)
         judgements[f.spec] = j
         out.append(replace(f, quality=j.quality))
     return out, judgements

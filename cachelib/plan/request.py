@@ -602,9 +602,8 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
                 skipped[str(spec)] = str(e)
             else:
                 added.append(str(spec))
-    fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch)
-    if request.kv_format is not None:
-        fits = [_judge_format(f, request, evidence, arch, judgements) for f in fits]
+    fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch,
+                                  kv_format=request.kv_format)  # fmt: skip
     runtime = request.runtime
     choice = choose(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
                     judgements=judgements, sessions=request.sessions, most_sessions=request.most_sessions,
@@ -613,27 +612,6 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
     rec = choice if request.recommending else None
     return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements, choice,
                       tuple(solved))  # fmt: skip
-
-
-def _judge_format(fit: Fit, request: PlanRequest, evidence: Sequence[Evidence], arch: Arch,
-                  judgements: dict[str, Judgement]) -> Fit:
-    """A runtime's own cache stored in a lossy KV format (vLLM fp8, llama.cpp q8_0 / q4_0) is not
-    exact: it is judged by the evidence of the strategy of that name, where this cachelib has one
-    and it was measured, else it is "not measured"."""
-    if not parse_spec(fit.spec).lossless:
-        return fit
-    fmt = request.kv_format
-    try:
-        spec = parse_spec(fmt)
-    except ValueError:
-        j = Judgement(fit.spec, None, f"KV format {fmt}: not measured (cachelib has no strategy {fmt!r} to measure it)")
-    else:
-        found = judge(evidence, spec, backend=request.backend, context=fit.cache.context, planned=arch)
-        why = f"KV format {fmt}, judged as {spec}: {found.reason}" if found.quality is not None else \
-            f"KV format {fmt}: not measured ({found.reason})"
-        j = Judgement(fit.spec, found.quality, why, found.command)
-    judgements[fit.spec] = j
-    return replace(fit, quality=j.quality)
 
 
 def llama_cpp_argv(r: PlanRequest) -> list[str]:

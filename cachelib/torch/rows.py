@@ -25,6 +25,7 @@ from transformers import cache_utils as _tf
 
 from ..core.masks import visible
 from .cache import Cache
+from .formats import FormatKVCacheLayer
 from .layers import DynamicLayer
 from .mlx_style import ChunkedKVCacheLayer, KVCacheLayer, QuantizedKVCacheLayer
 from .quantized import QuantizedLayer
@@ -44,6 +45,7 @@ ROW_LAYERS = (
     KVCacheLayer,
     QuantizedKVCacheLayer,
     ChunkedKVCacheLayer,
+    FormatKVCacheLayer,
 )
 
 

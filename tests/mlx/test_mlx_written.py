@@ -18,6 +18,7 @@ from cachelib.mlx import (
     RotatingKVCache,
     StaticKVCache,
 )
+from cachelib.mlx.formats import FormatKVCache
 from cachelib.mlx.quantized import dequantize
 
 CACHES = {
@@ -32,6 +33,8 @@ CACHES = {
     "quantized ring": lambda: QuantizedRotatingKVCache(max_size=10, keep=1, group_size=32, bits=4),
     "kivi": lambda: KIVICache(residual=4, group_size=32, bits=4),
     "kivi residual 1": lambda: KIVICache(residual=1, group_size=32, bits=8),
+    "format fp8": lambda: FormatKVCache("fp8"),
+    "format q4_0": lambda: FormatKVCache("q4_0"),
 }
 # update sizes: a prompt, single tokens (rings wrap, KIVI flushes, buffers grow), a block, more tokens
 UPDATES = [7] + [1] * 20 + [3] + [1] * 15
@@ -63,7 +66,7 @@ def test_slots_outside_what_an_update_says_it_wrote_are_unchanged(name, kv):
                 assert np.array_equal(out[:, :, w.start : w.end], np.array(k)), f"{name}: {w} is not the input"
         before = out
     assert claims > len(UPDATES) // 2, f"{name}: only {claims} updates said what they wrote"
-    quantizing = name.startswith(("quantized", "kivi"))
+    quantizing = name.startswith(("quantized", "kivi", "format"))
     assert verbatim > 0 or quantizing, f"{name}: no update was a verbatim write"
 
 

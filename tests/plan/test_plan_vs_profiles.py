@@ -23,6 +23,9 @@ STRATEGIES = [
     "chunked:chunk_size=16",
     "static:max_len=96",
     "sliding:window=12",
+    "fp8",
+    "q8_0",
+    "q4_0",
 ]
 TORCH_ONLY = ["offloaded"]
 MEMORY_ONLY = Probes(memory=1, ring=0, quant_error=0, quality=0, masks=0, system=0)
