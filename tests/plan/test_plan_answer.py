@@ -263,7 +263,5 @@ def test_every_recommendation_in_the_docs_holds_under_the_rules(capsys):
     assert checked >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="README.md (the lead edits it) still says the 24 GiB example recommends "
-                   "quantized:bits=8; under the rules the lossless standard fits and is the answer")  # fmt: skip
 def test_every_recommendation_in_the_readme_holds_under_the_rules(capsys):
     _check_doc(ROOT / "README.md", capsys)
