@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..core.rules import KV_FORMATS
+from ..core.formats import BLOCK, CODE_BITS, FP8_MAX, check_format, check_format_dim
 from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
@@ -42,25 +42,6 @@ from .base import (
     write_linear,
 )
 from .quantized import QuantizingCache, Terms
-
-BLOCK = 32  # ggml's QK8_0 / QK4_0
-FP8_MAX = 448.0  # the largest finite float8 e4m3fn
-CODE_BITS = {"fp8": 8, "q8_0": 8, "q4_0": 4}  # bits of one element's code (scales aside)
-
-
-def check_format(kv_format: str, where: str) -> str:
-    if kv_format not in KV_FORMATS:
-        raise ValueError(f"{where}: kv_format={kv_format!r} is not supported; allowed: {', '.join(KV_FORMATS)}")
-    return kv_format
-
-
-def check_format_dim(head_dim: int, kv_format: str, where: str) -> None:
-    if kv_format != "fp8" and head_dim % BLOCK:
-        raise ValueError(
-            f"{where}: {kv_format} stores blocks of {BLOCK} elements along head_dim; head_dim={head_dim} is not "
-            f"a multiple of {BLOCK} (allowed formats for it: fp8)"
-        )
-
 
 def _blocks(x: mx.array) -> mx.array:
     """(..., D) -> (..., D / 32, 32) in float32, as ggml quantizes from F32 rows."""

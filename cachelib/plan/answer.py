@@ -29,9 +29,8 @@ from ..spec import Spec, parse_spec
 from .quality import is_exact, meets
 from .runtimes import MLX_LM_QUANTIZED_KV_START
 
-if TYPE_CHECKING:  # types only: request.py imports this module
-    from .request import PlanRequest, PlanResult
-    from .solver import Fit
+if TYPE_CHECKING:  # types only; PlanRequest and PlanResult (cachelib.plan.request, which imports this module)
+    from .solver import Fit  # are named in annotations, not imported: no cycle
 
 MLX_LM_GROUP_SIZE = 64  # mlx_lm/generate.py: --kv-group-size default
 RUNTIME_SET = {  # the strategies planned when none is given: what each runtime offers natively

@@ -13,29 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.rules import KV_FORMATS
+from ..core.formats import BLOCK, CODE_BITS, FP8_MAX, check_format, check_format_dim
 from ..core.units import STEP
 from .base import QuantErrorProbe, tokens
 from .mlx_style import KVCacheLayer, StrategyCache
-
-BLOCK = 32  # ggml's QK8_0 / QK4_0
-FP8_MAX = 448.0  # the largest finite float8 e4m3fn: vLLM's conversion saturates to it
-CODE_BITS = {"fp8": 8, "q8_0": 8, "q4_0": 4}  # bits of one element's code (scales aside)
-
-
-def check_format(kv_format: str, where: str) -> str:
-    if kv_format not in KV_FORMATS:
-        raise ValueError(f"{where}: kv_format={kv_format!r} is not supported; allowed: {', '.join(KV_FORMATS)}")
-    return kv_format
-
-
-def check_format_dim(head_dim: int, kv_format: str, where: str) -> None:
-    if kv_format != "fp8" and head_dim % BLOCK:
-        raise ValueError(
-            f"{where}: {kv_format} stores blocks of {BLOCK} elements along head_dim; head_dim={head_dim} is not "
-            f"a multiple of {BLOCK} (allowed formats for it: fp8)"
-        )
-
 
 def _roundf(v: torch.Tensor) -> torch.Tensor:
     """C's roundf (halves away from zero), exact for every float32 (no ``floor(a + 0.5)``)."""
