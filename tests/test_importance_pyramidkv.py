@@ -136,7 +136,7 @@ def test_the_inspector_figure_shows_the_layers_differing_budgets(load_model):
     prompt = int(profile.meta["prompt_tokens"])
     budgets = pyramid_budgets(12, 2, 4, 4)
     held = [min(prompt, b) + step for b in budgets]
-    assert f"{min(held)}–{max(held)} of" in fig.layout.title.text
+    assert f"{min(held)}–{max(held)} (by layer) of" in fig.layout.title.text
     share = np.asarray(fig.data[0].z, dtype=float)  # (layers, positions): share of KV heads holding each
     assert (np.nan_to_num(share) > 0).sum(axis=1).tolist() == held
 

@@ -293,7 +293,7 @@ def test_the_cli_runs_one_by_one_on_request(tmp_path):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_memory_guard_stops_a_batched_run_before_the_caches_pass_the_limit(backend, load_model):
     loaded = load_model("tiny-llama", backend)
-    strategies = ["concat", "concat", "quantized:bits=8,group_size=32"]
+    strategies = ["standard", "concat", "quantized:bits=8,group_size=32"]
     free = run_profile(loaded, strategies, prompt="hello", max_tokens=30)
     per_step = free.frame("steps").groupby("step")["cache_bytes_allocated"].sum().tolist()
     limit = per_step[15] + 1  # room for step 15, not for step 16 (concat grows every step)
