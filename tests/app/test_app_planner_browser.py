@@ -8,6 +8,7 @@ import pytest
 from test_browser import UI_TIMEOUT, _shoot, app_url, browser  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
+PlaywrightTimeout = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").TimeoutError
 
 SPECS = ["standard", *(f"rotating:max_size={256 * k}" for k in range(1, 13)), "quantized:bits=8", "quantized:bits=4"]
 PLOT_AREAS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => ({
@@ -32,9 +33,18 @@ def test_the_answer_is_on_screen_and_fifteen_strategies_keep_every_chart_300_px(
     area = page.get_by_role("textbox", name="One spec per line")
     area.fill("\n".join(SPECS))
     area.press("Control+Enter")
-    page.get_by_role("combobox", name="Strategies shown").wait_for()
-    page.get_by_role("combobox", name="Strategies shown").click()
-    page.get_by_role("option", name="Select all").click()
+    # the picker exists before the rerun too: wait for the new specs' chips, then open it; a rerun that
+    # lands while the list is open closes it, so open it again until "Select all" can be clicked
+    page.locator(".st-key-plan_shown").get_by_text(SPECS[1], exact=True).first.wait_for()
+    for attempt in range(6):
+        page.get_by_role("combobox", name="Strategies shown").click()
+        try:
+            page.get_by_role("option", name="Select all").click(timeout=10_000)
+            break
+        except PlaywrightTimeout:  # the list closed under a rerun
+            page.keyboard.press("Escape")
+    else:
+        raise AssertionError("the Strategies shown list never stayed open long enough to pick Select all")
     page.keyboard.press("Escape")
     page.wait_for_function(
         "() => Array.from(document.querySelectorAll('.st-key-plan_memory .js-plotly-plot'))"
