@@ -27,7 +27,7 @@ from .device import (
     weights_format, weights_per_device,
 )  # fmt: skip
 from .quality import Evidence, Judgement, Recommendation, judge_fits, recommend, scaled_candidates
-from .runtimes import RUNTIMES, Deployment
+from .runtimes import RUNTIMES, Deployment, default_runtime
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
 
 COMMAND = ("python", "-m", "cachelib", "plan")
@@ -79,7 +79,7 @@ class PlanRequest:
     weights_bytes: int | None = None  # one device's weights, as measured; None: counted at weights_dtype
     weights_dtype: str | None = None  # a format name or bits per parameter; None: the model's published dtype
     reserve_bytes: int = 0  # kept free on each device
-    runtime: str | None = None  # mlx-lm | transformers | vllm | llama.cpp; None: cachelib's caches on backend
+    runtime: str | None = None  # mlx-lm | transformers | vllm | llama.cpp | cachelib; None: the backend's default
     tp: int = 1
     pp: int = 1
     kv_format: str | None = None  # fp8 (vllm), q8_0 / q4_0 (llama.cpp); None: the dtype
@@ -115,10 +115,12 @@ class PlanRequest:
                 object.__setattr__(self, "weights_dtype", _number(float(self.weights_dtype)))
         if self.device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; allowed: {', '.join(DEVICES)}")
-        if self.runtime is not None:
-            if self.runtime not in RUNTIMES:
-                raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
-            object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)  # the runtime implies it
+        if self.runtime is None:  # the runtime users deploy with on the backend, with its defaults
+            object.__setattr__(self, "runtime", default_runtime(self.backend))
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
+        if self.backend not in RUNTIMES[self.runtime].backends:  # the runtime implies its backend
+            object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)
         self.deployment  # validates tp, pp and the KV format against the runtime
         if self.solve is not None:
             if self.solve not in SOLVE:
@@ -131,12 +133,14 @@ class PlanRequest:
         return self.max_kl is not None or self.min_agreement is not None
 
     @property
-    def deployment(self) -> Deployment | None:
-        """The runtime and parallelism planned for; None for cachelib's own caches on one device."""
-        if self.runtime is None and self.tp == 1 and self.pp == 1 and self.kv_format is None:
-            return None
-        return Deployment.make(self.runtime, None if self.runtime else self.backend, tp=self.tp, pp=self.pp,
-                               kv_format=self.kv_format)  # fmt: skip
+    def deployment(self) -> Deployment:
+        """The runtime (the backend's default when none was named), its parallelism and defaults."""
+        return Deployment.make(self.runtime, self.backend, tp=self.tp, pp=self.pp, kv_format=self.kv_format)
+
+    @property
+    def loop(self) -> str:
+        """The generation loop planned for, in words (the runtime's)."""
+        return RUNTIMES[self.runtime].loop
 
     @property
     def chunk(self) -> int | None:
@@ -225,9 +229,8 @@ class PlanRequest:
             args += ["--batch", str(self.batch)]
         for spec in self.strategies:
             args += ["--strategy", str(spec)]
-        if self.runtime is not None:
-            args += ["--runtime", self.runtime]
-        else:
+        args += ["--runtime", self.runtime]
+        if RUNTIMES[self.runtime].also_on:  # a runtime on several backends (cachelib's loop) names its own
             args += ["--backend", self.backend]
         args += ["--dtype", self.dtype]
         for flag, value in (("--tp", self.tp), ("--pp", self.pp)):
