@@ -6,7 +6,11 @@ against ``plan --runtime mlx-lm --device cpu`` with the same flags and the measu
 
 Grid: prompts of 1,024 and 3,000 tokens x ``prefill_step_size`` 1,024 and 2,048 x {no flags,
 ``max_kv_size=512``, ``kv_bits=8`` with ``quantized_kv_start=0`` (mlx-lm's default start, 5,000,
-is past both prompts, so 8-bit would never switch on)}, then 4 generated tokens. Each case runs
+is past both prompts, so 8-bit would never switch on)}, then 4 generated tokens. SmolLM2 is a
+``llama`` model, whose mlx-lm class has its own ``make_cache``, so ``make_prompt_cache`` ignores
+``max_kv_size`` for it (mlx-lm 0.32.2, ``models/cache.py``); the ``max_kv_size`` case hands
+``generate_step`` the cache ``make_prompt_cache`` builds for a model without one (a
+``RotatingKVCache(512, keep=4)`` per layer), which is what ``--max-kv-size`` gives such models. Each case runs
 in a fresh subprocess, so that one case's buffers and MLX's cache never inflate the next's peak.
 Targets: planned within 5% of measured (weights included) and the part beyond the weights
 within 10%, every case.
@@ -21,8 +25,12 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's cachelib, not an installed one
 
 TOTAL_TARGET, BEYOND_TARGET = 0.05, 0.10
 DECODE = 4  # tokens generate_step yields (max_tokens)
@@ -39,7 +47,7 @@ def measure(prompt: int, step: int, flags: dict, seed: int = 0) -> dict:
 
     mx.set_default_device(mx.cpu)
     from mlx_lm.generate import generate_step
-    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
     from cachelib.models import load
 
@@ -50,7 +58,10 @@ def measure(prompt: int, step: int, flags: dict, seed: int = 0) -> dict:
     mx.synchronize()
     mx.clear_cache()
     mx.reset_peak_memory()
-    cache = make_prompt_cache(model, max_kv_size=flags.get("max_kv_size"))
+    if flags.get("max_kv_size") is None:
+        cache = make_prompt_cache(model)
+    else:  # make_prompt_cache's ring for a model without its own make_cache (llama's has one)
+        cache = [RotatingKVCache(max_size=flags["max_kv_size"], keep=4) for _ in model.layers]
     rest = {k: v for k, v in flags.items() if k != "max_kv_size"}
     tokens = [t for t, _ in generate_step(ids, model, max_tokens=DECODE, prompt_cache=cache,
                                           prefill_step_size=step, **rest)]  # fmt: skip
@@ -67,7 +78,7 @@ def planned(prompt: int, step: int, flags: dict, weights: int) -> tuple[object, 
 
     info = load("smollm2", "mlx", device="cpu", dtype="float32", weights="dequantized").info
     arch = arch_from_model_info(info)
-    spec = mlx_lm_spec(arch.model_type, **flags)
+    spec = mlx_lm_spec(None, **flags)  # the flags' cache on a model without its own make_cache
     request = PlanRequest([spec], context=prompt + DECODE, prefill=prompt, prefill_chunk=step, dtype="float32",
                           weights_bytes=weights, runtime="mlx-lm", device="cpu")  # fmt: skip
     return plan(arch, request)[0], " ".join(request.to_argv("smollm2"))
@@ -76,7 +87,7 @@ def planned(prompt: int, step: int, flags: dict, weights: int) -> tuple[object, 
 def _case(prompt: int, step: int, flag: str) -> dict:
     """Run one case in a fresh interpreter and read its JSON line."""
     cmd = [sys.executable, __file__, "--one", f"{prompt},{step},{flag}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

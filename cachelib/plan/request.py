@@ -19,15 +19,15 @@ from typing import NamedTuple, Sequence
 
 from ..core.units import human_gib, memory_text, parse_memory
 from ..spec import TORCH_QUANT_BITS, Spec, parse_spec, strategy
-from .accounting import account
+from .accounting import account, replay, schedule
 from .arch import Arch
 from .device import (
-    Activations, DeviceMemory, WeightsFormat, phase_activations, resolve_weights, run_activation_peak,
+    Activations, DeviceMemory, WeightsFormat, activation_peak, phase_activations, resolve_weights, run_activation_peak,
     runtime_overhead,
     weights_format, weights_per_device,
 )  # fmt: skip
 from .quality import Evidence, Judgement, Recommendation, judge_fits, recommend, scaled_candidates
-from .runtimes import RUNTIMES, Deployment, default_runtime
+from .runtimes import RUNTIMES, Deployment, default_runtime, prompt_last_alone
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
 
 COMMAND = ("python", "-m", "cachelib", "plan")
@@ -55,6 +55,7 @@ def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | Non
 
 DEVICES = ("gpu", "cpu")  # where the forward runs: on the CPU, MLX materialises attention scores
 SOLVE = ("max_kv_size", "bits")  # what --solve searches for
+PROMPT_UPDATES = 256  # prompt updates replayed one by one for the activation peak; past it, a bound
 
 
 @dataclass(frozen=True)
@@ -201,13 +202,35 @@ class PlanRequest:
         if dec is not None:
             moments.append((run_peak + dec.total, dec))
         if pre is not None:
-            if dec is None:
-                prompt_peak = run_peak
-            elif prompt_peak is None:
-                prompt_peak = peak(prompt)
-            moments.append((prompt_peak + pre.total, pre))
+            stepwise = self._prompt_moments(arch, spec, prompt, batch)
+            if stepwise:
+                moments += stepwise
+            else:  # a prompt of many updates: its cache peak beside its worst forward (an upper bound)
+                if dec is None:
+                    prompt_peak = run_peak
+                elif prompt_peak is None:
+                    prompt_peak = peak(prompt)
+                moments.append((prompt_peak + pre.total, pre))
         worst, forward = max(moments, key=lambda m: m[0])
         return worst - run_peak, forward
+
+    def _prompt_moments(self, arch: Arch, spec: Spec, prompt: int, batch: int) -> list[tuple[int, Activations]]:
+        """Each prompt update's cache peak plus that update's forward, in the runtime's schedule (a
+        chunk's activations meet the cache as it is then, not as the whole prompt leaves it);
+        empty past ``PROMPT_UPDATES`` updates, where the caller bounds it instead."""
+        d = self.deployment
+        plan = schedule(prompt, prompt, self.chunk, last_alone=prompt_last_alone(self.runtime))
+        if sum(u.repeat for u in plan) > PROMPT_UPDATES:
+            return []
+        run = replay(arch, spec, self.backend, batch=batch, dtype=self.dtype, deployment=d, context=prompt)
+        out = []
+        for u in plan:
+            for _ in range(u.repeat):
+                step = run.update(u.tokens, u.phase, False)
+                act = activation_peak(arch, spec, tokens=u.tokens, seen=step.offset, batch=batch, dtype=self.dtype,
+                                      backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp)  # fmt: skip
+                out.append((step.peak_bytes + act.total, act))
+        return out
 
     def cache_budget(self, arch: Arch) -> int | None:
         """Bytes one device's budget leaves for the cache and the activations (budget - weights -

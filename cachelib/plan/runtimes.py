@@ -250,8 +250,8 @@ def mlx_lm_spec(
 ) -> str:
     """The strategy spec of ``mlx_lm.generate``'s cache flags: ``--max-kv-size N`` is a ring of
     N tokens keeping 4 (``make_prompt_cache``; a model with its own ``make_cache`` ignores it),
-    ``--kv-bits B`` converts each ``KVCache`` with ``to_quantized`` once its offset reaches
-    ``--quantized-kv-start`` (``maybe_quantize_kv_cache``). mlx-lm cannot quantize a ring
+    ``--kv-bits B`` converts each ``KVCache`` with ``to_quantized`` after the update that takes
+    its offset to ``--quantized-kv-start`` or past it (``maybe_quantize_kv_cache``). mlx-lm cannot quantize a ring
     (``RotatingKVCache.to_quantized`` raises), so both together are refused, and so is
     ``--max-kv-size`` for a ``model_type`` whose class builds its own cache (mlx-lm ignores it)."""
     if max_kv_size is not None and model_type is not None and mlx_module(model_type) in MLX_OWN_MAKE_CACHE:
@@ -265,7 +265,9 @@ def mlx_lm_spec(
     if max_kv_size is not None:
         return f"rotating:max_size={_count('max_kv_size', max_kv_size)},keep=4"
     if kv_bits is not None:
-        return f"quantized:bits={kv_bits},group_size={kv_group_size},start={quantized_kv_start}"
+        # maybe_quantize_kv_cache runs after each update: a cache holding >= start tokens is converted before the
+        # next one, as start=max(start, 1) does here (with 0, the first update is still written at full precision)
+        return f"quantized:bits={kv_bits},group_size={kv_group_size},start={max(quantized_kv_start, 1)}"
     return "standard"
 
 
