@@ -55,7 +55,6 @@ def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | Non
 
 DEVICES = ("gpu", "cpu")  # where the forward runs: on the CPU, MLX materialises attention scores
 SOLVE = ("max_kv_size", "bits")  # what --solve searches for
-PROMPT_UPDATES = 256  # prompt updates replayed one by one for the activation peak; past it, a bound
 
 
 @dataclass(frozen=True)
@@ -179,8 +178,9 @@ class PlanRequest:
         """The bytes one device holds beyond the cache's peak at the run's worst moment, and
         the forward that makes it: the worst prefill chunk over the cache as the prompt leaves
         it, or the last decode step over the cache at its peak, whichever is larger.
-        ``run_peak`` / ``prompt_peak``: the cache peaks of the run and of its prompt alone, when
-        the caller has them (else they are accounted here)."""
+        ``run_peak``: the cache's peak over the run, when the caller has it (else it is accounted
+        here); ``prompt_peak`` is not needed any more (each prompt update is replayed with its own
+        cache) and is ignored."""
         context, batch = context or self.context, batch or self.batch
         prefill = self.prefill
         pre, dec = phase_activations(
@@ -202,34 +202,26 @@ class PlanRequest:
         if dec is not None:
             moments.append((run_peak + dec.total, dec))
         if pre is not None:
-            stepwise = self._prompt_moments(arch, spec, prompt, batch)
-            if stepwise:
-                moments += stepwise
-            else:  # a prompt of many updates: its cache peak beside its worst forward (an upper bound)
-                if dec is None:
-                    prompt_peak = run_peak
-                elif prompt_peak is None:
-                    prompt_peak = peak(prompt)
-                moments.append((prompt_peak + pre.total, pre))
+            moments += self._prompt_moments(arch, spec, prompt, batch)
         worst, forward = max(moments, key=lambda m: m[0])
         return worst - run_peak, forward
 
     def _prompt_moments(self, arch: Arch, spec: Spec, prompt: int, batch: int) -> list[tuple[int, Activations]]:
-        """Each prompt update's cache peak plus that update's forward, in the runtime's schedule (a
-        chunk's activations meet the cache as it is then, not as the whole prompt leaves it);
-        empty past ``PROMPT_UPDATES`` updates, where the caller bounds it instead."""
-        d = self.deployment
+        """Each run of equal prompt updates (the runtime's schedule): the cache's peak during its
+        last update plus that update's forward. A chunk's activations meet the cache as it is then
+        (the first 2,048-token chunk of a 3,000-token prompt a 2,048-token cache), and the last
+        update of a run is its worst (the most keys, the largest cache)."""
         plan = schedule(prompt, prompt, self.chunk, last_alone=prompt_last_alone(self.runtime))
-        if sum(u.repeat for u in plan) > PROMPT_UPDATES:
-            return []
-        run = replay(arch, spec, self.backend, batch=batch, dtype=self.dtype, deployment=d, context=prompt)
+        run = replay(arch, spec, self.backend, batch=batch, dtype=self.dtype, deployment=self.deployment,
+                     context=prompt)  # fmt: skip
         out = []
         for u in plan:
-            for _ in range(u.repeat):
-                step = run.update(u.tokens, u.phase, False)
-                act = activation_peak(arch, spec, tokens=u.tokens, seen=step.offset, batch=batch, dtype=self.dtype,
-                                      backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp)  # fmt: skip
-                out.append((step.peak_bytes + act.total, act))
+            if u.repeat > 1:
+                run.feed(u.tokens, u.repeat - 1, u.phase)
+            step = run.update(u.tokens, u.phase, False)
+            act = activation_peak(arch, spec, tokens=u.tokens, seen=step.offset, batch=batch, dtype=self.dtype,
+                                  backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp)  # fmt: skip
+            out.append((step.peak_bytes + act.total, act))
         return out
 
     def cache_budget(self, arch: Arch) -> int | None:

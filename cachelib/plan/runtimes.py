@@ -205,7 +205,7 @@ class Deployment:
         if runtime is not None and rt is None:
             raise ValueError(f"unknown runtime {runtime!r}; allowed: {', '.join(RUNTIMES)}")
         if rt is not None:
-            backend = backend if backend in rt.backends else rt.backend
+            backend = backend or rt.backend
             for name in ("block_size", "gpu_memory_utilization", "prefill_chunk"):
                 if fields.get(name) is None:
                     fields[name] = getattr(rt, name)
