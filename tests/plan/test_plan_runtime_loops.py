@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cachelib.plan import PlanRequest, account, arch_from_config, plan, preset, solve_sessions
+from cachelib.plan import PlanRequest, account, arch_from_config, plan, preset
+from cachelib.plan.request import solve_sessions
 from cachelib.plan.accounting import schedule
 from cachelib.plan.device import activation_peak, phase_activations
 from cachelib.plan.runtimes import Deployment, mlx_lm_spec
