@@ -188,41 +188,38 @@ class PlanRequest:
             backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp,
         )  # fmt: skip
 
-        def peak(n: int) -> int:
-            return account(arch, spec, self.backend, context=n, prefill=n, prefill_chunk=self.prefill_chunk,
-                           batch=batch, dtype=self.dtype, deployment=self.deployment).peak_bytes  # fmt: skip
-
         prompt = context if prefill is None else min(prefill, context)
+        moments, prompt_peak = self._prompt_moments(arch, spec, prompt, batch) if pre is not None else ([], 0)
         if run_peak is None:
-            run_peak = peak(context) if dec is None else account(
+            run_peak = prompt_peak if dec is None else account(
                 arch, spec, self.backend, context=context, prefill=prompt, prefill_chunk=self.prefill_chunk,
                 batch=batch, dtype=self.dtype, deployment=self.deployment,
             ).peak_bytes  # fmt: skip
-        moments = []
         if dec is not None:
             moments.append((run_peak + dec.total, dec))
-        if pre is not None:
-            moments += self._prompt_moments(arch, spec, prompt, batch)
         worst, forward = max(moments, key=lambda m: m[0])
         return worst - run_peak, forward
 
-    def _prompt_moments(self, arch: Arch, spec: Spec, prompt: int, batch: int) -> list[tuple[int, Activations]]:
+    def _prompt_moments(self, arch: Arch, spec: Spec, prompt: int,
+                        batch: int) -> tuple[list[tuple[int, Activations]], int]:  # fmt: skip
         """Each run of equal prompt updates (the runtime's schedule): the cache's peak during its
         last update plus that update's forward. A chunk's activations meet the cache as it is then
         (the first 2,048-token chunk of a 3,000-token prompt a 2,048-token cache), and the last
-        update of a run is its worst (the most keys, the largest cache)."""
+        update of a run is its worst (the most keys, the largest cache). Also the cache's peak over
+        the whole prompt."""
         plan = schedule(prompt, prompt, self.chunk, last_alone=prompt_last_alone(self.runtime))
         run = replay(arch, spec, self.backend, batch=batch, dtype=self.dtype, deployment=self.deployment,
                      context=prompt)  # fmt: skip
-        out = []
+        out, peak = [], 0
         for u in plan:
             if u.repeat > 1:
-                run.feed(u.tokens, u.repeat - 1, u.phase)
+                peak = max(peak, run.feed(u.tokens, u.repeat - 1, u.phase)[0])
             step = run.update(u.tokens, u.phase, False)
+            peak = max(peak, step.peak_bytes)
             act = activation_peak(arch, spec, tokens=u.tokens, seen=step.offset, batch=batch, dtype=self.dtype,
                                   backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp)  # fmt: skip
             out.append((step.peak_bytes + act.total, act))
-        return out
+        return out, peak
 
     def cache_budget(self, arch: Arch) -> int | None:
         """Bytes one device's budget leaves for the cache and the activations (budget - weights -
