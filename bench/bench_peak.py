@@ -1,7 +1,9 @@
 """Predicted against measured whole-process peak memory: the planner's weights + cache peak +
-activation peak (:mod:`cachelib.plan.device`, runtime ``cachelib``) against MLX's ``mx.get_peak_memory()`` over a
-real run of cachelib's own loop (prompt in chunks, logits of every chunk evaluated as cachelib's
-profiler does, then decode steps; mlx-lm's ``generate_step`` is ``bench/bench_runtime_peak.py``'s), for 3 strategies x 2 contexts on the bundled SmolLM2 (MLX on the CPU, float32, weights
+activation peak (:mod:`cachelib.plan.device`, runtime ``cachelib``) against MLX's
+``mx.get_peak_memory()`` over a real run of cachelib's own loop (prompt in chunks, logits of every
+chunk evaluated as cachelib's profiler does, then decode steps; mlx-lm's own ``generate_step`` is
+``bench/bench_runtime_peak.py``'s), for 3 strategies x 2 contexts on the bundled SmolLM2 (MLX on
+the CPU, float32, weights
 dequantized) and the tiny presets. Target: within 10% of the measured peak; the error of the part
 beyond the weights (cache + activations) is printed too, since the weights dominate the total.
 
