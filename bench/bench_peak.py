@@ -3,9 +3,8 @@ activation peak (:mod:`cachelib.plan.device`, runtime ``cachelib``) against MLX'
 ``mx.get_peak_memory()`` over a real run of cachelib's own loop (prompt in chunks, logits of every
 chunk evaluated as cachelib's profiler does, then decode steps; mlx-lm's own ``generate_step`` is
 ``bench/bench_runtime_peak.py``'s), for 3 strategies x 2 contexts on the bundled SmolLM2 (MLX on
-the CPU, float32, weights
-dequantized) and the tiny presets. Target: within 10% of the measured peak; the error of the part
-beyond the weights (cache + activations) is printed too, since the weights dominate the total.
+the CPU, float32, weights dequantized) and the tiny presets. Target: within 10% of the measured
+peak; the error of the part beyond the weights (cache + activations) is printed too, since the weights dominate the total.
 
 Where CUDA exists, the same runs on torch are measured with ``torch.cuda.max_memory_allocated()``;
 elsewhere that path is skipped with the reason.
