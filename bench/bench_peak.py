@@ -1,9 +1,10 @@
 """Predicted against measured whole-process peak memory: the planner's weights + cache peak +
-activation peak (:mod:`cachelib.plan.device`) against MLX's ``mx.get_peak_memory()`` over a real
-run (prompt in chunks, logits of every chunk evaluated as cachelib's profiler does, then decode
-steps), for 3 strategies x 2 contexts on the bundled SmolLM2 (MLX on the CPU, float32, weights
-dequantized) and the tiny presets. Target: within 10% of the measured peak; the error of the part
-beyond the weights (cache + activations) is printed too, since the weights dominate the total.
+activation peak (:mod:`cachelib.plan.device`, runtime ``cachelib``) against MLX's
+``mx.get_peak_memory()`` over a real run of cachelib's own loop (prompt in chunks, logits of every
+chunk evaluated as cachelib's profiler does, then decode steps; mlx-lm's own ``generate_step`` is
+``bench/bench_runtime_peak.py``'s), for 3 strategies x 2 contexts on the bundled SmolLM2 (MLX on
+the CPU, float32, weights dequantized) and the tiny presets. Target: within 10% of the measured
+peak; the error of the part beyond the weights (cache + activations) is printed too, since the weights dominate the total.
 
 Where CUDA exists, the same runs on torch are measured with ``torch.cuda.max_memory_allocated()``;
 elsewhere that path is skipped with the reason.
@@ -28,8 +29,9 @@ TARGET = 0.10
 
 
 def _request(spec: str, context: int, prompt: int, chunk: int, weights: int, backend: str, device: str) -> PlanRequest:
+    # cachelib's own loop (every position's logits); bench/bench_runtime_peak.py checks mlx-lm's generate_step
     return PlanRequest([spec], context=context, prefill=prompt, prefill_chunk=chunk, dtype="float32",
-                       weights_bytes=weights, backend=backend, device=device)  # fmt: skip
+                       weights_bytes=weights, backend=backend, device=device, runtime="cachelib")  # fmt: skip
 
 
 def predicted(arch, spec: str, context: int, prompt: int, chunk: int, weights: int, backend="mlx", device="cpu"):

@@ -52,12 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strategy", action="append", metavar="SPEC",
         help="strategy spec, e.g. rotating:max_size=4096,keep=4 (repeat to compare; default: the runtime's "
-        "standard set: " + "; ".join(f"{k or 'no runtime'}: {', '.join(v)}" for k, v in RUNTIME_SET.items()) + ")",
+        "standard set: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in RUNTIME_SET.items()) + ")",
     )  # fmt: skip
     parser.add_argument("--backend", choices=("mlx", "torch"), default=DEFAULTS["backend"],
-                        help="cachelib's caches on this library (default mlx); --runtime implies its own")  # fmt: skip
+                        help="the library (default mlx); with no --runtime, plans its deployed runtime: mlx-lm on mlx, "
+                        "transformers on torch")  # fmt: skip
     parser.add_argument("--runtime", choices=runtime_names(),
-                        help="plan as this runtime allocates (its layouts, blocks, prompt chunks, defaults)")  # fmt: skip
+                        help="plan as this runtime allocates and runs (its layouts, blocks, prompt chunks, logits, "
+                        "defaults); cachelib: cachelib's own profiler loop (default: mlx-lm on mlx, transformers on "
+                        "torch)")  # fmt: skip
     parser.add_argument("--tp", "-tp", "--tensor-parallel-size", dest="tp", type=positive_int, default=DEFAULTS["tp"],
                         help="tensor-parallel devices (default 1)")  # fmt: skip
     parser.add_argument("--pp", "-pp", "--pipeline-parallel-size", dest="pp", type=positive_int, default=DEFAULTS["pp"],
@@ -70,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", type=non_negative_int, help="prompt tokens (default: the whole context); the rest is decoded")
     parser.add_argument(
         "--prefill-chunk", type=positive_int,
-        help="feed the prompt in chunks of this many tokens (mlx-lm's generate uses 2048; default: one update)",
+        help="feed the prompt in chunks of this many tokens (default: the runtime's; mlx-lm 2048, else one update)",
     )  # fmt: skip
     parser.add_argument("--budget", type=memory_size, metavar="SIZE",
                         help=f"memory of one device: weights + cache + activations + overhead + reserve; {SIZE_HELP}")  # fmt: skip
@@ -210,6 +213,9 @@ def _run(args: argparse.Namespace) -> None:
     print(answer.text())  # the answer first: the runtime's command, sessions, memory, quality
     if args.explain:
         print("how: " + "\n     ".join(answer.steps))
+    if args.runtime is None:
+        print(f"runtime: {request.runtime}, the default on backend {request.backend} (what users deploy there; "
+              "--runtime names another, --runtime cachelib plans cachelib's own profiler loop)")  # fmt: skip
     print()
     print(_header(result))
     for solved in result.solved:
@@ -264,6 +270,7 @@ def _header(result: PlanResult) -> str:
         describe_layout(arch, d, r.backend),  # the layers as the runtime builds them
         f"{d.describe() if d else r.backend} {r.dtype}, batch {r.batch}, context {r.context} "
         f"(prompt {prompt} {feed}, then {r.context - prompt} decode steps)",
+        f"loop planned: {r.loop}",
     ]
     if result.weights_bytes is not None and result.fits:
         f = result.fits[0]
@@ -372,7 +379,7 @@ def format_table(fits: list[Fit], budgeted: bool) -> str:
 def _layer_table(arch, spec, r: PlanRequest) -> str:
     """Per-layer caches at the end of the run; consecutive identical layers share a row."""
     acc = account(arch, spec, r.backend, context=r.context, prefill=r.prefill, prefill_chunk=r.prefill_chunk,
-                  batch=r.batch, dtype=r.dtype)  # fmt: skip
+                  batch=r.batch, dtype=r.dtype, deployment=r.deployment)  # fmt: skip
     runs: list[list] = []
     for la in acc.layers:
         key = (la.layer_type, la.kind, la.tokens_held, la.capacity, la.bytes_allocated, la.on_device)

@@ -56,7 +56,8 @@ from ..core.units import BACKENDS, DTYPE_BYTES, check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
 from .runtimes import (
-    Deployment, as_deployment, kv_format_check, largest_stage, llama_cpp_settings, stage_arches, stages,
+    Deployment, as_deployment, kv_format_check, largest_stage, llama_cpp_settings, prompt_last_alone, runtime_spec,
+    stage_arches, stages,
 )  # fmt: skip
 
 CYCLE_KEYS = 4096  # distinct cycle keys a feed remembers before it starts looking afresh
@@ -201,12 +202,12 @@ def cache_layout(
     moment is sized as ``-c`` = the tokens so far would allocate it (what a search over contexts
     needs).
     """
-    spec = parse_spec(spec)
     d = _deployment(deployment, backend)
-    return _layout(device_arch_of(arch, d), spec, d, context)
+    return _layout(device_arch_of(arch, d), parse_spec(spec), d, context)
 
 
 def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None, batch: int = 1) -> list[LayerCache]:
+    spec = runtime_spec(spec, d)  # transformers' standard is its DynamicCache
     rt = d.profile
     if rt is not None and rt.runtime_cache:
         if spec.name != "standard":
@@ -356,22 +357,28 @@ def _positive_int(name: str, value, minimum: int = 1) -> int:
     return value
 
 
-def schedule(context: int, prefill: int | None = None, prefill_chunk: int | None = None) -> list[Update]:
+def schedule(context: int, prefill: int | None = None, prefill_chunk: int | None = None, *,
+             last_alone: bool = False) -> list[Update]:  # fmt: skip
     """The updates of a run that ends holding ``context`` tokens: a prompt of ``prefill`` tokens
     (default: all of ``context``) fed in chunks of at most ``prefill_chunk`` tokens (default: one
-    update), then ``context - prefill`` one-token decode steps."""
+    update), then ``context - prefill`` one-token decode steps. ``last_alone``: the prompt's last
+    token is its own update after the chunks (mlx-lm's ``generate_step``)."""
     context = _positive_int("context", context)
     prefill = context if prefill is None else _positive_int("prefill", prefill, 0)
     if prefill > context:
         raise ValueError(f"prefill={prefill} must be <= context={context}")
     out: list[Update] = []
     if prefill:
-        chunk = prefill if not prefill_chunk else _positive_int("prefill_chunk", prefill_chunk)
-        whole, rest = divmod(prefill, chunk)
-        if whole:
-            out.append(Update(chunk, whole, "prefill"))
-        if rest:
-            out.append(Update(rest, 1, "prefill"))
+        chunked = prefill - 1 if last_alone else prefill
+        if chunked:
+            chunk = chunked if not prefill_chunk else _positive_int("prefill_chunk", prefill_chunk)
+            whole, rest = divmod(chunked, chunk)
+            if whole:
+                out.append(Update(chunk, whole, "prefill"))
+            if rest:
+                out.append(Update(rest, 1, "prefill"))
+        if last_alone:
+            out.append(Update(1, 1, "prefill"))
     if context > prefill:
         out.append(Update(1, context - prefill, "decode"))
     return out
@@ -672,7 +679,7 @@ def trace(
     else:
         if context is None:
             raise ValueError("context is required (or give updates)")
-        plan = schedule(context, prefill, prefill_chunk or d.prefill_chunk)
+        plan = schedule(context, prefill, prefill_chunk or d.prefill_chunk, last_alone=prompt_last_alone(d.runtime))
     total = sum(u.tokens * u.repeat for u in plan)
     run = replay(arch, spec, backend, batch=batch, dtype=dtype, deployment=deployment, context=total)
     steps = [run.update(u.tokens, u.phase, True) for u in plan for _ in range(u.repeat)]
@@ -757,7 +764,7 @@ def account(
     check_dtype(dtype)
     _positive_int("batch", batch)
     d = _deployment(deployment, backend)
-    plan = schedule(context, prefill, prefill_chunk or d.prefill_chunk)
+    plan = schedule(context, prefill, prefill_chunk or d.prefill_chunk, last_alone=prompt_last_alone(d.runtime))
     runs = _stage_replays(arch, spec, d, dtype, batch, context)
     total = 0
     for i, run in enumerate(runs):

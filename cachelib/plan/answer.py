@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ..core.units import human_gib
 from ..spec import Spec, parse_spec
 from .quality import is_exact, meets
+from .layouts import MLX_OWN_MAKE_CACHE, mlx_module
 from .runtimes import MLX_LM_QUANTIZED_KV_START
 
 if TYPE_CHECKING:  # types only; PlanRequest and PlanResult (cachelib.plan.request, which imports this module)
@@ -38,14 +39,14 @@ RUNTIME_SET = {  # the strategies planned when none is given: what each runtime 
     "transformers": ("standard", "offloaded"),
     "vllm": ("standard",),
     "llama.cpp": ("standard",),
-    None: ("standard", "rotating:max_size=4096", "quantized:bits=8", "quantized:bits=4", "kivi"),
+    "cachelib": ("standard", "rotating:max_size=4096", "quantized:bits=8", "quantized:bits=4", "kivi"),
 }
 
 
 def default_strategies(runtime: str | None, arch=None, backend: str = "mlx") -> tuple[str, ...]:
     """The runtime's standard set: what is planned when the user lists no strategy; with
     ``arch``, less what that model refuses (a quantization group its head dims do not divide)."""
-    specs = RUNTIME_SET.get(runtime, RUNTIME_SET[None])
+    specs = RUNTIME_SET.get(runtime or "cachelib", RUNTIME_SET["cachelib"])
     if arch is None:
         return specs
     from .accounting import account  # accounting imports nothing of this module's callers
@@ -60,16 +61,20 @@ def default_strategies(runtime: str | None, arch=None, backend: str = "mlx") -> 
     return tuple(kept) or ("standard",)
 
 
-def runtime_flags(spec: str | Spec, runtime: str | None) -> list[str] | None:
+def runtime_flags(spec: str | Spec, runtime: str | None, model_type: str | None = None) -> list[str] | None:
     """The cache flags (or constructor arguments) ``runtime`` takes for ``spec``; None when the
-    runtime cannot run it natively. Without a runtime every strategy is cachelib's own: []."""
+    runtime cannot run it natively. In cachelib's own loop every strategy is cachelib's own: [].
+    ``model_type``: the model's; mlx-lm ignores ``--max-kv-size`` for a class with its own
+    ``make_cache`` (llama among them), so a ring is no mlx-lm option there."""
     s = parse_spec(spec)
-    if runtime is None:
+    if runtime in (None, "cachelib"):
         return []
     if runtime == "mlx-lm":
         if s.name == "standard":
             return []
         if s.name == "rotating" and s.get("keep") == 4 and s.get("bits") is None:
+            if model_type and mlx_module(model_type) in MLX_OWN_MAKE_CACHE:
+                return None
             return ["--max-kv-size", str(s.get("max_size"))]
         if s.name == "quantized" and s.get("key_bits") is None and s.get("value_bits") is None:
             out = ["--kv-bits", str(s.get("bits"))]
@@ -99,16 +104,17 @@ def model_ref(arch, model: str | None = None) -> str:
     return model or "MODEL"
 
 
-def runtime_command(request: PlanRequest, spec: str | Spec, model: str, sessions: int | None = None) -> str | None:
+def runtime_command(request: PlanRequest, spec: str | Spec, model: str, sessions: int | None = None,
+                    model_type: str | None = None) -> str | None:
     """``spec`` deployed as ``request``'s runtime runs it, as one command line (or, for
     transformers, the cache to pass to ``generate``); None when the runtime cannot run it.
     ``sessions``: the concurrent sessions the command should serve (llama.cpp's ``-np``)."""
     runtime = request.runtime
-    flags = runtime_flags(spec, runtime)
+    flags = runtime_flags(spec, runtime, model_type)
     if flags is None:
         return None
     d = request.deployment
-    if runtime is None:
+    if runtime in (None, "cachelib"):
         lib = "cachelib.mlx" if request.backend == "mlx" else "cachelib.torch"
         return f'{lib}.make_cache(model, "{parse_spec(spec)}")  # cachelib\'s cache in your code'
     if runtime == "mlx-lm":
@@ -226,7 +232,8 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
     r = result.request
     rec = result.choice
     ref = model_ref(result.arch, model)
-    runtime = r.runtime or f"cachelib on {r.backend}"
+    runtime = f"cachelib on {r.backend}" if r.runtime in (None, "cachelib") else r.runtime
+    mt = result.arch.model_type or None
     fits = {f.spec: f for f in result.fits}
     side = []
     for solved in result.solved:
@@ -235,9 +242,11 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
             side.append(solved.text)
             continue
         f = fits.get(str(solved.spec))
-        flags = runtime_flags(solved.spec, r.runtime)
+        flags = runtime_flags(solved.spec, r.runtime, mt)
         how = shlex.join(flags) if flags else (str(solved.spec) if flags is None else "no flag")
         label = f"{solved.spec} ({how})" if flags else f"{solved.spec}"
+        if flags is None:
+            label += f" (no {runtime} option for {result.arch.name}: cachelib's cache in your code)"
         quality = quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(f.spec)) if f else "not planned"
         side.append(f"{label}: {solved.sessions} sessions; {quality}")
     in_code = []
@@ -247,21 +256,21 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
                        + quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(spec)))  # fmt: skip
     f = rec.fit
     if f is None:  # nothing meets the rules: the runtime's own closest command, said to be unrecommended
-        native = [g for g in result.fits if runtime_flags(g.spec, r.runtime) is not None and g.fits is not False]
+        native = [g for g in result.fits if runtime_flags(g.spec, r.runtime, mt) is not None and g.fits is not False]
         if not native:
             title = f"answer: nothing to deploy on {runtime} for {result.arch.name} at {r.context:,} tokens"
             return Answer(title, "", (f"why: {rec.steps[-1][3:]}",), tuple(side), tuple(in_code), rec.steps,
                           rec.commands)  # fmt: skip
-        f = min(native, key=lambda g: (len(runtime_flags(g.spec, r.runtime)), g.cache.peak_bytes))
+        f = min(native, key=lambda g: (len(runtime_flags(g.spec, r.runtime, mt)), g.cache.peak_bytes))
         title = (f"answer: NOT RECOMMENDED, nothing meets the rules on {runtime} for {result.arch.name} at "
                  f"{r.context:,} tokens; the closest, {f.spec}:")  # fmt: skip
         why = "why not: " + rec.steps[-1][3:]
     else:
-        flags = runtime_flags(f.spec, r.runtime)
+        flags = runtime_flags(f.spec, r.runtime, mt)
         what = f.spec + (" (no cache flag)" if flags == [] and r.runtime in ("mlx-lm", "vllm", "llama.cpp") else "")
         title = f"answer: {what} on {runtime} for {result.arch.name} at {r.context:,} tokens"
         why = "why: " + rec.steps[-1][3:]
-    command = runtime_command(r, f.spec, ref, sessions=r.sessions or f.sessions) or code_line(f.spec, r.backend)
+    command = runtime_command(r, f.spec, ref, sessions=r.sessions or f.sessions, model_type=mt) or code_line(f.spec, r.backend)
     quality = quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(f.spec))
     if r.kv_format and f.quality is None:
         quality = f"KV format {r.kv_format}: not measured (no evidence of it covers this context)"

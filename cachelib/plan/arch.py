@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 LayerKind = Literal["full", "sliding", "recurrent"]
 LAYER_KINDS = ("full", "sliding", "recurrent")
@@ -31,7 +31,9 @@ _LAYER_TYPE_NAMES = {
     "mamba": "recurrent",
 }
 # transformers' defaults where a config may omit the window of a model that always slides
-_DEFAULT_WINDOW = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "gemma3": 4096}
+_DEFAULT_WINDOW = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "gemma3": 4096, "cohere2": 4096,
+                   "gpt_oss": 128, "olmo3": 4096, "cwm": 8192, "afmoe": 1024, "mimo_v2_flash": 129,
+                   "granite_swa": 128}  # fmt: skip
 _RECURRENT_TYPES = ("mamba", "falcon_mamba", "jamba")
 _NO_KV_CACHE = ("openai-gpt",)  # transformers' OpenAIGPTModel takes no cache
 
@@ -263,9 +265,39 @@ def _with_params(arch: Arch, n: int, note: str) -> Arch:
     return replace(arch, num_params=n, params_note=note)
 
 
+def _every(n: int, first: str, rest: str, offset: int = 1) -> Callable[[int], str]:
+    """Layer i is ``first`` when ``(i + offset) % n == 0``, else ``rest``."""
+    return lambda i: first if (i + offset) % n == 0 else rest
+
+
+# How transformers 5.24's config classes fill ``layer_types`` when a config.json omits it
+# (``models/<type>/configuration_<type>.py``, ``__post_init__``); read with the config's own fields.
+_DERIVED_LAYER_TYPES = {
+    # full_attention_interval (default 4): every n-th layer full, the others gated-delta linear attention
+    "qwen3_next": lambda t: _every(int(t.get("full_attention_interval", 4)), "full_attention", "linear_attention"),
+    "cohere2": lambda t: _every(int(t.get("sliding_window_pattern", 4)), "full_attention", "sliding_attention"),
+    "gpt_oss": lambda t: _every(2, "full_attention", "sliding_attention"),
+    "olmo3": lambda t: _every(4, "full_attention", "sliding_attention"),
+    "afmoe": lambda t: _every(int(t.get("global_attn_every_n_layers", 4)), "full_attention", "sliding_attention"),
+    "cwm": lambda t: _every(4, "full_attention", "sliding_attention", offset=0),
+    "granite_swa": lambda t: _every(4, "full_attention", "sliding_attention", offset=0),
+    "mimo_v2_flash": lambda t: (lambda i: "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention"),
+}
+
+
+def derived_layer_types(text: Mapping, model_type: str, layers: int) -> list[str] | None:
+    """``layer_types`` as transformers' config class derives it for a config without one (None
+    for a model type that derives none here)."""
+    rule = _DERIVED_LAYER_TYPES.get(model_type)
+    if rule is None:
+        return None
+    kind_of = rule(text)
+    return [kind_of(i) for i in range(layers)]
+
+
 def _layer_kinds(text: Mapping, model_type: str, layers: int, where: str) -> tuple[tuple[str, ...], int | None]:
     window = text.get("sliding_window")
-    explicit = text.get("layer_types")
+    explicit = text.get("layer_types") or derived_layer_types(text, model_type, layers)
     mixer = sorted(k for k in text if k.startswith(("mamba_", "ssm_")))
     if mixer and model_type not in _RECURRENT_TYPES:  # e.g. falcon_h1: attention and SSM in each layer
         raise ValueError(

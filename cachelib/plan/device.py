@@ -23,9 +23,12 @@ What this module models, and where each term comes from:
   ``(B, T, channels, d_state)`` state of every position and its decay, ``ssm_step`` in
   ``mlx_lm/models/jamba.py``; its Mamba steps token by token over ``(B, channels, d_state)``,
   ``mlx_lm/models/mamba.py``), and the logits of every position the runtime
-  computes them for (cachelib's profiler: every position; mlx-lm's ``generate_step`` evaluates
-  the last chunk's; transformers' generate, vLLM and llama.cpp keep the last position's, in
-  float32).
+  computes them for: cachelib's profiler loop (runtime ``cachelib``) every position of every
+  forward, in the model's dtype; mlx-lm 0.32.2's ``generate_step`` none in a prefill chunk (it
+  evaluates only the caches' state, ``mx.eval([c.state for c in prompt_cache])``, so the LM head
+  never runs there) and one position in the model's dtype plus its log-probabilities for the
+  prompt's last token and each new one (``logits[:, -1, :]``, ``logits - logsumexp``);
+  transformers' generate, vLLM and llama.cpp the last position's, in float32.
 - **Attention scores** are materialised by MLX on the CPU (``mx.fast.scaled_dot_product_attention``
   falls back to matmul + softmax there), by mlx-lm's quantized attention everywhere
   (``quantized_scaled_dot_product_attention``: ``quantized_matmul`` then softmax), and not by the
@@ -236,6 +239,16 @@ def visible_keys(arch: Arch, spec: Spec, *, tokens: int, seen: int) -> int:
     return max(most, tokens)
 
 
+def logits_rule(runtime: str | None, tokens: int, itemsize: int) -> tuple[int, int]:
+    """(positions whose logits a forward of ``tokens`` tokens computes, bytes per logit) in the
+    runtime's generation loop (None: cachelib's own loop; see the module docstring)."""
+    if runtime in (None, "cachelib"):
+        return tokens, itemsize  # the profiler keeps every position's logits
+    if runtime == "mlx-lm":  # prefill chunks: none; a 1-token step: the logits and their log-probabilities
+        return (0, itemsize) if tokens > 1 else (1, 2 * itemsize)
+    return 1, 4  # transformers' generate, vLLM and llama.cpp: the last position's, in float32
+
+
 def activation_peak(
     arch: Arch,
     spec: str | Spec = "standard",
@@ -252,9 +265,7 @@ def activation_peak(
 ) -> Activations:
     """The activation bytes of one forward of ``tokens`` tokens (whole batch) that ends with
     ``seen`` tokens in the cache, on one device of a ``tp``-way split. ``logits_tokens``: the
-    positions whose logits are computed (default: every position for cachelib's own caches, as
-    its profiler computes them, and for mlx-lm, whose prefill evaluates the last chunk's; the
-    last one for transformers' generate, vLLM and llama.cpp)."""
+    positions whose logits are computed (default: the runtime's rule, :func:`logits_rule`)."""
     spec = parse_spec(spec)
     a = DTYPE_BYTES[dtype]
     b, c, h = batch, tokens, arch.hidden_size
@@ -276,11 +287,10 @@ def activation_peak(
             recurrent = 2 * b * c * ch * n * a + per_token
         else:
             recurrent = 2 * b * ch * n * a + per_token
-    every = runtime in (None, "mlx-lm")  # cachelib's profiler and mlx-lm's prefill compute every position's logits
-    if logits_tokens is None:
-        logits_tokens = tokens if every else 1
-    logit_bytes = a if every else 4  # transformers' generate, vLLM and llama.cpp keep float32 logits
-    logits = b * min(logits_tokens, tokens) * ((arch.vocab_size or 0) // tp) * logit_bytes
+    positions, logit_bytes = logits_rule(runtime, tokens, a)
+    if logits_tokens is not None:
+        positions = logits_tokens
+    logits = b * min(positions, tokens) * ((arch.vocab_size or 0) // tp) * logit_bytes
     return Activations(c, s, 3 * b * c * h * a, attention, scores, mlp, recurrent, logits, note)
 
 
@@ -295,15 +305,17 @@ def phase_activations(
 ) -> tuple[Activations | None, Activations | None]:
     """The worst prefill forward and the last decode step of a run (None for a phase the run
     does not have); ``options`` as :func:`activation_peak` takes them."""
+    from .accounting import schedule
+    from .runtimes import prompt_last_alone
+
     prompt = context if prefill is None else min(prefill, context)
-    worst = None
-    if prompt:
-        chunk = min(prefill_chunk or prompt, prompt)
-        last = prompt - (prompt - 1) // chunk * chunk  # the last chunk may be shorter
-        worst = activation_peak(arch, spec, tokens=last, seen=prompt, **options)
-        if last != chunk and prompt > chunk:  # the last full-width chunk, just before it
-            full = activation_peak(arch, spec, tokens=chunk, seen=prompt - last, **options)
-            worst = max(worst, full, key=lambda x: x.total)
+    worst, seen = None, 0
+    alone = prompt_last_alone(options.get("runtime"))
+    # each run of equal prompt updates (the runtime's schedule): its last one sees the most keys
+    for u in schedule(prompt, prompt, prefill_chunk, last_alone=alone) if prompt else ():
+        seen += u.tokens * u.repeat
+        found = activation_peak(arch, spec, tokens=u.tokens, seen=seen, **options)
+        worst = found if worst is None or found.total >= worst.total else worst  # a tie: the later, more keys
     decode = activation_peak(arch, spec, tokens=1, seen=context, **options) if context > prompt or not prompt else None
     return worst, decode
 

@@ -47,7 +47,10 @@ spark2_5 step3p5
 """.split())
 
 # the make_cache methods the planner models (each one's rule is in _mlx_own_kinds)
-MLX_MODELLED = ("llama", "gemma3_text", "gemma3", "jamba", "mamba")
+MLX_MODELLED = ("llama", "gemma3_text", "gemma3", "jamba", "mamba", "cohere2", "gpt_oss", "olmo3")
+
+# mlx-lm's ModelArgs defaults where a config omits the window (cohere2.py, gpt_oss.py; olmo3 requires it)
+_MLX_WINDOW = {"cohere2": 4096, "gpt_oss": 128}
 
 # latent-attention configs whose mlx-lm attention caches decompressed per-head keys and values
 # (``cache.update_and_fetch(keys, values)`` after ``kv_b_proj``) instead of the latent
@@ -127,6 +130,21 @@ def mlx_layer_kinds(
             period, offset = int(text.get("attn_layer_period", 8)), int(text.get("attn_layer_offset", 4))
             kinds = tuple("full" if i % period == offset else "recurrent" for i in range(layers))
         return kinds, None
+    if module == "cohere2":  # i % pattern == pattern - 1: KVCache, else RotatingKVCache(window, keep=0)
+        pattern = int(text.get("sliding_window_pattern", 4))
+        kinds = tuple("full" if i % pattern == pattern - 1 else "sliding" for i in range(layers))
+        return kinds, (int(text.get("sliding_window") or _MLX_WINDOW["cohere2"]) if "sliding" in kinds else None)
+    if module in ("gpt_oss", "olmo3"):  # layer_types (or its default): full -> KVCache, else a ring of the window
+        if module == "gpt_oss":
+            default = ["sliding_attention", "full_attention"] * (layers // 2)
+        else:
+            default = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
+        types = list(text.get("layer_types") or default)[:layers]
+        kinds = tuple("full" if t == "full_attention" else "sliding" for t in types)
+        w = text.get("sliding_window") or _MLX_WINDOW.get(module)
+        if "sliding" in kinds and not w:
+            raise ValueError(f"{where}: mlx-lm's {module} needs a sliding_window in the config")
+        return kinds, (int(w) if "sliding" in kinds else None)
     return ("recurrent",) * layers, None  # mamba: ArraysCache(2) on every layer
 
 

@@ -444,7 +444,7 @@ def choose(
     unmeasured = tuple(f.spec for f in fits if f.quality is None)
     commands = tuple(judgements[s].command for s in unmeasured if s in judgements and judgements[s].command)
     wanted = _wanted(max_kl, min_agreement)
-    where = runtime or "cachelib's caches"
+    where = "cachelib's caches" if runtime in (None, "cachelib") else runtime
 
     def n_flags(spec: str) -> int:
         got = flags(spec) if flags is not None else ()

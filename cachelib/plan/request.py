@@ -19,10 +19,10 @@ from typing import NamedTuple, Sequence
 
 from ..core.units import human_gib, memory_text, parse_memory
 from ..spec import TORCH_QUANT_BITS, Spec, parse_spec, strategy
-from .accounting import account
+from .accounting import account, replay, schedule
 from .arch import Arch
 from .device import (
-    Activations, DeviceMemory, WeightsFormat, phase_activations, resolve_weights, run_activation_peak,
+    Activations, DeviceMemory, WeightsFormat, activation_peak, phase_activations, resolve_weights, run_activation_peak,
     runtime_overhead,
     weights_format, weights_per_device,
 )  # fmt: skip
@@ -30,7 +30,7 @@ from .vllm import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_FLAGS, VllmPool, check_utilization, default_non_torch,
     kv_pool,
 )  # fmt: skip
-from .runtimes import LLAMA_CPP_FLAGS, RUNTIMES, Deployment, llama_cpp_settings
+from .runtimes import LLAMA_CPP_FLAGS, RUNTIMES, Deployment, default_runtime, llama_cpp_settings, prompt_last_alone
 from .answer import runtime_flags
 from .quality import Evidence, Judgement, Recommendation, choose, judge, judge_fits, scaled_candidates
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
@@ -91,7 +91,7 @@ class PlanRequest:
     weights_bytes: int | None = None  # one device's weights, as measured; None: counted at weights_dtype
     weights_dtype: str | None = None  # a format name or bits per parameter; None: the model's published dtype
     reserve_bytes: int = 0  # kept free on each device
-    runtime: str | None = None  # mlx-lm | transformers | vllm | llama.cpp; None: cachelib's caches on backend
+    runtime: str | None = None  # mlx-lm | transformers | vllm | llama.cpp | cachelib; None: the backend's default
     tp: int = 1
     pp: int = 1
     kv_format: str | None = None  # fp8 (vllm), q8_0 / q4_0 (llama.cpp); None: the dtype
@@ -146,15 +146,16 @@ class PlanRequest:
                 object.__setattr__(self, "weights_dtype", _number(float(self.weights_dtype)))
         if self.device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; allowed: {', '.join(DEVICES)}")
-        if self.runtime is not None:
-            if self.runtime not in RUNTIMES:
-                raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
-            object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)  # the runtime implies it
+        if self.runtime is None:  # the runtime users deploy with on the backend, with its defaults
+            object.__setattr__(self, "runtime", default_runtime(self.backend))
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
+        if self.backend not in RUNTIMES[self.runtime].backends:  # the runtime implies its backend
+            object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)
         self._check_vllm_flags()
         self.deployment  # validates tp, pp and the KV format against the runtime
-        d = self.deployment
-        if self.runtime == "llama.cpp" and d is not None:
-            llama_cpp_settings(d, self.batch)  # the batch fits the --parallel slots
+        if self.runtime == "llama.cpp":
+            llama_cpp_settings(self.deployment, self.batch)  # the batch fits the --parallel slots
         if self.solve is not None:
             if self.solve not in SOLVE:
                 raise ValueError(f"unknown --solve {self.solve!r}; allowed: {', '.join(SOLVE)}")
@@ -175,9 +176,8 @@ class PlanRequest:
     def _check_vllm_flags(self) -> None:
         given = [flag for flag, name in _VLLM_FIELDS if getattr(self, name) is not None]
         if given and self.runtime != "vllm":
-            who = f"runtime {self.runtime}" if self.runtime else f"cachelib's caches on {self.backend} (no --runtime)"
-            raise ValueError(f"{given[0]} is a flag of runtime vllm; {who} does not have it (vllm's flags: "
-                             f"{', '.join(VLLM_FLAGS)})")  # fmt: skip
+            raise ValueError(f"{given[0]} is a flag of runtime vllm; runtime {self.runtime} does not have it "
+                             f"(vllm's flags: {', '.join(VLLM_FLAGS)})")  # fmt: skip
         if self.gpu_memory_utilization is not None:
             check_utilization(self.gpu_memory_utilization)
         for flag, name in _VLLM_FIELDS[1:5]:
@@ -220,14 +220,17 @@ class PlanRequest:
         return self.max_kl is not None or self.min_agreement is not None
 
     @property
-    def deployment(self) -> Deployment | None:
-        """The runtime and parallelism planned for; None for cachelib's own caches on one device."""
+    def deployment(self) -> Deployment:
+        """The runtime (the backend's default when none was named), its parallelism, flags and defaults."""
         llama = {name: getattr(self, name) for name in LLAMA_CPP_FLAGS if getattr(self, name) is not None}
-        if self.runtime is None and self.tp == 1 and self.pp == 1 and self.kv_format is None and not llama:
-            return None
         vllm = {name: getattr(self, name) for _, name in _VLLM_FIELDS[:-2]}  # None outside vllm (checked)
-        return Deployment.make(self.runtime, None if self.runtime else self.backend, tp=self.tp, pp=self.pp,
-                               kv_format=self.kv_format, **vllm, **llama)  # fmt: skip
+        return Deployment.make(self.runtime, self.backend, tp=self.tp, pp=self.pp, kv_format=self.kv_format,
+                               **vllm, **llama)  # fmt: skip
+
+    @property
+    def loop(self) -> str:
+        """The generation loop planned for, in words (the runtime's)."""
+        return RUNTIMES[self.runtime].loop
 
     @property
     def chunk(self) -> int | None:
@@ -270,8 +273,9 @@ class PlanRequest:
         """The bytes one device holds beyond the cache's peak at the run's worst moment, and
         the forward that makes it: the worst prefill chunk over the cache as the prompt leaves
         it, or the last decode step over the cache at its peak, whichever is larger.
-        ``run_peak`` / ``prompt_peak``: the cache peaks of the run and of its prompt alone, when
-        the caller has them (else they are accounted here)."""
+        ``run_peak``: the cache's peak over the run, when the caller has it (else it is accounted
+        here); ``prompt_peak`` is not needed any more (each prompt update is replayed with its own
+        cache) and is ignored."""
         context, batch = context or self.context, batch or self.batch
         prefill = self.prefill
         pre, dec = phase_activations(
@@ -279,27 +283,38 @@ class PlanRequest:
             backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp,
         )  # fmt: skip
 
-        def peak(n: int) -> int:
-            return account(arch, spec, self.backend, context=n, prefill=n, prefill_chunk=self.prefill_chunk,
-                           batch=batch, dtype=self.dtype, deployment=self.deployment).peak_bytes  # fmt: skip
-
         prompt = context if prefill is None else min(prefill, context)
+        moments, prompt_peak = self._prompt_moments(arch, spec, prompt, batch) if pre is not None else ([], 0)
         if run_peak is None:
-            run_peak = peak(context) if dec is None else account(
+            run_peak = prompt_peak if dec is None else account(
                 arch, spec, self.backend, context=context, prefill=prompt, prefill_chunk=self.prefill_chunk,
                 batch=batch, dtype=self.dtype, deployment=self.deployment,
             ).peak_bytes  # fmt: skip
-        moments = []
         if dec is not None:
             moments.append((run_peak + dec.total, dec))
-        if pre is not None:
-            if dec is None:
-                prompt_peak = run_peak
-            elif prompt_peak is None:
-                prompt_peak = peak(prompt)
-            moments.append((prompt_peak + pre.total, pre))
         worst, forward = max(moments, key=lambda m: m[0])
         return worst - run_peak, forward
+
+    def _prompt_moments(self, arch: Arch, spec: Spec, prompt: int,
+                        batch: int) -> tuple[list[tuple[int, Activations]], int]:  # fmt: skip
+        """Each run of equal prompt updates (the runtime's schedule): the cache's peak during its
+        last update plus that update's forward. A chunk's activations meet the cache as it is then
+        (the first 2,048-token chunk of a 3,000-token prompt a 2,048-token cache), and the last
+        update of a run is its worst (the most keys, the largest cache). Also the cache's peak over
+        the whole prompt."""
+        plan = schedule(prompt, prompt, self.chunk, last_alone=prompt_last_alone(self.runtime))
+        run = replay(arch, spec, self.backend, batch=batch, dtype=self.dtype, deployment=self.deployment,
+                     context=prompt)  # fmt: skip
+        out, peak = [], 0
+        for u in plan:
+            if u.repeat > 1:
+                peak = max(peak, run.feed(u.tokens, u.repeat - 1, u.phase)[0])
+            step = run.update(u.tokens, u.phase, False)
+            peak = max(peak, step.peak_bytes)
+            act = activation_peak(arch, spec, tokens=u.tokens, seen=step.offset, batch=batch, dtype=self.dtype,
+                                  backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp)  # fmt: skip
+            out.append((step.peak_bytes + act.total, act))
+        return out, peak
 
     def cache_budget(self, arch: Arch) -> int | None:
         """Bytes one device's budget leaves for the cache and the activations (budget - weights -
@@ -321,9 +336,8 @@ class PlanRequest:
             args += ["--batch", str(self.batch)]
         for spec in self.strategies:
             args += ["--strategy", str(spec)]
-        if self.runtime is not None:
-            args += ["--runtime", self.runtime]
-        else:
+        args += ["--runtime", self.runtime]
+        if RUNTIMES[self.runtime].also_on:  # a runtime on several backends (cachelib's loop) names its own
             args += ["--backend", self.backend]
         args += ["--dtype", self.dtype]
         for flag, value in (("--tp", self.tp), ("--pp", self.pp)):
@@ -604,10 +618,10 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
                 added.append(str(spec))
     fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch,
                                   kv_format=request.kv_format)  # fmt: skip
-    runtime = request.runtime
+    runtime, model_type = request.runtime, arch.model_type or None
     choice = choose(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
                     judgements=judgements, sessions=request.sessions, most_sessions=request.most_sessions,
-                    runtime=runtime, flags=None if runtime is None else lambda s: runtime_flags(s, runtime),
+                    runtime=runtime, flags=None if runtime is None else lambda s: runtime_flags(s, runtime, model_type),
                     kv_format=request.kv_format)  # fmt: skip
     rec = choice if request.recommending else None
     return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements, choice,

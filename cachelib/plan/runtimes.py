@@ -86,25 +86,57 @@ class Runtime:
     pipeline_parallel: bool = False
     runtime_cache: bool = False  # allocates its own cache: strategies other than standard do not apply
     ubatch: int | None = None  # llama.cpp's n_ubatch (the SWA cache's margin)
+    also_on: tuple[str, ...] = ()  # further backends it runs on (cachelib's own loop: torch too)
+    loop: str = ""  # the generation loop planned: which forwards compute logits, how the prompt is fed
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return (self.backend, *self.also_on)
 
 
 RUNTIMES: dict[str, Runtime] = {
     r.name: r
     for r in (
         Runtime("mlx-lm", "mlx", "mlx-lm 0.32.2 generate: KVCache steps of 256, prompt in 2048-token steps",
-                prefill_chunk=2048, kv_formats=()),  # generate_step(prefill_step_size=2048)
-        Runtime("transformers", "torch", "transformers 5.24: DynamicCache / StaticCache from the config",
-                prefill_chunk=None, kv_formats=(), tensor_parallel=True),
+                prefill_chunk=2048, kv_formats=(),  # generate_step(prefill_step_size=2048)
+                loop="mlx-lm 0.32.2 generate_step: the prompt but its last token in prefill_step_size chunks whose "
+                "logits are never computed, then the last prompt token and each new one alone (one position's "
+                "logits)"),
+        Runtime("transformers", "torch", "transformers 5.24 generate: DynamicCache (standard), StaticCache "
+                "(static:max_len=N), offloaded, built from the config",
+                prefill_chunk=None, kv_formats=(), tensor_parallel=True,
+                loop="transformers 5.24 generate(): the prompt in one forward, the last position's logits in "
+                "float32"),
         Runtime("vllm", "torch", "vLLM: paged KV blocks of 16 tokens, gpu_memory_utilization 0.9",
                 prefill_chunk=2048, kv_formats=("fp8",), block_size=16, gpu_memory_utilization=0.9,
                 tensor_parallel=True, pipeline_parallel=True, runtime_cache=True),
         Runtime("llama.cpp", "ggml", "llama.cpp: the whole -c context allocated at start, -ctk/-ctv f16/q8_0/q4_0",
                 prefill_chunk=2048, kv_formats=("q8_0", "q4_0"), pipeline_parallel=True, runtime_cache=True,
                 ubatch=512),  # llama-server -sm layer: layers split over GPUs
+        Runtime("cachelib", "mlx", "cachelib's profiler loop: cachelib's caches (standard: KVCache steps of 256)",
+                prefill_chunk=None, kv_formats=(), also_on=("torch",),
+                loop="cachelib's profiler loop: the prompt in one update (or --prefill-chunk chunks), every "
+                "position's logits computed"),
     )
 }  # fmt: skip
 
-DEVICE_BACKENDS = ("mlx", "torch")  # backends without a runtime: cachelib's own caches
+DEVICE_BACKENDS = ("mlx", "torch")  # backends cachelib's own loop runs on
+# the runtime a plan that names none is made for: what users deploy with on that backend
+DEFAULT_RUNTIMES = {"mlx": "mlx-lm", "torch": "transformers"}
+
+
+def default_runtime(backend: str) -> str:
+    """The runtime planned when none is named: mlx-lm on ``mlx``, transformers on ``torch``."""
+    if backend not in DEFAULT_RUNTIMES:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(DEFAULT_RUNTIMES)}")
+    return DEFAULT_RUNTIMES[backend]
+
+
+def prompt_last_alone(runtime: str | None) -> bool:
+    """Whether the runtime feeds the prompt's last token alone, after the chunks: mlx-lm's
+    ``generate_step`` prefills while more than one prompt token is left, then samples from a
+    one-token step (``mlx_lm/generate.py``, 0.32.2)."""
+    return runtime == "mlx-lm"
 
 
 def runtime_names() -> list[str]:
@@ -154,8 +186,9 @@ class Deployment:
             raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
         rt = self.profile
         if rt is not None:
-            if self.backend != rt.backend:
-                raise ValueError(f"runtime {rt.name} runs on backend {rt.backend!r}, not {self.backend!r}")
+            if self.backend not in rt.backends:
+                raise ValueError(f"runtime {rt.name} runs on backend {' or '.join(map(repr, rt.backends))}, "
+                                 f"not {self.backend!r}")
         elif self.backend not in DEVICE_BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; allowed: {', '.join(DEVICE_BACKENDS)}")
         _count("tp", self.tp)
@@ -224,7 +257,7 @@ class Deployment:
         return self.block_size or rt.block_size
 
     def describe(self) -> str:
-        parts = [self.runtime or f"cachelib on {self.backend}"]
+        parts = [f"cachelib on {self.backend}" if self.runtime in (None, "cachelib") else self.runtime]
         if self.tp > 1 or self.pp > 1:
             parts.append(f"tp={self.tp} pp={self.pp} ({self.devices} devices)")
         if self.kv_format:
@@ -317,8 +350,8 @@ def mlx_lm_spec(
 ) -> str:
     """The strategy spec of ``mlx_lm.generate``'s cache flags: ``--max-kv-size N`` is a ring of
     N tokens keeping 4 (``make_prompt_cache``; a model with its own ``make_cache`` ignores it),
-    ``--kv-bits B`` converts each ``KVCache`` with ``to_quantized`` once its offset reaches
-    ``--quantized-kv-start`` (``maybe_quantize_kv_cache``). mlx-lm cannot quantize a ring
+    ``--kv-bits B`` converts each ``KVCache`` with ``to_quantized`` after the update that takes
+    its offset to ``--quantized-kv-start`` or past it (``maybe_quantize_kv_cache``). mlx-lm cannot quantize a ring
     (``RotatingKVCache.to_quantized`` raises), so both together are refused, and so is
     ``--max-kv-size`` for a ``model_type`` whose class builds its own cache (mlx-lm ignores it)."""
     if max_kv_size is not None and model_type is not None and mlx_module(model_type) in MLX_OWN_MAKE_CACHE:
@@ -332,8 +365,28 @@ def mlx_lm_spec(
     if max_kv_size is not None:
         return f"rotating:max_size={_count('max_kv_size', max_kv_size)},keep=4"
     if kv_bits is not None:
-        return f"quantized:bits={kv_bits},group_size={kv_group_size},start={quantized_kv_start}"
+        # maybe_quantize_kv_cache runs after each update: a cache holding >= start tokens is converted before the
+        # next one, as start=max(start, 1) does here (with 0, the first update is still written at full precision)
+        return f"quantized:bits={kv_bits},group_size={kv_group_size},start={max(quantized_kv_start, 1)}"
     return "standard"
+
+
+def runtime_spec(spec, deployment: Deployment):
+    """The strategy the deployment's runtime really builds for ``spec``: under transformers,
+    ``standard`` is ``generate()``'s own default cache, ``DynamicCache`` (strategy ``concat``:
+    ``transformers/generation/utils.py`` ``_prepare_cache_for_generation``); everything else as
+    given (``static:max_len=N`` is its ``StaticCache``, ``offloaded`` its offloaded cache). Under
+    mlx-lm, ``quantized`` with ``start=0`` is ``start=1``: ``maybe_quantize_kv_cache`` converts
+    after an update, so the first one is held at full precision (see :func:`mlx_lm_spec`)."""
+    from ..spec import parse_spec
+
+    spec = parse_spec(spec)
+    if deployment.runtime == "transformers" and spec.name == "standard":
+        return parse_spec("concat")
+    if deployment.runtime == "mlx-lm" and spec.name == "quantized" and spec.get("start") == 0:
+        knobs = {**dict(spec.params), "start": 1}  # --quantized-kv-start 0: the first update is held whole
+        return parse_spec(f"{spec.name}:" + ",".join(f"{k}={v}" for k, v in knobs.items()))
+    return spec
 
 
 def as_deployment(deployment: Deployment | None, backend: str) -> Deployment:

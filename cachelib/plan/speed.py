@@ -86,7 +86,7 @@ class StepCost(NamedTuple):
 
 def runtime_key(runtime: str | None, backend: str) -> str:
     """The name calibrations are kept under: the runtime, else cachelib's loop on its backend."""
-    return runtime or f"cachelib-{backend}"
+    return f"cachelib-{backend}" if runtime in (None, "cachelib") else runtime
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +393,7 @@ class SpeedModel:
         """On torch a quantized cache hands attention its whole K/V decoded to the dtype every
         update (cachelib's torch quantized caches, as transformers' ``QuantizedLayer.update``):
         written, then read back. MLX's attention reads the codes (``quantized_matmul``)."""
-        if self.r.backend == "torch" and self.runtime in (None, "transformers") and spec.key_bits is not None:
+        if self.r.backend == "torch" and self.runtime in (None, "cachelib", "transformers") and spec.key_bits is not None:
             return check_dtype(self.r.dtype)
         return 0
 
@@ -435,7 +435,7 @@ class SpeedModel:
             n = min(chunk, prompt - done)
             held = _prompt_held(self.arch, spec, self.r.backend, self.r.dtype, self.deployment, chunk, done + n)
             cost = step_cost(self.arch, spec, rows=rows, tokens=n, held=held, weights_bytes=self.weights,
-                             quantized=quantized, materialised=mat, all_logits=self.runtime is None,
+                             quantized=quantized, materialised=mat, all_logits=self.runtime in (None, "cachelib"),
                              tp=self.r.tp, decoded_itemsize=self._decoded_itemsize(spec))  # fmt: skip
             total += step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
             done += n

@@ -19,7 +19,7 @@ from cachelib.plan import GiB, PlanRequest, plan_request, preset
 from cachelib.plan.answer import build_answer, default_strategies, runtime_command, runtime_flags
 from cachelib.plan.quality import Evidence, is_exact, meets
 from cachelib.plan.request import request_defaults, typed_size
-from cachelib.plan.runtimes import mlx_lm_spec
+from cachelib.plan.runtimes import Deployment, mlx_lm_spec, runtime_spec
 from cachelib.profile.evidence import load_evidence
 from cachelib.spec import parse_spec
 
@@ -60,7 +60,19 @@ def test_mlx_lm_flags_read_back_by_mlx_lm_s_own_parser_are_the_same_cache(spec, 
     args = generate.setup_arg_parser().parse_args(argv[1:])  # what mlx_lm.generate itself reads
     built = mlx_lm_spec(max_kv_size=args.max_kv_size, kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
                         quantized_kv_start=args.quantized_kv_start)  # fmt: skip
-    assert parse_spec(built).key == parse_spec(spec).key
+    # what mlx-lm builds for the flags is what the plan accounts under mlx-lm (--quantized-kv-start 0: start=1)
+    assert parse_spec(built).key == runtime_spec(spec, Deployment.make("mlx-lm", "mlx")).key
+
+
+def test_a_ring_is_no_mlx_lm_flag_for_a_model_class_that_builds_its_own_cache():
+    # mlx-lm's llama Model has make_cache, so mlx_lm.generate ignores --max-kv-size for it
+    ring = "rotating:max_size=2048,keep=4"
+    assert runtime_flags(ring, "mlx-lm", "llama") is None
+    assert runtime_flags(ring, "mlx-lm", "qwen2") == ["--max-kv-size", "2048"]
+    request = PlanRequest(["standard"], context=8192, budget_bytes=24 * GiB, sessions=16, solve="max_kv_size")
+    answer = build_answer(plan_request(preset("llama-3.1-8b"), request), "meta-llama/Llama-3.1-8B")
+    assert "--max-kv-size" not in answer.text()
+    assert "no mlx-lm option for llama-3.1-8b: cachelib's cache in your code" in answer.text()
 
 
 def test_vllm_llama_cpp_and_transformers_commands():
@@ -169,7 +181,8 @@ def test_the_solve_shows_the_ring_and_the_kv_bits_for_the_same_sessions_side_by_
     ring = result.solved[0]
     assert ring.sessions >= 16 and str(ring.spec) in [f.spec for f in result.fits]
     side = build_answer(result, "llama-3.1-8b").side_by_side
-    assert side[0].startswith(f"{ring.spec} (--max-kv-size {ring.value})") and "kept" in side[0]
+    # mlx-lm's llama builds its own cache (make_cache) and ignores --max-kv-size: the ring is cachelib's, said so
+    assert side[0].startswith(f"{ring.spec} (no mlx-lm option for llama-3.1-8b") and "kept" in side[0]
     assert side[1].startswith("quantized:bits=8 (--kv-bits 8 --quantized-kv-start 0)")
     assert all("mean KL" in line and ("meets" in line or "misses" in line) for line in side)
 

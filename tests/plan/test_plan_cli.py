@@ -81,7 +81,7 @@ def _one_line_error(capsys) -> str:
     (["--model", "llama-3.1-8b", "--context", "10", "--budget", "8"], "is below the weights on one device"),
     (["--model", "qwen2.5-7b", "--context", "10", "--runtime", "vllm", "--tp", "8"],
      "tp=8: vllm requires the attention heads (28 in qwen2.5-7b) divisible by the tensor-parallel size"),
-    (["--model", "llama-3.1-8b", "--context", "10", "--tp", "2"], "tp=2: backend mlx is planned on one device"),
+    (["--model", "llama-3.1-8b", "--context", "10", "--tp", "2"], "tp=2: mlx-lm is planned on one device"),
     (["--model", "llama-3.1-8b", "--context", "10", "--weights-dtype", "q9"], "unknown weights dtype 'q9'"),
     (["--model", "llama-3.1-8b", "--context", "10", "--solve", "bits"], "--solve bits needs --sessions N and --budget"),
     (["--model", "llama-3.1-8b", "--context", "10", "--strategy", "rotating"], "knob 'max_size' is required"),

@@ -48,7 +48,8 @@ def test_chart_range_is_twice_the_context_cut_to_the_model_length_when_that_cove
 
 
 def test_memory_curves_are_the_accounts_of_each_context():
-    request = PlanRequest(SPECS, context=1000, batch=2, dtype="bfloat16", prefill=200)
+    # cachelib's own loop: what account() plans without a deployment
+    request = PlanRequest(SPECS, context=1000, batch=2, dtype="bfloat16", prefill=200, runtime="cachelib")
     curves = memory_curves(SMOL, request, CONTEXTS)
     assert len(curves) == len(SPECS) * len(CONTEXTS)
     for row in curves.itertuples():
@@ -69,7 +70,9 @@ def test_memory_curves_leave_gaps_where_a_strategy_refuses_the_run_and_raise_whe
 
 
 def test_frontier_curves_are_max_batch_and_sessions_of_each_context():
-    request = PlanRequest(SPECS, context=1000, backend="torch", budget_bytes=350 * 10**6, weights_bytes=300 * 10**6)
+    # cachelib's own loop: what the solver's functions plan (no runtime)
+    request = PlanRequest(SPECS, context=1000, backend="torch", budget_bytes=350 * 10**6, weights_bytes=300 * 10**6,
+                          runtime="cachelib")  # fmt: skip
     available = request.cache_budget(SMOL)
     frontier = frontier_curves(SMOL, request, CONTEXTS)
     for row in frontier.itertuples():
@@ -104,7 +107,8 @@ def test_one_walk_per_strategy_gives_each_contexts_own_account(model, backend, s
     # the curves share one replay across the grid; each point must still be its own run's numbers
     arch = preset(model)
     for prefill, chunk in FEEDS:
-        request = PlanRequest(specs, context=1, backend=backend, batch=3, prefill=prefill, prefill_chunk=chunk)
+        request = PlanRequest(specs, context=1, backend=backend, batch=3, prefill=prefill, prefill_chunk=chunk,
+                              runtime="cachelib")  # cachelib's loop: what account() and the solver plan  # fmt: skip
         curves = memory_curves(arch, request, GRID).set_index(["strategy", "context"])
         budget = replace(request, budget_bytes=10**9 + 4 * 10**6, weights_bytes=10**9)  # room for a few caches
         available = budget.cache_budget(arch)

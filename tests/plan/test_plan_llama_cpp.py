@@ -220,7 +220,7 @@ def test_the_request_and_its_command_line_carry_llama_cpps_flags():
     argv = r.to_argv("smollm2")
     for flag in ("--parallel", "2", "--kv-unified", "--swa-full", "--flash-attn", "on", "--ubatch-size", "256"):
         assert flag in argv
-    with pytest.raises(ValueError, match="--parallel: backend mlx has no such setting"):
+    with pytest.raises(ValueError, match="--parallel: mlx-lm has no such setting"):
         PlanRequest(["standard"], context=100, slots=2)
 
 
@@ -242,7 +242,7 @@ def test_account_equals_the_step_by_step_trace_with_slots(settings, batch):
 @pytest.mark.parametrize("argv, message", [
     (["--runtime", "llama.cpp", "--parallel", "0"], "argument -np/--parallel: must be >= 1, got 0"),
     (["--runtime", "vllm", "--swa-full"], "--swa-full: vllm has no such setting"),
-    (["--parallel", "2"], "--parallel: backend mlx has no such setting"),
+    (["--parallel", "2"], "--parallel: mlx-lm has no such setting"),
     (["--runtime", "llama.cpp", "--kv-format", "q8_0", "-fa", "off"], "allowed: -fa on, -fa auto"),
     (["--runtime", "llama.cpp", "--batch", "3", "-np", "2"], "allowed: batch <= 2"),
 ])  # fmt: skip

@@ -44,8 +44,10 @@ def test_to_argv_reads_back_as_the_same_request():
 
 
 def test_to_argv_writes_only_what_differs_from_the_cli_defaults():
-    plain = PlanRequest(["standard"], context=10).to_argv("smollm2")
-    assert plain == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --backend mlx --dtype float16".split()
+    plain = PlanRequest(["standard"], context=10).to_argv("smollm2")  # no runtime named: mlx's, written out
+    assert plain == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --runtime mlx-lm --dtype float16".split()
+    own = PlanRequest(["standard"], context=10, runtime="cachelib", backend="torch").to_argv("smollm2")
+    assert own[-6:] == ["--runtime", "cachelib", "--backend", "torch", "--dtype", "float16"]
     given = PlanRequest(["standard"], context=10, weights_bytes=300_000_000, weights_dtype="4").to_argv("smollm2")
     assert given[-2:] == ["--weights-memory", "0.3GB"] and "--weights-dtype" not in given  # given weights: dtype unused
 

@@ -23,7 +23,7 @@ def _arch(layers=4, heads=4, kv=2, head_dim=64, **extra):
 
 
 def test_runtime_profiles_carry_their_defaults_and_imply_their_backend():
-    assert runtime_names() == ["mlx-lm", "transformers", "vllm", "llama.cpp"]
+    assert runtime_names() == ["mlx-lm", "transformers", "vllm", "llama.cpp", "cachelib"]
     v = Deployment.make("vllm")
     assert (v.backend, v.block_size, v.gpu_memory_utilization, v.prefill_chunk) == ("torch", 16, 0.9, 2048)
     m = Deployment.make("mlx-lm")

@@ -143,9 +143,9 @@ def test_every_mlx_lm_model_type_built_small_is_planned_as_mlx_lm_builds_it_or_r
 
 
 def test_model_types_with_their_own_unmodelled_make_cache_are_refused_by_name():
-    arch = arch_from_config({"model_type": "cohere2", "num_hidden_layers": 2, "hidden_size": 64,
+    arch = arch_from_config({"model_type": "exaone4", "num_hidden_layers": 2, "hidden_size": 64,
                              "num_attention_heads": 4}, name="c")  # fmt: skip
-    with pytest.raises(ValueError, match="cohere2.*make_cache"):
+    with pytest.raises(ValueError, match="exaone4.*make_cache"):
         cache_layout(arch, "standard", "mlx")
     # transformers' layout is still planned on torch
     assert len(cache_layout(arch, "concat", "torch")) == 2

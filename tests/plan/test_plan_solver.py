@@ -86,14 +86,14 @@ def test_max_batch_and_sessions_follow_peak_and_resident_bytes():
 
 def test_budget_needed_is_the_smallest_budget_that_fits():
     weights = weight_bytes(LLAMA)
-    asked = PlanRequest(["quantized:bits=4"], context=3000, batch=2, reserve_bytes=10)
+    # the solver's functions plan cachelib's own caches and loop: so does the request
+    asked = PlanRequest(["quantized:bits=4"], context=3000, batch=2, reserve_bytes=10, runtime="cachelib")
     forward = asked.forward_bytes(LLAMA, asked.strategies[0])[0]  # the whole device counts its activations
     need = budget_needed(LLAMA, "quantized:bits=4", context=3000, batch=2, weights_bytes=weights, reserve_bytes=10,
                          activation_bytes=forward)  # fmt: skip
-    fit = plan(LLAMA, PlanRequest(["quantized:bits=4"], context=3000, batch=2, budget_bytes=need, reserve_bytes=10))[0]
+    fit = plan(LLAMA, replace(asked, budget_bytes=need))[0]
     assert fit.fits and fit.headroom_bytes == 0 and fit.budget_needed == need and fit.activation_bytes == forward
-    short = plan(LLAMA, PlanRequest(["quantized:bits=4"], context=3000, batch=2, budget_bytes=need - 1,
-                                    reserve_bytes=10))[0]  # fmt: skip
+    short = plan(LLAMA, replace(asked, budget_bytes=need - 1))[0]
     assert short.fits is False and short.headroom_bytes == -1
 
 
@@ -105,10 +105,11 @@ def test_plan_reports_every_strategy_against_the_budget():
     assert by["standard"].weights_bytes == 2 * 8_030_261_248
     assert by["rotating:max_size=4096,keep=4"].context_limit == "unbounded"
     assert all(f.fits for f in fits)
-    # mlx-lm's quantized attention materialises each 2048-token chunk's scores over 32,768 keys (32 heads, fp16):
-    # 4.3 GB a row, so fewer rows fit than with the full cache, whose fused kernel holds no scores
+    # mlx-lm's quantized attention materialises each chunk's scores (32 heads, fp16): generate_step's last chunk is
+    # 2,047 tokens over 32,767 keys (the prompt's last token goes alone), 4.3 GB a row, so fewer rows fit than with
+    # the full cache, whose fused kernel holds no scores
     q4, standard = by["quantized:bits=4"], by["standard"]
-    assert q4.device.activations - standard.device.activations == 32 * 2048 * 32768 * 2 + 2048 * 32768
+    assert q4.device.activations - standard.device.activations == 32 * 2047 * 32767 * 2 + 2047 * 32767
     assert q4.cache.peak_bytes < standard.cache.peak_bytes and q4.max_batch < standard.max_batch
 
 

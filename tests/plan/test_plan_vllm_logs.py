@@ -242,7 +242,7 @@ def test_the_cli_takes_vllms_flag_names_and_prints_vllms_three_lines(capsys):
     (["--runtime", "vllm", "--gpu-memory-utilization", "0"], "error: --gpu-memory-utilization must be in (0, 1]"),
     (["--runtime", "llama.cpp", "--gpu-memory-utilization", "0.8"],
      "error: --gpu-memory-utilization is a flag of runtime vllm; runtime llama.cpp does not have it (vllm's flags: "),
-    (["--max-num-seqs", "8"], "error: --max-num-seqs is a flag of runtime vllm; cachelib's caches on mlx"),
+    (["--max-num-seqs", "8"], "error: --max-num-seqs is a flag of runtime vllm; runtime mlx-lm does not have it"),
     (["--runtime", "mlx-lm", "--kv-cache-dtype", "fp8"], "error: --kv-cache-dtype is a flag of runtime vllm"),
 ])  # fmt: skip
 def test_a_flag_the_runtime_does_not_have_or_a_utilization_outside_its_range_is_one_line(capsys, args, message):
