@@ -109,10 +109,14 @@ RUNTIMES: dict[str, Runtime] = {
                 "float32"),
         Runtime("vllm", "torch", "vLLM: paged KV blocks of 16 tokens, gpu_memory_utilization 0.9",
                 prefill_chunk=2048, kv_formats=("fp8",), block_size=16, gpu_memory_utilization=0.9,
-                tensor_parallel=True, pipeline_parallel=True, runtime_cache=True),
+                tensor_parallel=True, pipeline_parallel=True, runtime_cache=True,
+                loop="vLLM's scheduler: the prompt in chunks of max_num_batched_tokens (chunked prefill), the last "
+                "position's logits in float32"),
         Runtime("llama.cpp", "ggml", "llama.cpp: the whole -c context allocated at start, -ctk/-ctv f16/q8_0/q4_0",
                 prefill_chunk=2048, kv_formats=("q8_0", "q4_0"), pipeline_parallel=True, runtime_cache=True,
-                ubatch=512),  # llama-server -sm layer: layers split over GPUs
+                ubatch=512,  # llama-server -sm layer: layers split over GPUs
+                loop="llama.cpp's decode: the prompt in 2,048-token batches, the last position's logits in "
+                "float32"),
         Runtime("cachelib", "mlx", "cachelib's profiler loop: cachelib's caches (standard: KVCache steps of 256)",
                 prefill_chunk=None, kv_formats=(), also_on=("torch",),
                 loop="cachelib's profiler loop: the prompt in one update (or --prefill-chunk chunks), every "

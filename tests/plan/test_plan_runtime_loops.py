@@ -195,3 +195,10 @@ def test_plan_is_within_5_percent_of_mlx_lms_own_generate_step(case):
     beyond = measured["peak"] - measured["weights"]
     assert abs(fit.budget_needed / measured["peak"] - 1) <= 0.05
     assert abs((fit.budget_needed - measured["weights"]) / beyond - 1) <= 0.10
+
+
+def test_every_runtime_says_which_loop_it_plans():
+    from cachelib.plan.runtimes import RUNTIMES
+
+    for name, runtime in RUNTIMES.items():
+        assert runtime.loop and "logits" in runtime.loop, name  # the plan prints it as "loop planned: ..."
