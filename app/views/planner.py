@@ -123,12 +123,13 @@ def request_of(v: dict[str, Any]) -> tuple[str, Arch, PlanRequest]:
     if not model:
         raise ValueError("give the path of a config.json (or of the folder holding it)")
     arch = resolve_model(model)
-    runtime = None if v["plan_runtime"] == "none" else v["plan_runtime"]
-    backend = RUNTIMES[runtime].backend if runtime else v["plan_backend"]
+    runtime = v["plan_runtime"]
+    backends = RUNTIMES[runtime].backends
+    backend = v["plan_backend"] if v["plan_backend"] in backends else backends[0]
     listed = plan_charts.parse_strategies(v["plan_strategies"]) or list(default_strategies(runtime, arch, backend))
     request = PlanRequest(  # GiB read into bytes here, at the edge, as the CLI reads its flags
         listed, context=int(v["plan_context"]),
-        batch=int(v["plan_batch"]), backend=v["plan_backend"], dtype=v["plan_dtype"], prefill=v["plan_prefill"],
+        batch=int(v["plan_batch"]), backend=backend, dtype=v["plan_dtype"], prefill=v["plan_prefill"],
         prefill_chunk=v["plan_prefill_chunk"], weights_bytes=memory_bytes("weights (GiB)", v["plan_weights"]),
         budget_bytes=memory_bytes("budget (GiB)", v["plan_budget"]),
         reserve_bytes=memory_bytes("reserve (GiB)", v["plan_reserve"]) or 0,
@@ -178,18 +179,20 @@ def inputs() -> dict[str, Any]:
         st.selectbox("Model", [*preset_names(), CONFIG], key="plan_model", help=presets)
         if st.session_state["plan_model"] == CONFIG:
             st.text_input("config.json", key="plan_config", placeholder="/path/to/config.json or its folder")
-        st.selectbox("Runtime", ["none", *runtime_names()], key="plan_runtime",
-                     help="the runtime you deploy on: the answer is written in its own flags; none: cachelib's "
-                     "caches in your own code, on the backend picked below")  # fmt: skip
-        runtime = RUNTIMES.get(st.session_state["plan_runtime"])
-        if runtime is None:  # a runtime implies its backend: no choice to offer
+        if st.session_state["plan_runtime"] not in RUNTIMES:  # "none" from before cachelib's loop had a name
+            st.session_state["plan_runtime"] = "cachelib"
+        st.selectbox("Runtime", runtime_names(), key="plan_runtime",
+                     help="the runtime you deploy on: the answer is written in its own flags; cachelib: cachelib's "
+                     "caches in your own code (its profiler loop), on the backend picked below")  # fmt: skip
+        runtime = RUNTIMES[st.session_state["plan_runtime"]]
+        if len(runtime.backends) > 1:  # cachelib's loop runs on both; any other runtime implies its backend
             rules = "the cache library whose allocation rules apply (they differ)"
-            st.radio("Backend", ["mlx", "torch"], key="plan_backend", horizontal=True, help=rules)
+            st.radio("Backend", list(runtime.backends), key="plan_backend", horizontal=True, help=rules)
         else:
             st.session_state["plan_backend"] = runtime.backend if runtime.backend in ("mlx", "torch") else "torch"
         split = [
-            ("plan_tp", "Tensor parallel", "devices the heads are split over", runtime and runtime.tensor_parallel),
-            ("plan_pp", "Pipeline stages", "stages the layers are split over", runtime and runtime.pipeline_parallel),
+            ("plan_tp", "Tensor parallel", "devices the heads are split over", runtime.tensor_parallel),
+            ("plan_pp", "Pipeline stages", "stages the layers are split over", runtime.pipeline_parallel),
         ]
         shown = [x for x in split if x[3]]
         for (key, label, what, _), where in zip(shown, st.columns(len(shown)) if shown else []):
@@ -197,7 +200,7 @@ def inputs() -> dict[str, Any]:
         for key, label, _, allowed in split:
             if not allowed:
                 st.session_state[key] = 1  # not a choice on this runtime
-        formats = ["dtype", *(runtime.kv_formats if runtime else ())]
+        formats = ["dtype", *runtime.kv_formats]
         if st.session_state.get("plan_kv_format") not in formats:  # another runtime's format (fp8 -> llama.cpp)
             st.session_state["plan_kv_format"] = "dtype"
         if len(formats) > 1:
@@ -227,7 +230,7 @@ def inputs() -> dict[str, Any]:
             f"name[:knob=value,...], e.g. rotating:max_size=4096,keep=4. Strategies: {', '.join(STRATEGIES)}. "
             "Empty: the runtime's standard set. The first is the reference savings are counted against."
         )
-        listed = ", ".join(default_strategies(runtime.name if runtime else None))
+        listed = ", ".join(default_strategies(runtime.name))
         st.text_area("One spec per line", key="plan_strategies", height=110, help=grammar,
                      placeholder=f"the runtime's standard set: {listed}")  # fmt: skip
         st.checkbox("Suggest from the evidence", key="plan_suggest",
