@@ -68,8 +68,10 @@ SHOWN_AT_ONCE = 6  # from this many strategies on, the charts draw those picked 
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _plan_request(arch: Arch, request: PlanRequest, evidence: tuple) -> PlanResult:
-    return plan_request(arch, request, evidence)
+def _plan_request(arch: Arch, request: PlanRequest, evidence_key: tuple, _points: tuple) -> PlanResult:
+    """The plan; ``evidence_key`` (the evidence files and their versions) keys ``_points``, which
+    Streamlit does not hash (hashing ~130 points cost ~30 ms a rerun)."""
+    return plan_request(arch, request, _points)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -82,9 +84,10 @@ def _frontier_curves(arch: Arch, request: PlanRequest, grid: tuple[int, ...]) ->
     return frontier_curves(arch, request, grid)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
+@st.cache_resource(show_spinner=False, max_entries=8)
 def _evidence(paths: tuple[str, ...], version: tuple) -> EvidenceSet:
-    """The evidence in ``paths`` (``version``, the files' mtimes and sizes, keys the cache)."""
+    """The evidence in ``paths`` (``version``, the files' mtimes and sizes, keys the cache); one
+    shared, frozen set, not a copy unpickled on every rerun."""
     return load_evidence([Path(p) for p in paths]) if paths else EvidenceSet((), ())
 
 
@@ -156,8 +159,9 @@ def compute(v: dict[str, Any]) -> Planned:
     model, arch, request = request_of(v)
     chosen = list(v["plan_evidence"])
     paths = _evidence_paths(chosen)
-    evidence = _evidence(tuple(map(str, paths)), _version(paths))
-    result = _plan_request(arch, request, evidence.points)
+    key = (tuple(map(str, paths)), _version(paths))
+    evidence = _evidence(*key)
+    result = _plan_request(arch, request, key, evidence.points)
     extra = [_shown(p) for c, p in zip(chosen, paths) if c != COMMITTED]
     command = shlex.join(request.to_argv(model, extra, default_evidence=COMMITTED in chosen))
     return Planned(result, dict(v), evidence, command, build_answer(result, model), model)
