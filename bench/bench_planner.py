@@ -7,8 +7,9 @@ the default evidence (issue 29: under 1 s and under 1.5 s).
   evidence stays cached). Also the re-render with nothing changed, the floor AppTest itself costs.
 - **CLI**: ``python -m cachelib plan`` for Llama-3.1-8B at 32,768 tokens on mlx-lm in 24 GiB with
   the default evidence, in a fresh process each time (``--runs``), against
-  ``python -c "import cachelib.cli"`` measured in the same run (what the imports alone cost),
-  and the evidence read cold (its on-disk cache in a fresh folder) against warm.
+  ``python -c "import cachelib.cli.plan"`` measured in the same run (what the plan command's
+  imports alone cost; the CLI imports a subcommand's module only when it is chosen) and a bare
+  ``python -c pass``, and the evidence read cold (its on-disk cache in a fresh folder) against warm.
 
 Medians of ``--runs``; the load average says how busy the machine was.
 
@@ -74,9 +75,10 @@ def cli(runs: int) -> dict[str, float]:
     out["cli, evidence cached"] = statistics.median(
         _timed([sys.executable, "-m", "cachelib", *PLAN], env) for _ in range(runs)
     )
-    out["import cachelib.cli alone"] = statistics.median(
-        _timed([sys.executable, "-c", "import cachelib.cli"], env) for _ in range(runs)
+    out["import cachelib.cli.plan alone"] = statistics.median(
+        _timed([sys.executable, "-c", "import cachelib.cli.plan"], env) for _ in range(runs)
     )
+    out["python -c pass"] = statistics.median(_timed([sys.executable, "-c", "pass"], env) for _ in range(runs))
     return out
 
 
@@ -89,7 +91,8 @@ def main() -> None:
     print(f"page re-render after a budget change: median {changed:.3f} s of {args.runs} (target < 1 s)")
     print(f"page re-render, nothing changed (AppTest's floor): median {same:.3f} s")
     for name, seconds in cli(args.runs).items():
-        print(f"{name}: median {seconds:.3f} s of {args.runs}")
+        target = " (target < 1.5 s)" if name == "cli, evidence cached" else ""
+        print(f"{name}: median {seconds:.3f} s of {args.runs}{target}")
     print(f"load average: {load:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} CPUs)")
 
 

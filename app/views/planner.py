@@ -6,6 +6,7 @@ fits in a memory budget and the evidence; the numbers and the answer block of
 from __future__ import annotations
 
 import shlex
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -18,6 +19,7 @@ from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
 from app.plain import md
+from app.widgets import int_field
 from cachelib.core.units import DTYPE_BYTES, human_gib as human_bytes
 from cachelib.plan import (
     Arch, Fit, PlanRequest, PlanResult, Quality, chart_range, context_grid, frontier_curves, memory_bytes,
@@ -52,6 +54,13 @@ DEFAULTS: dict[str, Any] = {  # widget key -> first value
 }  # fmt: skip
 OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", "plan_min_agreement",
             "plan_sessions"}  # empty: none  # fmt: skip
+# whole-number fields, read as typed (app.widgets.int_field) with the CLI's lower bounds:
+# key -> (least value, what an empty field means; None: it must be given)
+INTEGERS: dict[str, tuple[int, str | None]] = {
+    "plan_context": (1, None), "plan_sessions": (1, "any"), "plan_batch": (1, None), "plan_tp": (1, None),
+    "plan_pp": (1, None), "plan_prefill": (0, "the whole context"), "plan_prefill_chunk": (1, "the runtime's"),
+    "plan_range": (1, "2 x context, at most the model's"),
+}  # fmt: skip
 SHOWN_AT_ONCE = 6  # from this many strategies on, the charts draw those picked in "strategies shown"
 
 
@@ -59,8 +68,10 @@ SHOWN_AT_ONCE = 6  # from this many strategies on, the charts draw those picked 
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _plan_request(arch: Arch, request: PlanRequest, evidence: tuple) -> PlanResult:
-    return plan_request(arch, request, evidence)
+def _plan_request(arch: Arch, request: PlanRequest, evidence_key: tuple, _points: tuple) -> PlanResult:
+    """The plan; ``evidence_key`` (the evidence files and their versions) keys ``_points``, which
+    Streamlit does not hash (hashing ~130 points cost ~30 ms a rerun)."""
+    return plan_request(arch, request, _points)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -73,9 +84,10 @@ def _frontier_curves(arch: Arch, request: PlanRequest, grid: tuple[int, ...]) ->
     return frontier_curves(arch, request, grid)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
+@st.cache_resource(show_spinner=False, max_entries=8)
 def _evidence(paths: tuple[str, ...], version: tuple) -> EvidenceSet:
-    """The evidence in ``paths`` (``version``, the files' mtimes and sizes, keys the cache)."""
+    """The evidence in ``paths`` (``version``, the files' mtimes and sizes, keys the cache); one
+    shared, frozen set, not a copy unpickled on every rerun."""
     return load_evidence([Path(p) for p in paths]) if paths else EvidenceSet((), ())
 
 
@@ -148,8 +160,9 @@ def compute(v: dict[str, Any]) -> Planned:
     model, arch, request = request_of(v)
     chosen = list(v["plan_evidence"])
     paths = _evidence_paths(chosen)
-    evidence = _evidence(tuple(map(str, paths)), _version(paths))
-    result = _plan_request(arch, request, evidence.points)
+    key = (tuple(map(str, paths)), _version(paths))
+    evidence = _evidence(*key)
+    result = _plan_request(arch, request, key, evidence.points)
     extra = [_shown(p) for c, p in zip(chosen, paths) if c != COMMITTED]
     command = shlex.join(request.to_argv(model, extra, default_evidence=COMMITTED in chosen))
     return Planned(result, dict(v), evidence, command, build_answer(result, model), model)
@@ -162,6 +175,16 @@ def _shown(path: Path) -> str:
 # --- inputs ----------------------------------------------------------------------------------------
 
 
+def _integer(label: str, key: str, help: str, found: dict[str, Any], problems: list[str], where: Any = st) -> None:
+    """A whole-number field read as typed: its value goes into ``found``, or its problem (shown under
+    the field) into ``problems``, and then nothing is planned with the value the field showed before."""
+    lo, empty = INTEGERS[key]
+    with nullcontext() if where is st else where:
+        value, problem = int_field(label, key, lo=lo, hi=None, default=DEFAULTS[key], empty=empty, help=help)
+    found[key] = value
+    problems += [problem] if problem else []
+
+
 def _number(label: str, key: str, help: str, where: Any = st, **options: Any) -> None:
     """A number input whose value lives in session state; an optional one reads None when cleared."""
     if DEFAULTS[key] is None or key in OPTIONAL:
@@ -169,7 +192,10 @@ def _number(label: str, key: str, help: str, where: Any = st, **options: Any) ->
     where.number_input(label, key=key, help=help, **options)
 
 
-def inputs() -> dict[str, Any]:
+def inputs() -> tuple[dict[str, Any], list[str]]:
+    """The fields' values (whole numbers parsed) and what does not parse, one line per field."""
+    found: dict[str, Any] = {}
+    problems: list[str] = []
     saved = st.session_state.setdefault(Keys.PLANNER_INPUTS, dict(DEFAULTS))
     for key, value in saved.items():
         st.session_state.setdefault(key, value)
@@ -196,10 +222,11 @@ def inputs() -> dict[str, Any]:
         ]
         shown = [x for x in split if x[3]]
         for (key, label, what, _), where in zip(shown, st.columns(len(shown)) if shown else []):
-            _number(label, key, what, where=where, min_value=1, step=1)
+            _integer(label, key, what, found, problems, where=where)
         for key, label, _, allowed in split:
             if not allowed:
-                st.session_state[key] = 1  # not a choice on this runtime
+                st.session_state[key] = "1"  # not a choice on this runtime
+                found[key] = 1
         formats = ["dtype", *runtime.kv_formats]
         if st.session_state.get("plan_kv_format") not in formats:  # another runtime's format (fp8 -> llama.cpp)
             st.session_state["plan_kv_format"] = "dtype"
@@ -210,20 +237,19 @@ def inputs() -> dict[str, Any]:
         st.selectbox("K/V dtype", list(DTYPE_BYTES), key="plan_dtype")
 
         st.subheader("Workload")
-        _number("Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", min_value=1,
-                step=1024)  # fmt: skip
+        _integer("Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", found, problems)
         left, right = st.columns(2)
-        _number("Sessions", "plan_sessions", "concurrent sessions of the context the answer must serve; empty: "
-                "as many as fit", where=left, min_value=1, step=1, placeholder="any")  # fmt: skip
-        _number("Batch", "plan_batch", "sequences per run", where=right, min_value=1, step=1)
+        _integer("Sessions", "plan_sessions", "concurrent sessions of the context the answer must serve; empty: "
+                 "as many as fit", found, problems, where=left)  # fmt: skip
+        _integer("Batch", "plan_batch", "sequences per run", found, problems, where=right)
         st.radio("Solve for", ["nothing", *SOLVE], key="plan_solve", horizontal=True,
                  help="the largest max_kv_size (mlx-lm's --max-kv-size ring) or the most KV bits that fit the sessions "
                  "in the budget; both are shown side by side with their quality")  # fmt: skip
         with st.expander("Prompt feeding"):
             rest = "the rest of the context is decoded one token at a time"
-            _number("Prompt tokens", "plan_prefill", rest, min_value=1, step=256, placeholder="the whole context")
+            _integer("Prompt tokens", "plan_prefill", rest, found, problems)
             chunks = "tokens per prompt update; empty: the runtime's own (mlx-lm and vllm 2048), else one update"
-            _number("Prefill chunk", "plan_prefill_chunk", chunks, min_value=1, step=256, placeholder="the runtime's")
+            _integer("Prefill chunk", "plan_prefill_chunk", chunks, found, problems)
 
         st.subheader("Strategies")
         grammar = (
@@ -261,7 +287,8 @@ def inputs() -> dict[str, Any]:
         picked = "what judges each strategy: the committed evaluations of the bundled model, and any evaluation, " \
             "sweep or profile under the profiles folder you add; nothing counts unless picked"
         st.multiselect("Evidence", evidence_choices(), key="plan_evidence", help=picked)
-    return {k: st.session_state[k] for k in DEFAULTS if k in st.session_state}
+    values = {k: st.session_state[k] for k in DEFAULTS if k in st.session_state}
+    return {**values, **found}, problems
 
 
 def remember() -> None:
@@ -357,11 +384,14 @@ def shown_strategies(p: Planned) -> list[str]:
 def charts(p: Planned) -> None:
     names = shown_strategies(p)
     a, b, c = st.columns([2, 1, 3], vertical_alignment="bottom")
-    auto, what = "2 x context (at most the model's)", "the end of both charts' context axis"
-    _number("Charts up to (tokens)", "plan_range", what, where=a, min_value=1, step=1024, placeholder=auto)
+    found: dict[str, Any] = {}
+    problems: list[str] = []
+    _integer("Charts up to (tokens)", "plan_range", "the end of both charts' context axis", found, problems, where=a)
     b.checkbox("Log scales", key="plan_log", help="contexts from 1 token on a log axis; bytes on a log axis too")
     c.radio("Frontier of", list(plan_charts.FRONTIER_MEASURES), key="plan_measure", horizontal=True,
             format_func=lambda m: plan_charts.FRONTIER_MEASURES[m])  # fmt: skip
+    if problems:
+        return  # the field says why; no chart is drawn to a range it does not show
     v = p.values
     log, measure = st.session_state["plan_log"], st.session_state["plan_measure"]
     request = p.result.request
@@ -370,7 +400,7 @@ def charts(p: Planned) -> None:
                       sessions=None, solve=None, suggest=False)  # fmt: skip
     context = request.context
     grid = tuple(context_grid(
-        context, st.session_state["plan_range"] or chart_range(context, p.arch.max_position_embeddings), log=log
+        context, found["plan_range"] or chart_range(context, p.arch.max_position_embeddings), log=log
     ))  # fmt: skip
     shown = [f for f in p.fits if f.spec in names]
     bytes_only = replace(charted, budget_bytes=None, reserve_bytes=0, weights_bytes=None)  # a budget change keeps them
@@ -410,16 +440,22 @@ def evidence(p: Planned) -> None:
 
 
 st.title("Planner")
-values = inputs()
-try:
-    planned = compute(values)
-except (ValueError, OSError) as e:
-    st.error(str(e))
+values, problems = inputs()
+planned = None
+if problems:  # each shows under its field: one line, and nothing is planned with what the field showed before
     planned = st.session_state.get(Keys.PLANNER_LAST)
     if planned is not None:
-        st.caption("Showing the last valid plan.")
+        st.caption("Showing the last valid plan: a field in the sidebar is not a valid number.")
 else:
-    st.session_state[Keys.PLANNER_LAST] = planned
+    try:
+        planned = compute(values)
+    except (ValueError, OSError) as e:
+        st.error(str(e))
+        planned = st.session_state.get(Keys.PLANNER_LAST)
+        if planned is not None:
+            st.caption("Showing the last valid plan.")
+    else:
+        st.session_state[Keys.PLANNER_LAST] = planned
 remember()
 if planned is None:
     st.stop()

@@ -11,6 +11,7 @@ cleanly (exit 130 and 143): its profile is closed, marked incomplete, and the li
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import signal
 import sys
@@ -19,20 +20,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..core.units import INDEX_MAX
-from ..models import BACKENDS, available_devices, model_names
-from . import evaluate as evaluate_cli
-from . import report as report_cli
-from . import retrieval as retrieval_cli
-from . import plan as plan_cli
-from .args import SIZE_HELP, int_range, positive_int, positive_memory_size
-from ..profile import Probes, default_profile_name, list_profiles, read_meta, run_profile, summarize
-from ..profile.store import meta_list
-from ..profile.run import RunInterrupted
-from ..profile.text import read_text_file
-from ..spec import GROUP_SIZES, QUANT_BITS, STRATEGIES, parse_spec, spec_from_mlx_flags
-from ..sweep import cli as sweep_cli
-
+# Each subcommand's module is imported only when that subcommand is chosen (``plan`` never pays for
+# pandas' profile readers, models or Dask): (name, help, module with add_arguments/run; None = here).
+SUBCOMMANDS = (
+    ("profile", "run a model with several cache strategies and record a profile", None),
+    ("profiles", "list the profiles in a folder, incomplete ones and unclosed partial files included", None),
+    ("plan", "exact KV bytes, what fits in a budget, and the quality price", "cachelib.cli.plan"),
+    ("evaluate", "long-context quality (KL, top-1, perplexity) of strategies vs the full cache",
+     "cachelib.cli.evaluate"),
+    ("retrieval", "needle-in-a-haystack accuracy of strategies over contexts x depths", "cachelib.cli.retrieval"),
+    ("report", "a comparison of profiles as one self-contained HTML file (opens offline)", "cachelib.cli.report"),
+    ("sweep", "run a grid of profiles (TOML) locally or on a Dask cluster", "cachelib.sweep.cli"),
+    ("strategies", "list cache strategies and their knobs", None),
+    ("models", "list the models and devices available here", None),
+)
 
 class CliError(Exception):
     """A one-line user error: printed without a traceback, exit code 2."""
@@ -44,7 +45,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the top level has no options but -h: the first word that is not an option names the subcommand
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     try:
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
@@ -72,47 +75,37 @@ def os_error_text(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command`` only that subcommand's flags are declared (the
+    others keep their help line), so only its module is imported."""
     parser = _Parser(prog="cachelib", description="See inside KV caches: profile, compare and plan cache strategies.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-
-    p = sub.add_parser("profile", help="run a model with several cache strategies and record a profile")
-    _add_profile_arguments(p)
-    p.set_defaults(func=_profile)
-
-    p = sub.add_parser("profiles", help="list the profiles in a folder, incomplete ones and unclosed partial files included")
-    p.add_argument("folder", nargs="?", type=Path, default=Path("profiles"), help="the folder (default: profiles/)")
-    p.set_defaults(func=_profiles)
-
-    p = sub.add_parser("plan", help="exact KV bytes, what fits in a budget, and the quality price")
-    plan_cli.add_arguments(p)
-    p.set_defaults(func=plan_cli.run)
-
-    p = sub.add_parser("evaluate", help="long-context quality (KL, top-1, perplexity) of strategies vs the full cache")
-    evaluate_cli.add_arguments(p)
-    p.set_defaults(func=evaluate_cli.run)
-
-    p = sub.add_parser("retrieval", help="needle-in-a-haystack accuracy of strategies over contexts x depths")
-    retrieval_cli.add_arguments(p)
-    p.set_defaults(func=retrieval_cli.run)
-
-    p = sub.add_parser("report", help="a comparison of profiles as one self-contained HTML file (opens offline)")
-    report_cli.add_arguments(p)
-    p.set_defaults(func=report_cli.run)
-
-    p = sub.add_parser("sweep", help="run a grid of profiles (TOML) locally or on a Dask cluster")
-    sweep_cli.add_arguments(p)
-    p.set_defaults(func=sweep_cli.run)
-
-    p = sub.add_parser("strategies", help="list cache strategies and their knobs")
-    p.set_defaults(func=_strategies)
-
-    p = sub.add_parser("models", help="list the models and devices available here")
-    p.set_defaults(func=_models)
+    here = {"profile": (_add_profile_arguments, _profile), "profiles": (_add_profiles_arguments, _profiles),
+            "strategies": (None, _strategies), "models": (None, _models)}  # fmt: skip
+    for name, help, module in SUBCOMMANDS:
+        p = sub.add_parser(name, help=help)
+        if command is not None and command != name:
+            continue  # declared by name only: its flags and module are not needed for this command line
+        if module is None:
+            add, run = here[name]
+        else:
+            found = importlib.import_module(module)
+            add, run = found.add_arguments, found.run
+        if add is not None:
+            add(p)
+        p.set_defaults(func=run)
     return parser
 
 
+def _add_profiles_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", nargs="?", type=Path, default=Path("profiles"), help="the folder (default: profiles/)")
+
+
 def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    from ..core.units import INDEX_MAX
+    from ..spec import GROUP_SIZES, QUANT_BITS
+    from .args import SIZE_HELP, int_range, positive_int, positive_memory_size
+
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), a preset, or a model folder")
     p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
     p.add_argument("--device", default=None, help="cpu, metal/gpu (MLX), cuda[:N] or mps (torch); default: best")
@@ -151,6 +144,11 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _profile(args) -> int:
+    from ..profile import Probes, default_profile_name, run_profile, summarize
+    from ..profile.run import RunInterrupted
+    from ..profile.text import read_text_file
+    from ..spec import parse_spec, spec_from_mlx_flags
+
     strategies = [parse_spec(s) for s in args.strategy]
     if args.max_kv_size is not None or args.kv_bits is not None:
         shorthand = spec_from_mlx_flags(args.max_kv_size, args.kv_bits, args.kv_group_size, args.quantized_kv_start)
@@ -227,6 +225,9 @@ def _sigterm_stops_the_run() -> Iterator[None]:
 
 def _profiles(args) -> int:
     """``cachelib profiles [FOLDER]``: one line per profile, with its status and why it is not complete."""
+    from ..profile import list_profiles, read_meta
+    from ..profile.store import meta_list
+
     folder = args.folder
     if not folder.is_dir():
         raise CliError(f"no folder {str(folder)!r}")
@@ -290,6 +291,8 @@ def format_summary(summary) -> str:
 
 
 def _strategies(args) -> int:
+    from ..spec import STRATEGIES
+
     for s in STRATEGIES.values():
         print(f"{s.name:<10} {s.summary}  [backends: {', '.join(s.backends)}]")
         for k in s.knobs:
@@ -299,6 +302,8 @@ def _strategies(args) -> int:
 
 
 def _models(args) -> int:
+    from ..models import BACKENDS, available_devices, model_names
+
     print("models: " + ", ".join(model_names()) + ", or a path to a model folder")
     for b in BACKENDS:
         print(f"{b} devices: {', '.join(available_devices(b))}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import numpy as np
-import pandas as pd
 
 from ..spec import Spec
 from .accounting import Replay, replay, schedule
@@ -53,6 +52,7 @@ def memory_curves(arch: Arch, request: PlanRequest, contexts: Sequence[int]) -> 
     """Per strategy of ``request`` and context: bytes allocated at the end of the run (its
     workload at that context) and the run's peak. A run the strategy refuses (a static cache
     shorter than the context) is NaN; a strategy that refuses every run raises its error."""
+    import pandas as pd  # here, not above: the CLI's plan never draws curves
     rows = []
     for spec in request.strategies:
         points = _walk(arch, spec, request, contexts, batch=request.batch)
@@ -72,6 +72,7 @@ def frontier_curves(arch: Arch, request: PlanRequest, contexts: Sequence[int]) -
     """Per strategy of ``request`` and context: the largest batch and the most concurrent
     sessions (batch 1 each) whose cache and activations fit what the request's budget leaves. NaN where
     the strategy refuses the run. The request's batch plays no part: bytes scale with it."""
+    import pandas as pd  # here, not above: the CLI's plan never draws curves
     available = request.cache_budget(arch)
     if available is None:
         raise ValueError("give a memory budget (--budget) to see what fits")

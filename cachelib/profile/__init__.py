@@ -10,18 +10,54 @@ top-1, perplexity against the full cache, with 95% CIs); ``save_evaluation`` / `
 needle-in-a-haystack task (exact match per strategy x context x depth x trial).
 """
 
-from .evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence  # the planner's evidence, an explicit set of files
-from .evaluate import EvaluationInterrupted, EvaluationStep, evaluate, teacher_forced_logits
-from .evaluation import Evaluation, load_evaluation, save_evaluation
-from .guard import parse_memory_limit
-from .probes import PROBE_HELP, Probes
-from .retrieval import retrieval
-from .run import StepEvent, check_distinct, default_profile_name, run_profile, strategy_labels
-from .schema import SCHEMA_VERSION, TABLES
-from .store import Profile, ProfileFile, list_profiles, load_profile, read_meta, save_profile
-from .summary import summarize, verdict
+import importlib
+import sys
+import types
+
+# Every name below is imported from its module on first use (PEP 562), so that a light reader (the
+# planner's cached evidence) does not pay for pandas, the models and the run loop: name -> module.
+_LAZY = {
+    "DEFAULT_EVIDENCE": "evidence", "EvidenceSet": "evidence", "load_evidence": "evidence",
+    "EvaluationInterrupted": "evaluate", "EvaluationStep": "evaluate", "evaluate": "evaluate",
+    "teacher_forced_logits": "evaluate",
+    "Evaluation": "evaluation", "load_evaluation": "evaluation", "save_evaluation": "evaluation",
+    "parse_memory_limit": "guard",
+    "PROBE_HELP": "probes", "Probes": "probes",
+    "retrieval": "retrieval",
+    "StepEvent": "run", "check_distinct": "run", "default_profile_name": "run", "run_profile": "run",
+    "strategy_labels": "run",
+    "SCHEMA_VERSION": "schema", "TABLES": "schema",
+    "Profile": "store", "ProfileFile": "store", "list_profiles": "store", "load_profile": "store",
+    "read_meta": "store", "save_profile": "store",
+    "summarize": "summary", "verdict": "summary",
+}  # fmt: skip
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """``evaluate`` and ``retrieval`` name the functions, as they did when this package imported them
+    eagerly: importing their modules must not replace the functions with the modules."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and name in ("evaluate", "retrieval"):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
+    "DEFAULT_EVIDENCE",
+    "EvidenceSet",
+    "load_evidence",
     "retrieval",
     "evaluate",
     "Evaluation",

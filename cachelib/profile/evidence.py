@@ -24,17 +24,16 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..plan.quality import Evidence, kept_fraction
 from ..spec import parse_spec
-from .evaluation import SCHEMA as EVALUATION_SCHEMA
-from .evaluation import ci95 as _ci95
-from .evaluation import load_evaluation
-from .store import load_profile
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas, numpy and the file readers are imported where the files are read: a set read back from
+# its on-disk cache (the CLI's plan, every run after the first) never imports pandas.
 
 DEFAULT_EVIDENCE = Path(__file__).resolve().parents[2] / "assets" / "evidence"
 
@@ -47,6 +46,8 @@ RETRIEVAL_IDENTITY = ("model", "backend", "strategy", "context", "depth", "trial
 def ci95(values: Sequence[float]) -> float | None:
     """Half-width of the 95% confidence interval of the mean (Student t); None for fewer than
     two values."""
+    from .evaluation import ci95 as _ci95
+
     half = _ci95(list(values))
     return None if math.isnan(half) else half
 
@@ -58,11 +59,17 @@ class EvidenceSet:
     points: tuple[Evidence, ...]
     files: tuple[str, ...]  # files that gave at least one point
     warnings: tuple[str, ...] = field(default=())  # skipped files, each naming the file and why
-    retrieval: pd.DataFrame | None = None  # the retrieval task's rows (one per trial), where measured
+    # the retrieval task's rows (one per trial) as a pickled DataFrame, so unpickling the set needs no pandas
+    retrieval_pickle: bytes | None = None
 
     @property
     def models(self) -> list[str]:
         return sorted({p.model for p in self.points})
+
+    @property
+    def retrieval(self) -> pd.DataFrame | None:
+        """The retrieval task's rows (one per trial), where measured."""
+        return None if self.retrieval_pickle is None else pickle.loads(self.retrieval_pickle)
 
 
 def _files(source: str | os.PathLike) -> list[Path]:
@@ -86,7 +93,7 @@ def _schema(path: Path) -> str | None:
     return None
 
 
-EVIDENCE_READER = 1  # bump when what load_evidence makes of the same files changes: old cached sets are unused
+EVIDENCE_READER = 2  # bump when what load_evidence makes of the same files changes: old cached sets are unused
 
 
 def _cache_file(sources: list) -> Path | None:
@@ -138,6 +145,12 @@ def load_evidence(sources: Iterable[str | os.PathLike] | None = None, *, cache: 
 
 
 def _load_evidence(sources: list) -> EvidenceSet:
+    import pandas as pd
+
+    from .evaluation import SCHEMA as EVALUATION_SCHEMA
+    from .evaluation import load_evaluation
+    from .store import load_profile
+
     seen_hashes: set[str] = set()
     seen_runs: set[str] = set()
     samples: list[pd.DataFrame] = []
@@ -194,15 +207,21 @@ def _load_evidence(sources: list) -> EvidenceSet:
         names = ", ".join(map(str, sources))
         raise ValueError(f"no evidence in {names}: no evaluation file or complete profile with a measured strategy"
                          + (f" ({'; '.join(warnings)})" if warnings else ""))  # fmt: skip
-    return EvidenceSet(tuple(points), tuple(used), tuple(warnings), found)
+    kept = None if found is None else pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL)
+    return EvidenceSet(tuple(points), tuple(used), tuple(warnings), kept)
 
 
 def _mean(series: pd.Series) -> float | None:
+    import pandas as pd
+
     values = pd.to_numeric(series, errors="coerce").dropna()
     return float(values.mean()) if len(values) else None
 
 
 def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame]) -> list[Evidence]:
+    import numpy as np
+    import pandas as pd
+
     frames = [f for f in samples if len(f)]
     if not frames:
         return []

@@ -202,7 +202,7 @@ def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
     assert picked in at.multiselect(key="plan_evidence").options
     at.multiselect(key="plan_evidence").set_value([picked])
     at.selectbox(key="plan_model").set_value("tiny-llama")
-    at.number_input(key="plan_context").set_value(2048)
+    at.text_input(key="plan_context").set_value("2048")
     at.text_area(key="plan_strategies").set_value("standard\nquantized:bits=8")
     at.number_input(key="plan_budget").set_value(1.0)
     at.number_input(key="plan_weights").set_value(0.01)
@@ -253,7 +253,7 @@ def test_a_context_far_past_the_models_length_plans_promptly_with_a_warning(prof
     at = planner()
     at.multiselect(key="plan_evidence").set_value([]).run()  # the bytes only: no evidence to read
     started = time.monotonic()
-    at.number_input(key="plan_context").set_value(context).run(timeout=TIMEOUT)
+    at.text_input(key="plan_context").set_value(str(context)).run(timeout=TIMEOUT)
     took = time.monotonic() - started
     assert not at.exception and not errors(at)
     assert took < 30, f"the page took {took:.1f} s at context {context:,}"
@@ -274,7 +274,7 @@ def test_runtime_and_parallelism_fields_plan_one_device_and_name_a_split_the_run
     at = planner()
     at.selectbox(key="plan_model").set_value("llama-3.1-70b")
     at.selectbox(key="plan_runtime").set_value("vllm").run()  # its fields show: tensor parallel, fp8
-    at.number_input(key="plan_tp").set_value(8)
+    at.text_input(key="plan_tp").set_value("8")
     at.number_input(key="plan_budget").set_value(80.0)
     at.text_area(key="plan_strategies").set_value("standard").run()
     assert not at.exception and not errors(at)

@@ -64,9 +64,9 @@ def test_the_default_page_and_the_cli_print_the_same_answer(profiles_dir, capsys
 
 def test_sixteen_sessions_solved_for_max_kv_size_answer_as_the_cli_does_with_the_bits_beside(profiles_dir, capsys):
     at = planner()
-    at.number_input(key="plan_context").set_value(8192)
-    at.number_input(key="plan_prefill_chunk").set_value(512)
-    at.number_input(key="plan_sessions").set_value(16)
+    at.text_input(key="plan_context").set_value("8192")
+    at.text_input(key="plan_prefill_chunk").set_value("512")
+    at.text_input(key="plan_sessions").set_value("16")
     at.number_input(key="plan_max_kl").set_value(0.1)
     at.number_input(key="plan_min_agreement").set_value(0.9)
     at.radio(key="plan_solve").set_value("max_kv_size").run()
@@ -101,9 +101,10 @@ def test_the_page_starts_from_the_cli_s_defaults(profiles_dir):
     at = planner()
     d = request_defaults()
     assert at.number_input(key="plan_reserve").value * 2**30 == d["reserve_bytes"] == 0
-    assert at.number_input(key="plan_prefill_chunk").value == d["prefill_chunk"]
-    assert at.number_input(key="plan_batch").value == d["batch"]
-    assert at.number_input(key="plan_sessions").value == d["sessions"]
+    typed = {key: "" if d[key] is None else str(d[key]) for key in ("prefill_chunk", "batch", "sessions")}
+    assert at.text_input(key="plan_prefill_chunk").value == typed["prefill_chunk"]  # whole numbers as typed
+    assert at.text_input(key="plan_batch").value == typed["batch"]
+    assert at.text_input(key="plan_sessions").value == typed["sessions"]
     assert at.number_input(key="plan_max_kl").value == d["max_kl"]
     assert at.number_input(key="plan_min_agreement").value == d["min_agreement"]
     assert at.checkbox(key="plan_suggest").value == d["suggest"]
