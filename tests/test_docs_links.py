@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 150
 
 FENCE = re.compile(r"^ {0,3}(```|~~~)")
-INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
+INLINE_CODE = re.compile(r"(`+)(?:(?!\1)[^\n]|\n(?![ \t]*\n))+?\1")  # not across a blank line
 # [text](target "title") and ![alt](target); the text may hold one level of brackets (a badge).
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t]*<?(\S+?)>?(?:[ \t]+.*)?$", re.M)
@@ -32,28 +32,33 @@ def doc_files() -> list[Path]:
 
 
 def prose(text: str, blank_code: bool = True) -> str:
-    """The page with fenced code blocks blanked, and inline code spans unless ``blank_code`` is
-    false (line numbers kept)."""
+    """The page with fenced code blocks blanked, and inline code spans (which may wrap within a
+    paragraph) unless ``blank_code`` is false; line numbers are kept."""
     out, fenced = [], None
     for line in text.splitlines():
         m = FENCE.match(line)
         if m:
             fenced = None if fenced == m.group(1) else (fenced or m.group(1))
-            out.append("")
-        elif fenced is None:
-            out.append(INLINE_CODE.sub(lambda c: " " * len(c.group(0)), line) if blank_code else line)
-        else:
-            out.append("")
-    return "\n".join(out)
+        out.append(line if fenced is None and not m else "")
+    text = "\n".join(out)
+    if blank_code:
+        text = INLINE_CODE.sub(lambda c: re.sub(r"[^\n]", " ", c.group(0)), text)
+    return text
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor for a heading's text: markup dropped, lower case, punctuation but `-`
-    and `_` removed, each space a `-`."""
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text stays
-    text = re.sub(r"<[^>]+>", "", text)  # inline HTML
-    text = text.replace("`", "").replace("*", "")
-    text = re.sub(r"(?<!\w)_+|_+(?!\w)", "", text)  # _emphasis_ markers, not snake_case
+    """GitHub's anchor for a heading's text: markup dropped (code spans kept literally), lower
+    case, punctuation but `-` and `_` removed, each space a `-`."""
+    parts = re.split(r"(`+[^`]*`+)", heading)
+    text = ""
+    for i, part in enumerate(parts):
+        if i % 2:  # a code span: its text as written
+            text += part.strip("`")
+            continue
+        part = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", part)  # a link's text stays
+        part = re.sub(r"<[^>]+>", "", part)  # inline HTML
+        part = re.sub(r"(?<!\w)[*_]+|[*_]+(?!\w)", "", part)  # emphasis markers, not snake_case
+        text += part
     text = re.sub(r"[^\w\- ]", "", text.strip().lower())
     return text.replace(" ", "-")
 
@@ -129,6 +134,7 @@ def test_a_broken_link_and_a_broken_anchor_are_reported(tmp_path):
         "See [a](docs/a.md#speed-toks-cpu), [again](docs/a.md#speed-toks-cpu-1), [top](#front).\n"
         "# Front\n"
         "[gone](docs/missing.md) and [bad anchor](docs/a.md#speed) and `[code](docs/nope.md)`\n"
+        "a code span `that wraps\n[a line](docs/nope.md)` is code\n"
         "```\n[fenced](docs/nope.md)\n```\n"
         "![img](docs/a.png) [web](https://example.com/x.md)\n"
     )
@@ -146,6 +152,7 @@ def test_slugs_follow_github():
     assert slug("llama.cpp, checked against llama.cpp") == "llamacpp-checked-against-llamacpp"
     assert slug("The answer, in the runtime's own flags") == "the-answer-in-the-runtimes-own-flags"
     assert slug("vLLM's KV pool") == "vllms-kv-pool"
+    assert slug("The `max_kv_size` knob, *in short*") == "the-max_kv_size-knob-in-short"
     assert slug("A strategy batch: k strategies for one forward pass") == (
         "a-strategy-batch-k-strategies-for-one-forward-pass"
     )
