@@ -340,7 +340,7 @@ def header(p: Planned) -> None:
     d = request.deployment
     lines = [
         f"**{md(describe_layout(arch, d, request.backend))}**",  # the model's name may come from a folder name
-        f"{d.describe() if d else request.backend} {v['plan_dtype']}, batch {v['plan_batch']}, "
+        f"{d.describe() if d else request.backend}, K/V {v['plan_dtype']}, batch {v['plan_batch']}, "
         f"context {v['plan_context']:,} (prompt {prompt:,} {feed}, then {v['plan_context'] - prompt:,} decode steps)",
     ]
     if r.weights_bytes is not None:

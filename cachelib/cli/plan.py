@@ -22,7 +22,7 @@ from ..plan.accounting import account
 from ..plan.presets import preset_names, resolve_model
 from ..plan.answer import RUNTIME_SET, build_answer, default_strategies
 from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request, request_defaults
-from ..plan.runtimes import RUNTIMES, describe_layout, runtime_names
+from ..plan.runtimes import RUNTIMES, default_runtime, describe_layout, runtime_names
 from ..plan.device import WEIGHT_FORMATS
 from ..plan.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES, VLLM_FLAGS, kv_format_of
 from ..plan.solver import Fit
@@ -174,9 +174,11 @@ def _kv_format(args: argparse.Namespace) -> str | None:
 def request_from_args(args: argparse.Namespace, arch=None) -> PlanRequest:
     """The planning request the flags make (memory already read into bytes by the flags); with
     no --strategy, the runtime's standard set (less what ``arch`` refuses)."""
-    backend = RUNTIMES[args.runtime].backend if args.runtime else args.backend
+    runtime = args.runtime or default_runtime(args.backend)  # the backend's deployed runtime, as PlanRequest does
+    backends = RUNTIMES[runtime].backends
+    backend = args.backend if args.backend in backends else backends[0]
     return PlanRequest(
-        args.strategy or list(default_strategies(args.runtime, arch, backend)),
+        args.strategy or list(default_strategies(runtime, arch, backend)),
         context=args.context, batch=args.batch, backend=args.backend,
         dtype=args.dtype, prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         weights_bytes=args.weights_memory, budget_bytes=args.budget, reserve_bytes=args.reserve,
@@ -268,7 +270,7 @@ def _header(result: PlanResult) -> str:
     d = r.deployment
     lines = [
         describe_layout(arch, d, r.backend),  # the layers as the runtime builds them
-        f"{d.describe() if d else r.backend} {r.dtype}, batch {r.batch}, context {r.context} "
+        f"{d.describe() if d else r.backend}, K/V {r.dtype}, batch {r.batch}, context {r.context} "
         f"(prompt {prompt} {feed}, then {r.context - prompt} decode steps)",
         f"loop planned: {r.loop}",
     ]

@@ -204,6 +204,14 @@ def test_the_runtime_s_standard_set_is_planned_when_no_strategy_is_given(capsys)
     table = out[out.index("\nstrategy ") :]
     for spec in default_strategies("mlx-lm"):
         assert f"\n{spec} " in table
+    # no --runtime: the backend's deployed runtime, with its standard set (not cachelib's loop's)
+    for backend, runtime in (("mlx", "mlx-lm"), ("torch", "transformers")):
+        assert main(["plan", "--model", "llama-3.1-8b", "--context", "4096", "--backend", backend]) == 0
+        out = capsys.readouterr().out
+        table = out[out.index("\nstrategy ") :]
+        listed = [line.split()[0] for line in table.strip().splitlines()[1:] if line and not line[0].isspace()]
+        assert listed[: len(default_strategies(runtime))] == list(default_strategies(runtime)), (backend, listed)
+        assert "rotating:max_size=4096" not in table
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------
