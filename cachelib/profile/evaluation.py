@@ -238,6 +238,16 @@ def _read_kind(raw: pd.DataFrame, kind: str) -> pd.DataFrame:
     return typed_frame(raw, kind)
 
 
+_EMPTY: dict[str, pd.DataFrame] = {}
+
+
+def _empty(kind: str) -> pd.DataFrame:
+    """The typed table of ``kind`` with no rows (built once; a copy each time)."""
+    if kind not in _EMPTY:
+        _EMPTY[kind] = typed_frame([], kind)
+    return _EMPTY[kind].copy()
+
+
 def _inferred(s: pd.Series) -> pd.Series:
     for kind in ("int", "float"):
         try:
@@ -281,8 +291,8 @@ def load_evaluation(path: str | os.PathLike) -> Evaluation:
     if missing:
         raise ValueError(f"{label}: evaluation is missing column(s) {', '.join(missing)} of {SCHEMA}")
     try:
-        samples = _read_kind(raw[kinds == "sample"], "sample")
-        retrieval = _read_kind(raw[kinds == "retrieval"], "retrieval")
+        samples, retrieval = (_read_kind(raw[kinds == k], k) if (kinds == k).any() else _empty(k)
+                              for k in ("sample", "retrieval"))  # most files hold one kind only
     except (ValueError, TypeError) as e:
         raise ValueError(f"{label}: a value of the wrong type ({e})") from None
     status = "incomplete" if path.name.endswith(".incomplete.csv") else "complete"
