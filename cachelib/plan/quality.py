@@ -446,9 +446,10 @@ def choose(
     wanted = _wanted(max_kl, min_agreement)
     where = "cachelib's caches" if runtime in (None, "cachelib") else runtime
 
-    def n_flags(spec: str) -> int:
+    def n_flags(spec: str) -> tuple[int, int]:
+        """(flags, their characters): DynamicCache(config=...) is simpler than its offloading=True form."""
         got = flags(spec) if flags is not None else ()
-        return len(got) if got is not None else 99
+        return (len(got), len(" ".join(got))) if got is not None else (99, 0)
 
     steps = [f"planned {len(fits)} strateg{'y' if len(fits) == 1 else 'ies'}: {', '.join(f.spec for f in fits)}"]
     native = [f for f in fits if flags is None or flags(f.spec) is not None]
@@ -481,7 +482,7 @@ def choose(
         return 0.0 if is_exact(q) else q.mean_kl + (q.mean_kl_ci95 or 0.0)
 
     def simple(f: Fit) -> tuple:
-        return (n_flags(f.spec), f.cache.peak_bytes)
+        return (*n_flags(f.spec), f.cache.peak_bytes)
 
     if exact and not most_sessions:
         pick = min(exact, key=simple)
