@@ -258,7 +258,7 @@ def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(wor
 
 
 def test_6_static_20m_tokens_is_refused_on_a_small_machine_and_runs_under_an_explicit_limit(world, capsys, monkeypatch):
-    monkeypatch.setattr("cachelib.profile.run.available_memory", lambda device: 8 * 10**9)
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
     spec = "static:max_len=20000000"  # 41 GB of float32 cache on tiny-llama
     code, err, _ = run_cli(_in(world, _profile("--strategy", spec)), capsys)
     assert code == 2 and len(err) == 1 and "would need 40.96 GB" in err[0] and "7.20 GB" in err[0], err
@@ -273,11 +273,12 @@ def test_6_static_20m_tokens_is_refused_on_a_small_machine_and_runs_under_an_exp
 
 
 def test_6_the_default_guard_stops_a_run_that_outgrows_the_prediction(load_model, tmp_path, monkeypatch):
-    import cachelib.profile.run as run
+    import cachelib.profile.guard as guard
 
-    monkeypatch.setattr(run, "available_memory", lambda device: 10**9)
-    monkeypatch.setattr(run, "predicted_peaks", lambda *a: [0])  # a prediction that is wrong on purpose
-    monkeypatch.setattr(run, "DEFAULT_SHARE", 2e-4)  # 200 kB for the caches
+    monkeypatch.setattr(guard, "available_memory", lambda device: 10**9)
+    monkeypatch.setattr(guard, "predicted_peaks", lambda *a: [0])  # a prediction that is wrong on purpose
+    monkeypatch.setattr(guard, "predicted_activations", lambda *a, **k: 0)
+    monkeypatch.setattr(guard, "DEFAULT_SHARE", 2e-4)  # 200 kB for the caches
     profile = run_profile(load_model(MODEL, "mlx"), ["standard"], prompt="hi", max_tokens=4, out=tmp_path / "r.csv")
     assert profile.status == "incomplete"
     assert "memory guard" in profile.meta["reason"] and "the default" in profile.meta["reason"]
@@ -869,3 +870,87 @@ def test_18_a_batch_file_mlx_lm_writes_loads_with_a_warning_and_an_unusable_one_
     with pytest.raises(ValueError, match=r"two-for-three.safetensors.*layer 0 \(BatchKVCache\).*left_padding has 2 entries"):
         ours.load_prompt_cache(str(unusable))
     assert not unchanged(before, snapshot(tmp_path))
+
+
+# --- 19. every entry point guarded like profile (issue 33) -------------------------------------------
+# 19a. the predicted-memory check of profile runs before evaluate and retrieval load the model
+
+TOO_BIG = [
+    ("evaluate", "tiny-llama", "static:max_len=20000000", "would need 40.96 GB"),
+    ("evaluate", "smollm2", "static:max_len=200000000", "would need 9.22 TB"),
+    ("retrieval", "tiny-llama", "static:max_len=20000000", "would need 40.96 GB"),
+    ("retrieval", "smollm2", "static:max_len=200000000", "would need 9.22 TB"),
+]
+
+
+def _no_load_in(monkeypatch, *modules: str) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the run was refused")
+
+    import importlib
+
+    for module in modules:
+        monkeypatch.setattr(importlib.import_module(module), "load", refuse)
+
+
+@pytest.mark.parametrize("command, model, spec, says", TOO_BIG, ids=[f"{c[0]}-{c[1]}" for c in TOO_BIG])
+def test_19_evaluate_and_retrieval_refuse_caches_that_cannot_fit_before_the_model_loads(
+    command, model, spec, says, tmp_path, capsys, monkeypatch
+):
+    _no_load_in(monkeypatch, "cachelib.profile.evaluate", "cachelib.profile.retrieval")
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
+    extra = ["--score-tokens", "4", "--windows", "1"] if command == "evaluate" else ["--trials", "1"]
+    out = tmp_path / "e.csv"
+    code, err, _ = run_cli([command, "--model", model, "--context", "256", *extra, "--strategy", spec,
+                            "--out", str(out)], capsys)  # fmt: skip
+    assert code == 2 and len(err) == 1, err
+    assert says in err[0] and spec in err[0] and "7.20 GB it may use" in err[0], err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _limited(gib: float):
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (int(gib * 2**30), resource.RLIM_INFINITY))
+
+    return limit
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is enforced on Linux")
+def test_19_the_limit_is_the_lower_of_available_memory_and_rlimit_as(tmp_path):
+    """Under ``ulimit -v`` MLX segfaults when an allocation is refused: the guard must count it."""
+    run = subprocess.run(
+        [sys.executable, "-m", "cachelib", "evaluate", "--model", "tiny-llama", "--context", "256", "--score-tokens",
+         "4", "--windows", "1", "--strategy", "static:max_len=2000000"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, preexec_fn=_limited(3),
+    )  # fmt: skip
+    err = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(err) == 1, run.stderr[-2000:]
+    assert "would need 4.10 GB" in err[0] and "RLIMIT_AS (ulimit -v)" in err[0], err[0]
+
+
+def test_19_a_memory_limit_above_the_machines_memory_is_refused(world, capsys, no_model_load):
+    import psutil
+
+    too_much = psutil.virtual_memory().total * 2
+    code, err, _ = run_cli(_in(world, _profile("--memory-limit", f"{too_much}B")), capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "--memory-limit" in err[0] and "is more than the" in err[0] and "allowed: 1 byte .." in err[0], err[0]
+    with pytest.raises(ValueError, match="is more than the"):
+        run_profile(MODEL, ["standard"], prompt="hi", memory_limit=too_much)
+
+
+def test_19_a_prompt_whose_forward_cannot_fit_is_refused_and_one_past_the_positions_warned(
+    load_model, tmp_path, monkeypatch
+):
+    from cachelib.profile.guard import PastPositionsWarning
+
+    loaded = load_model(MODEL, "mlx")
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
+    # 50,000 tokens in one forward: 2 heads x 50,000^2 float32 scores (20 GB) on MLX's CPU attention
+    with pytest.raises(ValueError, match="of activations in its largest forward pass"):
+        run_profile(loaded, ["standard"], prompt="hello " * 50_000, max_tokens=2, chat=False)
+    with pytest.warns(PastPositionsWarning, match="past tiny-llama's limit of 4,096"):
+        profile = run_profile(loaded, ["standard"], prompt="hello " * 4_200, max_tokens=2, chat=False)
+    assert profile.complete

@@ -14,6 +14,7 @@ import argparse
 import json
 import signal
 import sys
+import warnings
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,8 +44,13 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}")
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    shown, warnings.showwarning = warnings.showwarning, _one_line_warning  # a warning is one line, as an error is
     try:
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
@@ -63,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"interrupted ({e})" if str(e) else "interrupted", file=sys.stderr)
         return 143 if str(e) == "SIGTERM" else 130
+    finally:
+        warnings.showwarning = shown
 
 
 def os_error_text(e: OSError) -> str:

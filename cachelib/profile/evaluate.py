@@ -30,6 +30,7 @@ from ..decode import Runner
 from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
+from .guard import check_fits, planned_arch
 from .evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
 from .quality import compare
 
@@ -276,6 +277,12 @@ def evaluate(
     if out_path is not None and out_path.suffix.lower() != ".csv":
         raise ValueError(f"evaluations are written as CSV; got {str(out_path)!r} (use a .csv name)")
 
+    arch, where, dtype = planned_arch(model, backend, device)
+    if arch is not None:  # refused before the model loads: positions past its limit, caches that cannot fit
+        check_limit(arch, contexts, score_tokens)
+        check_fits(arch, specs, backend=backend, dtype=dtype, device=where, prompt_tokens=max(contexts),
+                   steps=score_tokens, prefill_chunk=prefill_chunk, rows=1 if one_by_one else len(specs),
+                   what="evaluation", hint="")  # fmt: skip
     loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
     check_limit(loaded.info, contexts, score_tokens)
     tokenized = [(name, [int(i) for i in loaded.tokenizer.encode(text)]) for name, text in sources]
