@@ -155,6 +155,13 @@ BEFORE_LOAD = [
     Case(7, "plan --max-kl nan", _plan("--max-kl", "nan"), "--max-kl", "finite"),
     Case(7, "plan --max-kl -1", _plan("--max-kl", "-1"), "--max-kl", ">= 0"),
     Case(7, "plan --min-agreement 2", _plan("--min-agreement", "2"), "--min-agreement", "<= 1"),
+    Case(19, "--memory-limit 1e300 (overflowed to a float infinity once)", _profile("--memory-limit", "1e300"),
+         "--memory-limit", "from 0 to 1,152,921,504,606,846,976 bytes"),
+    Case(19, "plan --budget 1e300", _plan("--budget", "1e300"), "--budget", "from 0 to"),
+    Case(19, "plan --budget 1e300GB", _plan("--budget", "1e300GB"), "--budget", "from 0 to"),
+    Case(19, "plan --weights-memory 1e300", _plan("--budget", "1", "--weights-memory", "1e300"), "--weights-memory",
+         "from 0 to"),
+    Case(19, "plan --reserve 1e300", _plan("--reserve", "1e300"), "--reserve", "from 0 to"),
     Case(7, "sweep --workers 0", ("sweep", "{w}/grid.toml", "--workers", "0"), "--workers", ">= 1"),
     # 8. text input
     Case(8, "--text-file /dev/zero", _profile("--text-file", "/dev/zero", prompt=False), "/dev/zero", "50 MB"),
@@ -954,3 +961,33 @@ def test_19_a_prompt_whose_forward_cannot_fit_is_refused_and_one_past_the_positi
     with pytest.warns(PastPositionsWarning, match="past tiny-llama's limit of 4,096"):
         profile = run_profile(loaded, ["standard"], prompt="hello " * 4_200, max_tokens=2, chat=False)
     assert profile.complete
+
+
+# 19b. one edge for byte sizes: checked after scaling, never an OverflowError, the range in the message
+
+HUGE_SIZES = [
+    ("parse_memory('1e300')", lambda: __import__("cachelib.core.units", fromlist=["x"]).parse_memory("1e300", "x"), "x must be a size from 0 to"),
+    ("parse_memory(10**400)", lambda: __import__("cachelib.core.units", fromlist=["x"]).parse_memory(10**400, "x"), "x must be a size from 0 to"),
+    ("parse_memory_limit('1e300')", lambda: parse_memory_limit("1e300"), "memory_limit must be a size from"),
+    ("parse_memory_limit(1e300)", lambda: parse_memory_limit(1e300), "memory_limit must be a size from"),
+    ("PlanRequest(budget_bytes=10**30)", lambda: _request(budget_bytes=10**30), "budget_bytes must be a whole number of bytes from 0 to"),
+    ("PlanRequest(reserve_bytes=1e300)", lambda: _request(reserve_bytes=1e300), "reserve_bytes must be a whole number"),
+    ("a 400-digit size quotes 100 characters", lambda: __import__("cachelib.core.units", fromlist=["x"]).parse_memory("9" * 400, "x"), "9" * 90 + "..."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("what, make, says", HUGE_SIZES, ids=[c[0] for c in HUGE_SIZES])
+def test_19_huge_sizes_are_value_errors_with_the_range(what, make, says):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert says in str(e.value) and len(str(e.value)) < 300, str(e.value)
+
+
+def test_19_a_grid_memory_limit_of_1e300_is_one_line_naming_the_grid(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(SWEEP_GRID + 'memory_limit = "1e300"\n', encoding="utf-8")
+    before = snapshot(tmp_path)
+    code, err, _ = run_cli(["sweep", str(grid), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "grid.toml:" in err[0] and "'memory_limit'" in err[0] and "from 0 to" in err[0], err[0]
+    assert snapshot(tmp_path) == before

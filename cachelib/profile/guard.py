@@ -9,11 +9,10 @@ the predictors in (the profiler passes the capacity planner's exact replays,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from ..core.units import human_bytes, parse_memory
+from ..core.units import clip_input, human_bytes, parse_memory, to_bytes
 from ..introspect import CacheView
 from ..spec import Spec
 
@@ -21,23 +20,24 @@ from ..spec import Spec
 def parse_memory_limit(value: int | float | str | None) -> int | None:
     """Bytes of a memory limit. A number is bytes (``1_000_000``); text is a size as the planner
     reads it (:func:`cachelib.core.units.parse_memory`): ``"2"`` and ``"2GiB"`` are 2 GiB,
-    ``"1.5GB"`` is 1.5 x 10^9 bytes, ``"512MiB"``. None or empty text means no limit."""
+    ``"1.5GB"`` is 1.5 x 10^9 bytes, ``"512MiB"``. None or empty text means no limit. Checked
+    after scaling (:func:`~cachelib.core.units.to_bytes`): finite, > 0 and within the range named."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
         raise ValueError(f"memory_limit must be bytes or a size like '2GiB' or '2GB', got {value!r}")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError(f"memory_limit must be a finite number of bytes, got {value!r}")
-        limit = int(value)
+        limit = to_bytes(value, "B", "memory_limit", repr(value))
     else:
         try:
             limit = parse_memory(value, "memory_limit")
-        except ValueError:
-            raise ValueError(f"memory_limit {value!r} is not a size; write e.g. '2GiB', '1.5GB' or '512MiB' "
-                             "(a bare number is GiB)") from None  # fmt: skip
+        except ValueError as e:
+            if "must be a size such as" not in str(e) and "unknown unit" not in str(e):
+                raise  # a size out of range: the message names the range
+            raise ValueError(f"memory_limit {clip_input(str(value))!r} is not a size; write e.g. '2GiB', '1.5GB' or "
+                             "'512MiB' (a bare number is GiB)") from None  # fmt: skip
     if not limit > 0:
-        raise ValueError(f"memory_limit must be > 0, got {value!r}")
+        raise ValueError(f"memory_limit must be > 0, got {clip_input(repr(value))}")
     return limit
 
 
