@@ -46,7 +46,7 @@ def snapshot(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` -> the hash of its bytes."""
     out = {}
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and not p.is_symlink():
+        if p.is_file() and not p.is_symlink() and p.stat().st_size < 10**7:
             try:
                 out[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
             except OSError:
@@ -164,7 +164,9 @@ BEFORE_LOAD = [
     Case(19, "plan --reserve 1e300", _plan("--reserve", "1e300"), "--reserve", "from 0 to"),
     Case(7, "sweep --workers 0", ("sweep", "{w}/grid.toml", "--workers", "0"), "--workers", ">= 1"),
     # 8. text input
-    Case(8, "--text-file /dev/zero", _profile("--text-file", "/dev/zero", prompt=False), "/dev/zero", "50 MB"),
+    Case(8, "--text-file /dev/zero", _profile("--text-file", "/dev/zero", prompt=False), "/dev/zero", "a character device"),
+    Case(8, "--text-file over 50 MB", _profile("--text-file", "{w}/big.txt", prompt=False), "big.txt", "50 MB"),
+    Case(19, "--text-file a named pipe", _profile("--text-file", "{w}/pipe.txt", prompt=False), "pipe.txt", "named pipe"),
     Case(8, "--text-file in Latin-1", _profile("--text-file", "{w}/latin1.txt", prompt=False), "latin1.txt", "UTF-8"),
     Case(8, "--text-file binary", _profile("--text-file", "{w}/binary.dat", prompt=False), "binary.dat", "UTF-8"),
     Case(8, "--text-file missing", _profile("--text-file", "{w}/missing.txt", prompt=False), "missing.txt", "No such file"),
@@ -188,6 +190,10 @@ def _bad_inputs(w: Path) -> None:
     (w / "latin1.txt").write_bytes("caf\xe9 au lait, na\xefve".encode("latin-1"))
     (w / "binary.dat").write_bytes(bytes(range(256)) * 8)
     (w / "grid.toml").write_text('name = "g"\n')
+    with open(w / "big.txt", "wb") as f:  # sparse: 50 MB + 1 byte of zeros that take no disk
+        f.truncate(50_000_001)
+    if not (w / "pipe.txt").exists():
+        os.mkfifo(w / "pipe.txt")
     from cachelib.models.presets import preset_folder
 
     preset = preset_folder(MODEL)
@@ -991,3 +997,83 @@ def test_19_a_grid_memory_limit_of_1e300_is_one_line_naming_the_grid(tmp_path, c
     assert code == 2 and len(err) == 1, err
     assert "grid.toml:" in err[0] and "'memory_limit'" in err[0] and "from 0 to" in err[0], err[0]
     assert snapshot(tmp_path) == before
+
+
+# 19c. one bounded reader: devices, named pipes and sockets refused by type, bytes and nesting capped
+
+EVAL = ("evaluate", "--model", MODEL, "--context", "8", "--score-tokens", "2", "--windows", "1")
+GRID_HEAD = 'name = "g"\nmodels = ["tiny-llama"]\nstrategies = ["rotating:max_size=8"]\n'
+READER_CASES = [
+    Case(19, "evaluate --text /dev/zero", (*EVAL, "--text", "/dev/zero"), "/dev/zero", "a character device"),
+    Case(19, "evaluate --text a named pipe", (*EVAL, "--text", "{w}/pipe.txt"), "pipe.txt", "named pipe (FIFO)"),
+    Case(19, "sweep /dev/zero", ("sweep", "/dev/zero"), "/dev/zero", "a character device"),
+    Case(19, "sweep a named pipe", ("sweep", "{w}/pipe.txt"), "pipe.txt", "named pipe"),
+    Case(19, "a grid nested 100,000 deep", ("sweep", "{w}/deep.toml"), "deep.toml", "nests arrays or tables 100,000 deep"),
+    Case(19, "a grid's texts = ['/dev/zero']", ("sweep", "{w}/zero-texts.toml"), "zero-texts.toml:4", "a character device"),
+    Case(19, "a grid's texts = [a named pipe]", ("sweep", "{w}/pipe-texts.toml"), "pipe-texts.toml:4", "named pipe"),
+    Case(19, "plan --model a config of 10^12 layers", ("plan", "--model", "{w}/huge.json", "--context", "100"),
+         "huge.json", "num_hidden_layers must be an integer from 1 to 100,000"),
+    Case(19, "plan --model a config nested 100,000 deep", ("plan", "--model", "{w}/deep.json", "--context", "100"),
+         "deep.json", "nests arrays or tables 100,000 deep"),
+    Case(19, "plan --model /dev/zero", ("plan", "--model", "/dev/zero", "--context", "100"), "/dev/zero",
+         "a character device"),
+    Case(19, "report a named pipe", ("report", "{w}/pipe.txt", "--out", "{w}/r.html"), "pipe.txt", "named pipe"),
+]  # fmt: skip
+
+
+def _reader_inputs(w: Path) -> None:
+    import json
+
+    os.mkfifo(w / "pipe.txt")
+    (w / "deep.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    (w / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (w / "zero-texts.toml").write_text(GRID_HEAD + 'texts = ["/dev/zero"]\n')
+    (w / "pipe-texts.toml").write_text(GRID_HEAD + 'texts = ["pipe.txt"]\n')
+    (w / "huge.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 10**12, "hidden_size": 64,
+                                             "num_attention_heads": 2, "vocab_size": 100}))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", READER_CASES, ids=lambda c: f"{c.item}-{c.what}")
+def test_19_the_bounded_reader_refuses_devices_pipes_and_deep_nesting_in_one_line(case, tmp_path, capsys):
+    _reader_inputs(tmp_path)
+    before = snapshot(tmp_path)
+    started = time.monotonic()
+    code, err, _ = run_cli(case.args(tmp_path), capsys)
+    assert code == 2 and len(err) == 1, err
+    assert case.names in err[0] and case.says in err[0], err[0]
+    assert time.monotonic() - started < 6
+    assert snapshot(tmp_path) == before
+
+
+def test_19_an_evidence_folder_with_a_dev_zero_symlink_a_pipe_and_bad_rows_still_plans(tmp_path, capsys):
+    from cachelib.profile.evidence import DEFAULT_EVIDENCE, _schema
+
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    source = next(p for p in sorted(DEFAULT_EVIDENCE.glob("*.csv")) if _schema(p) == "cachelib-evaluation/1")
+    frame = pd.read_csv(source, dtype=str, keep_default_na=False)
+    first = frame.index[frame["kind"] == "sample"][0]
+    frame.assign(mean_kl=frame["mean_kl"].where(frame.index != first, "-inf")).to_csv(folder / "neginf.csv", index=False)
+    frame.assign(strategy=frame["strategy"].where(frame.index != first, "bogus:x=1")).to_csv(folder / "bogus.csv",
+                                                                                             index=False)  # fmt: skip
+    (folder / "good.csv").write_bytes(source.read_bytes())
+    (folder / "zero.csv").symlink_to("/dev/zero")
+    os.mkfifo(folder / "pipe.csv")
+    started = time.monotonic()
+    code, err, out = run_cli(["plan", "--model", "smollm2", "--context", "1000", "--no-default-evidence", "--evidence",
+                              str(folder)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert time.monotonic() - started < 30
+    said = "\n".join(err)
+    for name, why in (("zero.csv", "a character device"), ("pipe.csv", "named pipe"),
+                      ("neginf.csv", "mean_kl -inf is not a finite number"), ("bogus.csv", "unknown strategy 'bogus'")):
+        assert f"{folder / name}: skipped, " in said and why in said, (name, said)  # fmt: skip
+    assert "from 1 file(s)" in out, out  # good.csv alone
+
+
+def test_19_messages_quote_at_most_100_characters_of_an_input(tmp_path, capsys):
+    long = "x" * 5000
+    code, err, _ = run_cli(["plan", "--model", "smollm2", "--context", "1000", "--budget", long], capsys)
+    assert code == 2 and len(err) == 1 and len(err[0]) < 300, err
+    code, err, _ = run_cli(["evaluate", "--model", MODEL, "--context", "8", "--text", str(tmp_path / long[:200])], capsys)
+    assert code == 2 and len(err) == 1 and len(err[0]) < 400, err

@@ -26,6 +26,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..core.reader import read_text
+from ..core.units import clip_input
 from ..decode import Runner
 from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
@@ -155,11 +157,11 @@ def resolve_texts(texts: Sequence[str | os.PathLike | tuple[str, str]] | None) -
         else:
             path = Path(item).expanduser()
             try:
-                text = path.read_text(encoding="utf-8")
+                text = read_text(path, "evaluation text")  # bounded: no device, pipe or socket
             except FileNotFoundError:
-                raise ValueError(f"evaluation text {str(path)!r} not found") from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise ValueError(f"cannot read evaluation text {str(path)!r}: {e}") from None
+                raise ValueError(f"evaluation text {clip_input(str(path))!r} not found") from None
+            except OSError as e:
+                raise ValueError(str(e)) from None
             name = path.stem
         if not text.strip():
             raise ValueError(f"evaluation text {name!r} is empty")
