@@ -1012,7 +1012,7 @@ READER_CASES = [
     Case(19, "a grid's texts = ['/dev/zero']", ("sweep", "{w}/zero-texts.toml"), "zero-texts.toml:4", "a character device"),
     Case(19, "a grid's texts = [a named pipe]", ("sweep", "{w}/pipe-texts.toml"), "pipe-texts.toml:4", "named pipe"),
     Case(19, "plan --model a config of 10^12 layers", ("plan", "--model", "{w}/huge.json", "--context", "100"),
-         "huge.json", "num_hidden_layers must be an integer from 1 to 100,000"),
+         "huge.json", "num_hidden_layers must be a positive integer (1 to 100,000)"),
     Case(19, "plan --model a config nested 100,000 deep", ("plan", "--model", "{w}/deep.json", "--context", "100"),
          "deep.json", "nests arrays or tables 100,000 deep"),
     Case(19, "plan --model /dev/zero", ("plan", "--model", "/dev/zero", "--context", "100"), "/dev/zero",

@@ -165,7 +165,7 @@ def _positive(name: str, value, where: str, most: int = 2**31 - 1) -> int:
     """``value`` as an int in [1, ``most``] (MLX's int32 indexes by default); else a ValueError."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if not ok or int(value) != value or not 0 < value <= most:
-        raise ValueError(f"{where}: {name} must be an integer from 1 to {most:,}, got {clip_input(repr(value))}")
+        raise ValueError(f"{where}: {name} must be a positive integer (1 to {most:,}), got {clip_input(repr(value))}")
     return int(value)
 
 
