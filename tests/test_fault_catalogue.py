@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -1077,3 +1078,105 @@ def test_19_messages_quote_at_most_100_characters_of_an_input(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and len(err[0]) < 300, err
     code, err, _ = run_cli(["evaluate", "--model", MODEL, "--context", "8", "--text", str(tmp_path / long[:200])], capsys)
     assert code == 2 and len(err) == 1 and len(err[0]) < 400, err
+
+
+# 19d. prompt-cache files: the format checked before any array is made, then ranks, shapes and leaves
+
+
+def _prompt_cache(path: Path, cls: str, edit=None) -> Path:
+    """A one-layer prompt cache of ``cls`` written by cachelib, its tensors and header passed
+    through ``edit(tensors, header)`` and written back as safetensors."""
+    import mlx.core as mx
+
+    import cachelib.mlx as ours
+    from cachelib.mlx.safetensors import read_safetensors
+
+    cache = {"KVCache": ours.KVCache, "ConcatenateKVCache": ours.ConcatenateKVCache,
+             "StaticKVCache": lambda: ours.StaticKVCache(16), "ChunkedKVCache": lambda: ours.ChunkedKVCache(8)}[cls]()  # fmt: skip
+    k = mx.zeros((1, 2, 3, 8))
+    cache.update_and_fetch(k, k)
+    ours.save_prompt_cache(path, [cache])
+    if edit is not None:
+        tensors, header = read_safetensors(path)
+        edit(tensors, header)
+        mx.save_safetensors(str(path), tensors, header)
+    return path
+
+
+def _keys_of_rank(rank: int):
+    def edit(tensors, header):
+        import mlx.core as mx
+
+        shape = (3, 8, 2, 4)[:rank]
+        tensors["0.0"] = tensors["0.1"] = mx.zeros(shape) if rank else mx.array(0.0)
+
+    return edit
+
+
+def _leaf(kind: str, value):
+    def edit(tensors, header):
+        import mlx.core as mx
+
+        header["2.1.1"] = kind
+        tensors["0.2"] = mx.array(value)
+
+    return edit
+
+
+LOW_RANKS = [(cls, rank) for cls in ("KVCache", "StaticKVCache", "ChunkedKVCache", "ConcatenateKVCache") for rank in (0, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("cls, rank", LOW_RANKS, ids=[f"{c}-{r}D" for c, r in LOW_RANKS])
+def test_19_prompt_cache_keys_of_the_wrong_rank_are_one_value_error_naming_file_and_layer(cls, rank, tmp_path):
+    from cachelib.mlx import load_prompt_cache
+
+    path = _prompt_cache(tmp_path / "low.safetensors", cls, _keys_of_rank(rank))
+    with pytest.raises(ValueError) as e:
+        load_prompt_cache(path)
+    said = str(e.value)
+    assert "low.safetensors" in said and f"layer 0 ({cls})" in said and "4-D" in said, said
+
+
+@pytest.mark.parametrize("kind, value, says", [("string", [2**40], "not a Unicode code point"),
+                                               ("string", [float("inf")], "1-D integer array"),
+                                               ("scalar", float("inf"), "finite number"),
+                                               ("scalar", [1, 2], "must hold one number"),
+                                               ("none", [1.0], "must be an empty array")])  # fmt: skip
+def test_19_a_prompt_cache_leaf_of_2_40_or_inf_is_a_value_error(kind, value, says, tmp_path):
+    from cachelib.mlx import load_prompt_cache
+
+    path = _prompt_cache(tmp_path / "leaf.safetensors", "KVCache", _leaf(kind, value))
+    with pytest.raises(ValueError, match="leaf.safetensors") as e:
+        load_prompt_cache(path)
+    assert says in str(e.value) and "'0.2'" in str(e.value), str(e.value)
+
+
+def test_19_a_crafted_52_byte_gguf_a_pipe_and_other_formats_are_value_errors_not_crashes(tmp_path):
+    """Run in a child: a native loader's segmentation fault must fail the test, not end pytest."""
+    script = textwrap.dedent(
+        """
+        import os, struct, sys
+        from pathlib import Path
+        from cachelib.mlx import load_prompt_cache
+        w = Path(sys.argv[1])
+        (w / "x.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**40, 1) + bytes(28))  # 52 bytes
+        (w / "x.npz").write_bytes(b"PK\\x03\\x04" + os.urandom(60))
+        (w / "x.safetensors").write_bytes(struct.pack("<Q", 40) + b'{"a": {"dtype": "F32", "shape": [2**40]}}')
+        (w / "empty.safetensors").write_bytes(b"")
+        os.mkfifo(w / "pipe.safetensors")
+        for name in ("x.gguf", "x.npz", "x.safetensors", "empty.safetensors", "pipe.safetensors"):
+            try:
+                load_prompt_cache(w / name)
+                print(name, "loaded")
+            except ValueError as e:
+                print(name, "ValueError", str(e).replace(chr(10), " "))
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)  # fmt: skip
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    lines = run.stdout.splitlines()
+    assert len(lines) == 5 and all(line.split()[1] == "ValueError" for line in lines), lines
+    for line in lines:
+        assert f"load_prompt_cache('{tmp_path / line.split()[0]}')" in line, line
+    assert "not a safetensors file" in lines[0] and "named pipe" in lines[4], lines
