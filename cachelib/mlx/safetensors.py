@@ -148,7 +148,7 @@ def _ints(values) -> bool:
 
 def _check_memory(nbytes: int, where: str) -> None:
     """Refuse arrays the machine cannot hold before reading them (twice: the bytes and the arrays)."""
-    from ..profile.guard import available_memory  # the lower of available memory and RLIMIT_AS
+    from ..core.memory import available_memory  # the lower of available memory and RLIMIT_AS
 
     available = available_memory("cpu")
     if 2 * nbytes > available:

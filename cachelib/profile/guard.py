@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from ..core.memory import address_space_limit, address_space_room, available_memory, machine_memory
 from ..core.units import clip_input, human_bytes, parse_memory, to_bytes
 from ..introspect import CacheView
 from ..spec import Spec
@@ -44,58 +45,6 @@ def parse_memory_limit(value: int | float | str | None) -> int | None:
 DEFAULT_SHARE = 0.9  # without a limit, the caches may take this share of the memory available at the start
 
 
-def available_memory(device: str) -> int:
-    """Bytes this process may still allocate on ``device``: the GPU's free memory for a CUDA
-    device; else the machine's available memory (psutil; MLX on Apple silicon shares it with the
-    GPU), or what ``RLIMIT_AS`` (``ulimit -v``) leaves beside the process's mappings, whichever is
-    lower (MLX ends with a segmentation fault when an allocation is refused, so it must not be)."""
-    if str(device).startswith("cuda"):
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    import psutil
-
-    available = int(psutil.virtual_memory().available)
-    room = _address_space_room()
-    return available if room is None else min(available, room)
-
-
-def _address_space_room() -> int | None:
-    """What ``RLIMIT_AS`` leaves beside the process's mappings now; None when unlimited."""
-    cap = _address_space_limit()
-    if cap is None:
-        return None
-    import psutil
-
-    return max(0, cap - int(psutil.Process().memory_info().vms))
-
-
-def machine_memory(device: str) -> int:
-    """All the memory of ``device``: the GPU's for a CUDA device, else the machine's, or
-    ``RLIMIT_AS`` when that is lower."""
-    if str(device).startswith("cuda"):
-        import torch
-
-        _, total = torch.cuda.mem_get_info(torch.device(device))
-        return int(total)
-    import psutil
-
-    total = int(psutil.virtual_memory().total)
-    cap = _address_space_limit()
-    return total if cap is None else min(total, cap)
-
-
-def _address_space_limit() -> int | None:
-    """The soft ``RLIMIT_AS`` in bytes, None when unlimited (or where there is none)."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
 def check_memory_limit(limit: int, device: str, name: str = "the memory limit (--memory-limit, memory_limit=)") -> int:
     """``limit`` when ``device`` has that much memory; a ``ValueError`` with the allowed range
     otherwise (a limit the machine cannot hold guards nothing)."""
@@ -109,7 +58,7 @@ def check_memory_limit(limit: int, device: str, name: str = "the memory limit (-
 
 
 def _rlimit_note(total: int) -> str:
-    cap = _address_space_limit()
+    cap = address_space_limit()
     return " (RLIMIT_AS, ulimit -v)" if cap is not None and cap == total else ""
 
 
@@ -184,7 +133,7 @@ def check_fits(arch, specs: Sequence[Spec], *, backend: str, dtype: str, device:
 
 
 def _room_note(device: str, available: int) -> str:
-    room = None if str(device).startswith("cuda") else _address_space_room()
+    room = None if str(device).startswith("cuda") else address_space_room()
     return ", as RLIMIT_AS (ulimit -v) leaves it" if room is not None and room <= available else ""
 
 
