@@ -1181,3 +1181,17 @@ def test_19_a_crafted_52_byte_gguf_a_pipe_and_other_formats_are_value_errors_not
     for line in lines:
         assert f"load_prompt_cache('{tmp_path / line.split()[0]}')" in line, line
     assert "not a safetensors file" in lines[0] and "named pipe" in lines[4], lines
+
+
+@pytest.mark.parametrize("kind", ["profile", "evaluation"])
+def test_19_a_sweep_point_that_cannot_fit_is_refused_before_its_caches_exist(kind, tmp_path, monkeypatch):
+    from cachelib.sweep.grid import parse_grid
+    from cachelib.sweep.run import run_point
+
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
+    head = 'name = "big"\nmodels = ["tiny-llama"]\ndevices = ["cpu"]\nstrategies = ["static:max_len=20000000"]\n'
+    body = 'prompts = ["hi"]\nmax_tokens = 2\n' if kind == "profile" else (
+        'contexts = [64]\nscore_tokens = 2\nwindows = 1\n')  # fmt: skip
+    [point] = parse_grid(head + body, tmp_path / "grid.toml").points()
+    with pytest.raises(ValueError, match=r"would need 40\.96 GB .*more than the 7\.20 GB"):
+        run_point(point)
