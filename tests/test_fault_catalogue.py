@@ -1073,12 +1073,26 @@ def test_19_an_evidence_folder_with_a_dev_zero_symlink_a_pipe_and_bad_rows_still
     assert "from 1 file(s)" in out, out  # good.csv alone
 
 
-def test_19_messages_quote_at_most_100_characters_of_an_input(tmp_path, capsys):
-    long = "x" * 5000
-    code, err, _ = run_cli(["plan", "--model", "smollm2", "--context", "1000", "--budget", long], capsys)
-    assert code == 2 and len(err) == 1 and len(err[0]) < 300, err
-    code, err, _ = run_cli(["evaluate", "--model", MODEL, "--context", "8", "--text", str(tmp_path / long[:200])], capsys)
-    assert code == 2 and len(err) == 1 and len(err[0]) < 400, err
+LONG = "x" * 100_000
+LONG_INPUTS = [
+    ("plan --budget", ("plan", "--model", "smollm2", "--context", "1000", "--budget", LONG)),
+    ("plan --model", ("plan", "--model", LONG, "--context", "10")),
+    ("plan --evidence", ("plan", "--model", "smollm2", "--context", "10", "--evidence", LONG)),
+    ("profile --model", ("profile", "--model", LONG, "--prompt", "hi", "--out", "{w}/p.csv")),
+    ("profile --strategy", ("profile", "--model", MODEL, "--prompt", "hi", "--strategy", LONG, "--out", "{w}/p.csv")),
+    ("evaluate --context", ("evaluate", "--model", MODEL, "--context", LONG)),
+    ("evaluate --text", ("evaluate", "--model", MODEL, "--context", "8", "--text", "{w}/" + LONG)),
+    ("sweep GRID", ("sweep", LONG)),
+    ("report PROFILE", ("report", LONG, "--out", "{w}/r.html")),
+    ("profiles FOLDER", ("profiles", LONG)),
+]
+
+
+@pytest.mark.parametrize("what, argv", LONG_INPUTS, ids=[c[0] for c in LONG_INPUTS])
+def test_19_an_error_quotes_at_most_100_characters_of_a_100_kb_input(what, argv, tmp_path, capsys):
+    code, err, _ = run_cli(_in(tmp_path, argv), capsys)
+    assert code == 2 and len(err) == 1, err[:1]
+    assert len(err[0]) < 400 and "xxx..." in err[0] and "x" * 101 not in err[0], err[0][:500]
 
 
 # 19d. prompt-cache files: the format checked before any array is made, then ranks, shapes and leaves

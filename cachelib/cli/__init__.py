@@ -26,6 +26,7 @@ from . import evaluate as evaluate_cli
 from . import report as report_cli
 from . import retrieval as retrieval_cli
 from . import plan as plan_cli
+from ..core.units import clip_message
 from .args import SIZE_HELP, int_range, positive_int, positive_memory_size
 from ..profile import Probes, default_profile_name, list_profiles, read_meta, run_profile, summarize
 from ..profile.store import meta_list
@@ -45,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"warning: {message}", file=sys.stderr if file is None else file)
+    print(f"warning: {clip_message(str(message))}", file=sys.stderr if file is None else file)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,14 +58,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         return int(args.func(args) or 0)
-    except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except CliError as e:  # every error line quotes at most ~100 characters of an input (clip_message)
+        print(f"error: {clip_message(str(e))}", file=sys.stderr)
         return 2
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {clip_message(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a path that cannot be read or written: the input is at fault
-        print(f"error: {os_error_text(e)}", file=sys.stderr)
+        print(f"error: {clip_message(os_error_text(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(f"interrupted ({e})" if str(e) else "interrupted", file=sys.stderr)

@@ -4,6 +4,7 @@ how byte counts are written for people."""
 from __future__ import annotations
 
 import math
+import re
 
 BACKENDS = ("mlx", "torch")
 
@@ -67,6 +68,16 @@ def to_bytes(number: float | int, unit: str, name: str, shown, minimum: int = 0,
     if not minimum <= nbytes <= maximum:
         raise ValueError(f"{name} must be a size from {_range_text(minimum, maximum)}, got {text}")
     return int(nbytes)
+
+
+_LONG_RUN = re.compile(r"\S{101,}")
+
+
+def clip_message(message: str, most: int = 100) -> str:
+    """``message`` with every run of more than ``most`` non-space characters (an input it quotes:
+    a 100 KB path, spec or number) cut to ``most``, so a one-line error stays one short line."""
+    return _LONG_RUN.sub(lambda m: m.group()[: most - 3] + "...", message) if most == 100 else re.sub(
+        rf"\S{{{most + 1},}}", lambda m: m.group()[: most - 3] + "...", message)
 
 
 def clip_input(text, most: int = 100) -> str:

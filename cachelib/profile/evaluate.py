@@ -161,7 +161,7 @@ def resolve_texts(texts: Sequence[str | os.PathLike | tuple[str, str]] | None) -
             except FileNotFoundError:
                 raise ValueError(f"evaluation text {clip_input(str(path))!r} not found") from None
             except OSError as e:
-                raise ValueError(str(e)) from None
+                raise ValueError(e.strerror or str(e)) from None
             name = path.stem
         if not text.strip():
             raise ValueError(f"evaluation text {name!r} is empty")
