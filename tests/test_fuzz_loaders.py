@@ -87,7 +87,8 @@ CHILD = textwrap.dedent(
             meta[key] = rng.choice(["KVCache", "RotatingKVCache", "QuantizedKVCache", "BatchKVCache", "CacheList",
                                     "Nope", "scalar", "string", "none", "", "0.0", "9.9", str(2**40)])
         elif choice == 5 and meta:
-            meta[rng.choice(["1.7", "2.99.0", "2.1.5", "3", "1.x", "2.1.1"])] = rng.choice(["string", "scalar", "KVCache"])
+            key = rng.choice(["1.7", "2.99.0", "2.1.5", "3", "1.x", "2.1.1"])
+            meta[key] = rng.choice(["string", "scalar", "KVCache"])
         elif choice == 6:
             entry["shape"] = entry["shape"][::-1] or [1]
         elif choice == 7:

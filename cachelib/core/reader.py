@@ -175,4 +175,5 @@ def is_regular(path: str | os.PathLike) -> bool:
 
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "MAX_TEXT_BYTES", "check_nesting", "check_regular", "decode_text",
-           "file_kind", "is_regular", "label", "nesting", "parse_toml", "read_bytes", "read_json", "read_text"]  # fmt: skip
+           "file_kind", "is_regular", "label", "nesting", "parse_toml", "read_bytes", "read_json",
+           "read_text"]  # fmt: skip

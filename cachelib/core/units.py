@@ -70,14 +70,17 @@ def to_bytes(number: float | int, unit: str, name: str, shown, minimum: int = 0,
     return int(nbytes)
 
 
-_LONG_RUN = re.compile(r"\S{101,}")
-
-
 def clip_message(message: str, most: int = 100) -> str:
     """``message`` with every run of more than ``most`` non-space characters (an input it quotes:
-    a 100 KB path, spec or number) cut to ``most``, so a one-line error stays one short line."""
-    return _LONG_RUN.sub(lambda m: m.group()[: most - 3] + "...", message) if most == 100 else re.sub(
-        rf"\S{{{most + 1},}}", lambda m: m.group()[: most - 3] + "...", message)
+    a 100 KB path, spec or number) cut to its head and tail, ``most`` characters in all (a path
+    keeps its file name), so a one-line error stays one short line."""
+    head = most // 2
+
+    def cut(m: re.Match) -> str:
+        run = m.group()
+        return run[:head] + "..." + run[-(most - head - 3):]
+
+    return re.sub(rf"\S{{{most + 1},}}", cut, message)
 
 
 def clip_input(text, most: int = 100) -> str:

@@ -112,7 +112,8 @@ def check_kv_pair(keys, values, where: str) -> None:
     for name, x in (("keys", keys), ("values", values)):  # a file may hold anything: ranks before any indexing
         for part in x if isinstance(x, (list, tuple)) else [x]:
             if not isinstance(part, mx.array) or part.ndim != 4:
-                got = f"a {part.ndim}-D array {tuple(part.shape)}" if isinstance(part, mx.array) else type(part).__name__
+                array = isinstance(part, mx.array)
+                got = f"a {part.ndim}-D array {tuple(part.shape)}" if array else type(part).__name__
                 raise ValueError(f"{where} state: {name} must be 4-D arrays (batch, heads, tokens, dim), got {got}")
             if part.dtype in (mx.bool_, mx.complex64):
                 raise ValueError(f"{where} state: {name} hold {part.dtype}, not numbers a cache stores")

@@ -114,11 +114,13 @@ def _header(raw: bytes, where: str) -> tuple[dict[str, tuple], dict[str, str]]:
     try:
         header = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{where}: not a safetensors file (its header is not valid JSON: {clip_input(str(e))})") from None
+        why = clip_input(str(e))
+        raise ValueError(f"{where}: not a safetensors file (its header is not valid JSON: {why})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{where}: not a safetensors file (its header is not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+    strings = isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    if not strings:
         raise ValueError(f"{where}: __metadata__ must map strings to strings")
     if len(header) > MAX_TENSORS:
         raise ValueError(f"{where}: {len(header):,} tensors; at most {MAX_TENSORS:,} are allowed")
@@ -131,9 +133,11 @@ def _header(raw: bytes, where: str) -> tuple[dict[str, tuple], dict[str, str]]:
         if dtype not in DTYPES:
             raise ValueError(f"{what}: dtype {clip_input(dtype)!r} is not one MLX holds; allowed: {', '.join(DTYPES)}")
         if not _ints(shape) or len(shape) > MAX_RANK:
-            raise ValueError(f"{what}: shape must be a list of at most {MAX_RANK} integers >= 0, got {clip_input(shape)}")
+            raise ValueError(f"{what}: shape must be a list of at most {MAX_RANK} integers >= 0, "
+                             f"got {clip_input(shape)}")  # fmt: skip
         if not _ints(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
-            raise ValueError(f"{what}: data_offsets must be [begin, end] with 0 <= begin <= end, got {clip_input(offsets)}")
+            raise ValueError(f"{what}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                             f"got {clip_input(offsets)}")  # fmt: skip
         nbytes = math.prod(shape) * np.dtype(DTYPES[dtype][0]).itemsize
         if offsets[1] - offsets[0] != nbytes:
             raise ValueError(f"{what}: shape {tuple(shape)} of {dtype} needs {nbytes:,} bytes but data_offsets span "

@@ -355,7 +355,8 @@ def load_config(path: str | os.PathLike) -> Arch:
     if p.is_dir():
         p = p / "config.json"
     if not p.exists():
-        raise ValueError(f"model config {clip_input(str(path))!r} not found (give a config.json or a folder holding one)")
+        raise ValueError(f"model config {clip_input(str(path))!r} not found "
+                         "(give a config.json or a folder holding one)")  # fmt: skip
     config = read_json(p, "model config")  # bounded: no device or pipe, nesting capped
     name = p.parent.name if p.name == "config.json" else p.stem
     return arch_from_config(config, name=name, source=str(p))

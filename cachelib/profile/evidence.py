@@ -180,6 +180,9 @@ def _load_evidence(sources: list) -> EvidenceSet:
             except ValueError as e:
                 warnings.append(f"{path}: skipped, {e}")
                 continue
+            except (TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:  # a reader's gap: one file
+                warnings.append(f"{path}: skipped, it could not be read ({type(e).__name__}: {str(e)[:200]})")
+                continue
             if not profile.complete:
                 warnings.append(f"{path}: skipped, an incomplete profile ({profile.meta.get('reason') or 'no reason'})")
                 continue

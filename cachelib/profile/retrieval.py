@@ -247,7 +247,8 @@ def retrieval(
     if arch is not None:  # refused before the model loads: positions past its limit, caches that cannot fit
         check_limit(arch, contexts, 1)
         check_fits(arch, specs, backend=backend, dtype=dtype, device=where, prompt_tokens=max(contexts), steps=1,
-                   prefill_chunk=prefill_chunk, rows=1 if one_by_one else len(specs), what="retrieval", hint="")  # fmt: skip
+                   prefill_chunk=prefill_chunk, rows=1 if one_by_one else len(specs), what="retrieval",
+                   hint="")  # fmt: skip
     loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
     info = loaded.info
     check_limit(info, contexts, 1)

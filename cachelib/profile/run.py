@@ -153,7 +153,8 @@ def run_profile(
     probes = probes or Probes()
     limit = parse_memory_limit(memory_limit)
     if limit is not None:  # a limit past the machine's memory guards nothing: refused before the model loads
-        check_memory_limit(limit, model.info.device if isinstance(model, LoadedModel) else resolve_device(backend, device))
+        on = model.info.device if isinstance(model, LoadedModel) else resolve_device(backend, device)
+        check_memory_limit(limit, on)
     run_id = uuid.uuid4().hex[:12]
     # Claims a partial file of this run's own: a path that cannot be written fails here, before any work.
     writer = ProfileWriter(out, run_id) if out is not None else None
@@ -174,7 +175,8 @@ def run_profile(
             prompt_ids, continuation = encode_prompt(tok, prompt, chat), None
 
         warn_past_positions(loaded.info, len(prompt_ids) + max_tokens - 1)
-        guard = _guard(loaded, specs, limit, len(prompt_ids), max_tokens, one_by_one)  # refuses what cannot fit, before any cache exists
+        # refuses what cannot fit, before any cache exists
+        guard = _guard(loaded, specs, limit, len(prompt_ids), max_tokens, one_by_one)
         labels = strategy_labels(specs)
         states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
         batch = _StrategyBatch.of(runner, states, one_by_one)
