@@ -264,7 +264,7 @@ def test_7_evaluate_numbers_are_checked_like_the_others_when_present(capsys):
 # --- 6. a run that cannot fit is refused with the figure; the guard has a default -------------------------
 
 
-def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(world, capsys):
+def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(world, capsys, no_model_load):
     before = snapshot(world)
     code, err, _ = run_cli(_in(world, _profile("--strategy", "static:max_len=2000000000")), capsys)  # 4.1 TB of cache
     assert code == 2 and len(err) == 1, err

@@ -34,7 +34,8 @@ from ..plan import arch_from_model_info
 from ..plan.accounting import Replay, replay
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .guard import DEFAULT_SHARE, MemoryGuard, check_fits, check_memory_limit, parse_memory_limit, warn_past_positions
+from .guard import (DEFAULT_SHARE, MemoryGuard, check_fits, check_memory_limit, parse_memory_limit, planned_arch,
+                    warn_past_positions)  # fmt: skip
 from .probes import Probes
 from .quality import compare
 from .store import Profile, ProfileWriter
@@ -155,6 +156,11 @@ def run_profile(
     if limit is not None:  # a limit past the machine's memory guards nothing: refused before the model loads
         on = model.info.device if isinstance(model, LoadedModel) else resolve_device(backend, device)
         check_memory_limit(limit, on)
+    elif not isinstance(model, LoadedModel):  # what cannot fit even for one token is refused before the model loads
+        arch, on, dtype = planned_arch(model, backend, device)
+        if arch is not None:
+            check_fits(arch, specs, backend=backend, dtype=dtype, device=on, prompt_tokens=1, steps=1,
+                       rows=1 if one_by_one else len(specs))  # fmt: skip
     run_id = uuid.uuid4().hex[:12]
     # Claims a partial file of this run's own: a path that cannot be written fails here, before any work.
     writer = ProfileWriter(out, run_id) if out is not None else None
