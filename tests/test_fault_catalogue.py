@@ -1010,6 +1010,7 @@ GRID_HEAD = 'name = "g"\nmodels = ["tiny-llama"]\nstrategies = ["rotating:max_si
 READER_CASES = [
     Case(19, "evaluate --text /dev/zero", (*EVAL, "--text", "/dev/zero"), "/dev/zero", "a character device"),
     Case(19, "evaluate --text a named pipe", (*EVAL, "--text", "{w}/pipe.txt"), "pipe.txt", "named pipe (FIFO)"),
+    Case(19, "evaluate --text a socket", (*EVAL, "--text", "{w}/s.sock"), "s.sock", "is a socket"),
     Case(19, "sweep /dev/zero", ("sweep", "/dev/zero"), "/dev/zero", "a character device"),
     Case(19, "sweep a named pipe", ("sweep", "{w}/pipe.txt"), "pipe.txt", "named pipe"),
     Case(19, "a grid nested 100,000 deep", ("sweep", "{w}/deep.toml"), "deep.toml", "nests arrays or tables 100,000 deep"),
@@ -1028,7 +1029,11 @@ READER_CASES = [
 def _reader_inputs(w: Path) -> None:
     import json
 
+    import socket
+
     os.mkfifo(w / "pipe.txt")
+    with socket.socket(socket.AF_UNIX) as s:  # the socket file stays after the socket closes
+        s.bind(str(w / "s.sock"))
     (w / "deep.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
     (w / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (w / "zero-texts.toml").write_text(GRID_HEAD + 'texts = ["/dev/zero"]\n')

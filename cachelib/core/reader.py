@@ -40,6 +40,14 @@ def file_kind(mode: int) -> str | None:
     return None if stat.S_ISREG(mode) else "not a regular file"
 
 
+def kind_at(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists and is no regular file (symlinks followed); else None."""
+    try:
+        return file_kind(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return None
+
+
 def check_regular(path: str | os.PathLike, what: str = "file") -> os.stat_result:
     """``path``'s stat when it is a regular file (symlinks followed); a ``ValueError`` naming
     what it is otherwise (``OSError`` when it cannot be looked at)."""
@@ -62,6 +70,9 @@ def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX
     except IsADirectoryError:
         raise ValueError(f"{label(path, what)} is a folder, not a file") from None
     except OSError as e:
+        kind = kind_at(path)  # a socket cannot be opened at all (ENXIO): say what it is
+        if kind:
+            raise ValueError(f"{label(path, what)} is {kind}, not a file; cachelib reads regular files only") from None
         raise type(e)(e.errno, f"cannot read {label(path, what)} ({e.strerror})") from None
     with os.fdopen(fd, "rb", buffering=0) as f:
         kind = file_kind(os.fstat(fd).st_mode)  # the file opened, not the name: no race with a swap
@@ -175,5 +186,5 @@ def is_regular(path: str | os.PathLike) -> bool:
 
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "MAX_TEXT_BYTES", "check_nesting", "check_regular", "decode_text",
-           "file_kind", "is_regular", "label", "nesting", "parse_toml", "read_bytes", "read_json",
+           "file_kind", "is_regular", "kind_at", "label", "nesting", "parse_toml", "read_bytes", "read_json",
            "read_text"]  # fmt: skip

@@ -22,7 +22,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from ..core.reader import check_nesting, file_kind, label
+from ..core.reader import check_nesting, file_kind, kind_at, label
 from ..core.units import clip_input
 
 MAX_HEADER = 100_000_000  # bytes of JSON header (the safetensors library's own limit is 100 MB)
@@ -50,6 +50,9 @@ def read_safetensors(path: str | os.PathLike, where: str | None = None) -> tuple
     except IsADirectoryError:
         raise ValueError(f"{where}: a folder, not a prompt cache file") from None
     except OSError as e:
+        kind = kind_at(path)  # a socket cannot be opened at all: say what it is
+        if kind:
+            raise ValueError(f"{where}: {kind}, not a file; cachelib reads regular files only") from None
         raise ValueError(f"{where}: cannot read the file ({e.strerror or e})") from None
     with os.fdopen(fd, "rb", buffering=0) as f:
         st = os.fstat(fd)
