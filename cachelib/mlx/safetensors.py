@@ -82,9 +82,11 @@ def read_safetensors(path: str | os.PathLike, where: str | None = None) -> tuple
             end, name = spans[-1][1], spans[-1][2]
             raise ValueError(f"{where}: tensor {clip_input(name)!r} ends at byte {end:,} of a data buffer of {size:,}")
         _check_memory(sum(e - b for b, e, _ in spans), where)
-        data = _read(f, spans[-1][1] if spans else 0)
-    if len(data) != (spans[-1][1] if spans else 0):
-        raise ValueError(f"{where}: the file ended after {len(data):,} data bytes; its header needs more")
+        need = spans[-1][1] if spans else 0
+        data = bytearray(need)  # one buffer, filled in place: no second copy of the data
+        got = _read_into(f, data)
+    if got != need:
+        raise ValueError(f"{where}: the file ended after {got:,} data bytes; its header needs more")
     tensors = {}
     for name, (dtype, shape, begin, end) in entries.items():
         np_dtype, mx_dtype = DTYPES[dtype]
@@ -92,6 +94,17 @@ def read_safetensors(path: str | os.PathLike, where: str | None = None) -> tuple
         array = mx.array(array.astype(np_dtype, copy=False).reshape(shape))
         tensors[name] = array.view(mx.bfloat16) if dtype == "BF16" else array
     return tensors, metadata
+
+
+def _read_into(f, buffer: bytearray) -> int:
+    """Fill ``buffer`` from ``f``; the bytes read (fewer when the file ends first)."""
+    view, got = memoryview(buffer), 0
+    while got < len(buffer):
+        n = f.readinto(view[got : got + (1 << 26)])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _read(f, n: int) -> bytes:
