@@ -109,14 +109,19 @@ class RunNeed:
 def check_fits(arch, specs: Sequence[Spec], *, backend: str, dtype: str, device: str, prompt_tokens: int, steps: int,
                prefill_chunk: int | None = None, rows: int | None = None, what: str = "run",
                hint: str = "give a memory limit (--memory-limit, memory_limit=) to run under the memory guard anyway",
-               ) -> RunNeed:  # fmt: skip
+               ) -> RunNeed | None:  # fmt: skip
     """Refuse, before anything is allocated, a run whose caches (the planner's rules) plus its
     largest forward's activations would pass :data:`DEFAULT_SHARE` of :func:`available_memory`
     (a ``ValueError`` with the figures and ``hint``); else what it needs. One check for
-    ``profile``, ``evaluate``, ``retrieval`` and every sweep point."""
-    peaks = predicted_peaks(arch, specs, backend, dtype, prompt_tokens, steps)
-    acts = predicted_activations(arch, specs, backend=backend, dtype=dtype, device=device, prompt_tokens=prompt_tokens,
-                                 steps=steps, prefill_chunk=prefill_chunk, rows=rows or len(specs))  # fmt: skip
+    ``profile``, ``evaluate``, ``retrieval`` and every sweep point. None where the planner cannot
+    account the architecture or a strategy: nothing is refused then."""
+    try:
+        peaks = predicted_peaks(arch, specs, backend, dtype, prompt_tokens, steps)
+        acts = predicted_activations(arch, specs, backend=backend, dtype=dtype, device=device,
+                                     prompt_tokens=prompt_tokens, steps=steps, prefill_chunk=prefill_chunk,
+                                     rows=rows or len(specs))  # fmt: skip
+    except ValueError:  # the planner's limits, not the run's: it runs unchecked, as before
+        return None
     available = available_memory(device)
     default = int(available * DEFAULT_SHARE)
     caches = sum(peaks)

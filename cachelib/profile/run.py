@@ -290,6 +290,8 @@ def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt
         return None
     need = check_fits(arch, specs, backend=info.backend, dtype=info.dtype, device=info.device,
                       prompt_tokens=prompt_tokens, steps=max_tokens, rows=1 if one_by_one else len(specs))  # fmt: skip
+    if need is None:
+        return None
     return MemoryGuard(need.default_limit, predictors,
                        source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start")  # fmt: skip
 
