@@ -1219,3 +1219,23 @@ def test_19_a_sweep_point_that_cannot_fit_is_refused_before_its_caches_exist(kin
     [point] = parse_grid(head + body, tmp_path / "grid.toml").points()
     with pytest.raises(ValueError, match=r"would need 40\.96 GB .*more than the 7\.20 GB"):
         run_point(point)
+
+
+@pytest.mark.parametrize("command", ["profile", "evaluate", "retrieval"])
+def test_19_a_model_folder_of_a_million_layers_is_refused_before_it_loads(command, tmp_path, capsys, monkeypatch):
+    import json
+
+    from cachelib.models.presets import preset_folder
+
+    _no_load_in(monkeypatch, "cachelib.profile.run", "cachelib.profile.evaluate", "cachelib.profile.retrieval")
+    folder = tmp_path / "deep-model"
+    folder.mkdir()
+    for f in preset_folder(MODEL).iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**6}))
+    argv = {"profile": ["--prompt", "hi", "--out", str(tmp_path / "p.csv")], "evaluate": ["--context", "8"],
+            "retrieval": ["--context", "64"]}[command]  # fmt: skip
+    code, err, _ = run_cli([command, "--model", str(folder), *argv], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "deep-model" in err[0] and "num_hidden_layers must be a positive integer (1 to 100,000)" in err[0], err[0]

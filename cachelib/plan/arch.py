@@ -158,6 +158,11 @@ def _first(config: Mapping, *names: str):
     return None
 
 
+class ConfigNumberError(ValueError):
+    """A config number no model can have (0 layers, 10^12 layers, an infinite hidden size): every
+    loader would fail on it too, so a run is refused with this before the model loads."""
+
+
 MAX_LAYERS = 100_000  # far past any model (deepseek-v3: 61); a config of 10^12 layers is refused, not allocated
 
 
@@ -165,7 +170,8 @@ def _positive(name: str, value, where: str, most: int = 2**31 - 1) -> int:
     """``value`` as an int in [1, ``most``] (MLX's int32 indexes by default); else a ValueError."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if not ok or int(value) != value or not 0 < value <= most:
-        raise ValueError(f"{where}: {name} must be a positive integer (1 to {most:,}), got {clip_input(repr(value))}")
+        raise ConfigNumberError(f"{where}: {name} must be a positive integer (1 to {most:,}), "
+                                f"got {clip_input(repr(value))}")  # fmt: skip
     return int(value)
 
 

@@ -201,6 +201,7 @@ def planned_arch(model, backend: str, device: str | None):
     from ..models import LoadedModel
     from ..models.devices import resolve_device
     from ..plan import arch_from_model_info
+    from ..plan.arch import ConfigNumberError
     from ..plan.presets import resolve_model
 
     if isinstance(model, LoadedModel):
@@ -211,5 +212,7 @@ def planned_arch(model, backend: str, device: str | None):
     where = resolve_device(backend, device)
     try:
         return resolve_model(model), where, "float32"  # cachelib.models.load's default dtype
+    except ConfigNumberError:  # 10^6 layers, a hidden size of 0: the loader would fail too, after minutes
+        raise
     except (ValueError, OSError):
         return None, where, "float32"
