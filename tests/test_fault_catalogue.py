@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ if str(ROOT) not in sys.path:  # the app is a folder, not a package of cachelib
 
 from cachelib.cli import main  # noqa: E402
 from cachelib.core.cells import escape_cell, unescape_cell  # noqa: E402
+from cachelib.core.units import parse_memory  # noqa: E402
 from cachelib.profile import list_profiles, load_profile, read_meta, run_profile, save_profile  # noqa: E402
 from cachelib.profile.guard import parse_memory_limit  # noqa: E402
 from cachelib.profile.store import ENDED_WITHOUT_CLOSING, ProfileWriter  # noqa: E402
@@ -46,7 +48,7 @@ def snapshot(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` -> the hash of its bytes."""
     out = {}
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and not p.is_symlink():
+        if p.is_file() and not p.is_symlink() and p.stat().st_size < 10**7:
             try:
                 out[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
             except OSError:
@@ -129,7 +131,7 @@ BEFORE_LOAD = [
     Case(4, "--out is a folder named x.csv", _profile(out="{w}/x.csv"), "x.csv", "is a folder"),
     Case(4, "--out under a file", _profile(out="{w}/afile/run.csv"), "afile/run.csv", "a file stands where"),
     Case(4, "--out in /proc", _profile(out="/proc/run.csv"), "/proc/run.csv", "cannot write"),
-    Case(4, "--out with a name over the file system's limit", _profile(out="{w}/" + LONG_NAME), LONG_NAME[:50], "too long"),
+    Case(4, "--out with a name over the file system's limit", _profile(out="{w}/" + LONG_NAME), LONG_NAME[-40:], "too long"),
     Case(4, "--out not a .csv", _profile(out="{w}/run.txt"), "run.txt", "use a .csv name"),
     # 6. specs that pass the grammar but no backend can index
     Case(6, "rotating:max_size=10**12", _profile("--strategy", "rotating:max_size=1000000000000"), "max_size", "<= 2147483647"),
@@ -155,9 +157,18 @@ BEFORE_LOAD = [
     Case(7, "plan --max-kl nan", _plan("--max-kl", "nan"), "--max-kl", "finite"),
     Case(7, "plan --max-kl -1", _plan("--max-kl", "-1"), "--max-kl", ">= 0"),
     Case(7, "plan --min-agreement 2", _plan("--min-agreement", "2"), "--min-agreement", "<= 1"),
+    Case(19, "--memory-limit 1e300 (overflowed to a float infinity once)", _profile("--memory-limit", "1e300"),
+         "--memory-limit", "from 0 to 1,152,921,504,606,846,976 bytes"),
+    Case(19, "plan --budget 1e300", _plan("--budget", "1e300"), "--budget", "from 0 to"),
+    Case(19, "plan --budget 1e300GB", _plan("--budget", "1e300GB"), "--budget", "from 0 to"),
+    Case(19, "plan --weights-memory 1e300", _plan("--budget", "1", "--weights-memory", "1e300"), "--weights-memory",
+         "from 0 to"),
+    Case(19, "plan --reserve 1e300", _plan("--reserve", "1e300"), "--reserve", "from 0 to"),
     Case(7, "sweep --workers 0", ("sweep", "{w}/grid.toml", "--workers", "0"), "--workers", ">= 1"),
     # 8. text input
-    Case(8, "--text-file /dev/zero", _profile("--text-file", "/dev/zero", prompt=False), "/dev/zero", "50 MB"),
+    Case(8, "--text-file /dev/zero", _profile("--text-file", "/dev/zero", prompt=False), "/dev/zero", "a character device"),
+    Case(8, "--text-file over 50 MB", _profile("--text-file", "{w}/big.txt", prompt=False), "big.txt", "50 MB"),
+    Case(19, "--text-file a named pipe", _profile("--text-file", "{w}/pipe.txt", prompt=False), "pipe.txt", "named pipe"),
     Case(8, "--text-file in Latin-1", _profile("--text-file", "{w}/latin1.txt", prompt=False), "latin1.txt", "UTF-8"),
     Case(8, "--text-file binary", _profile("--text-file", "{w}/binary.dat", prompt=False), "binary.dat", "UTF-8"),
     Case(8, "--text-file missing", _profile("--text-file", "{w}/missing.txt", prompt=False), "missing.txt", "No such file"),
@@ -181,6 +192,10 @@ def _bad_inputs(w: Path) -> None:
     (w / "latin1.txt").write_bytes("caf\xe9 au lait, na\xefve".encode("latin-1"))
     (w / "binary.dat").write_bytes(bytes(range(256)) * 8)
     (w / "grid.toml").write_text('name = "g"\n')
+    with open(w / "big.txt", "wb") as f:  # sparse: 50 MB + 1 byte of zeros that take no disk
+        f.truncate(50_000_001)
+    if not (w / "pipe.txt").exists():
+        os.mkfifo(w / "pipe.txt")
     from cachelib.models.presets import preset_folder
 
     preset = preset_folder(MODEL)
@@ -249,7 +264,7 @@ def test_7_evaluate_numbers_are_checked_like_the_others_when_present(capsys):
 # --- 6. a run that cannot fit is refused with the figure; the guard has a default -------------------------
 
 
-def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(world, capsys):
+def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(world, capsys, no_model_load):
     before = snapshot(world)
     code, err, _ = run_cli(_in(world, _profile("--strategy", "static:max_len=2000000000")), capsys)  # 4.1 TB of cache
     assert code == 2 and len(err) == 1, err
@@ -258,7 +273,7 @@ def test_6_a_run_whose_caches_cannot_fit_is_refused_with_the_predicted_bytes(wor
 
 
 def test_6_static_20m_tokens_is_refused_on_a_small_machine_and_runs_under_an_explicit_limit(world, capsys, monkeypatch):
-    monkeypatch.setattr("cachelib.profile.run.available_memory", lambda device: 8 * 10**9)
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
     spec = "static:max_len=20000000"  # 41 GB of float32 cache on tiny-llama
     code, err, _ = run_cli(_in(world, _profile("--strategy", spec)), capsys)
     assert code == 2 and len(err) == 1 and "would need 40.96 GB" in err[0] and "7.20 GB" in err[0], err
@@ -273,11 +288,12 @@ def test_6_static_20m_tokens_is_refused_on_a_small_machine_and_runs_under_an_exp
 
 
 def test_6_the_default_guard_stops_a_run_that_outgrows_the_prediction(load_model, tmp_path, monkeypatch):
-    import cachelib.profile.run as run
+    import cachelib.profile.guard as guard
 
-    monkeypatch.setattr(run, "available_memory", lambda device: 10**9)
-    monkeypatch.setattr(run, "predicted_peaks", lambda *a: [0])  # a prediction that is wrong on purpose
-    monkeypatch.setattr(run, "DEFAULT_SHARE", 2e-4)  # 200 kB for the caches
+    monkeypatch.setattr(guard, "available_memory", lambda device: 10**9)
+    monkeypatch.setattr(guard, "predicted_peaks", lambda *a: [0])  # a prediction that is wrong on purpose
+    monkeypatch.setattr(guard, "predicted_activations", lambda *a, **k: 0)
+    monkeypatch.setattr(guard, "DEFAULT_SHARE", 2e-4)  # 200 kB for the caches
     profile = run_profile(load_model(MODEL, "mlx"), ["standard"], prompt="hi", max_tokens=4, out=tmp_path / "r.csv")
     assert profile.status == "incomplete"
     assert "memory guard" in profile.meta["reason"] and "the default" in profile.meta["reason"]
@@ -869,3 +885,357 @@ def test_18_a_batch_file_mlx_lm_writes_loads_with_a_warning_and_an_unusable_one_
     with pytest.raises(ValueError, match=r"two-for-three.safetensors.*layer 0 \(BatchKVCache\).*left_padding has 2 entries"):
         ours.load_prompt_cache(str(unusable))
     assert not unchanged(before, snapshot(tmp_path))
+
+
+# --- 19. every entry point guarded like profile (issue 33) -------------------------------------------
+# 19a. the predicted-memory check of profile runs before evaluate and retrieval load the model
+
+TOO_BIG = [
+    ("evaluate", "tiny-llama", "static:max_len=20000000", "would need 40.96 GB"),
+    ("evaluate", "smollm2", "static:max_len=200000000", "would need 9.22 TB"),
+    ("retrieval", "tiny-llama", "static:max_len=20000000", "would need 40.96 GB"),
+    ("retrieval", "smollm2", "static:max_len=200000000", "would need 9.22 TB"),
+]
+
+
+def _no_load_in(monkeypatch, *modules: str) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the run was refused")
+
+    import importlib
+
+    for module in modules:
+        monkeypatch.setattr(importlib.import_module(module), "load", refuse)
+
+
+@pytest.mark.parametrize("command, model, spec, says", TOO_BIG, ids=[f"{c[0]}-{c[1]}" for c in TOO_BIG])
+def test_19_evaluate_and_retrieval_refuse_caches_that_cannot_fit_before_the_model_loads(
+    command, model, spec, says, tmp_path, capsys, monkeypatch
+):
+    _no_load_in(monkeypatch, "cachelib.profile.evaluate", "cachelib.profile.retrieval")
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
+    extra = ["--score-tokens", "4", "--windows", "1"] if command == "evaluate" else ["--trials", "1"]
+    out = tmp_path / "e.csv"
+    code, err, _ = run_cli([command, "--model", model, "--context", "256", *extra, "--strategy", spec,
+                            "--out", str(out)], capsys)  # fmt: skip
+    assert code == 2 and len(err) == 1, err
+    assert says in err[0] and spec in err[0] and "7.20 GB it may use" in err[0], err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _limited(gib: float):
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (int(gib * 2**30), resource.RLIM_INFINITY))
+
+    return limit
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is enforced on Linux")
+def test_19_the_limit_is_the_lower_of_available_memory_and_rlimit_as(tmp_path):
+    """Under ``ulimit -v`` MLX segfaults when an allocation is refused: the guard must count it."""
+    run = subprocess.run(
+        [sys.executable, "-m", "cachelib", "evaluate", "--model", "tiny-llama", "--context", "256", "--score-tokens",
+         "4", "--windows", "1", "--strategy", "static:max_len=2000000"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, preexec_fn=_limited(3),
+    )  # fmt: skip
+    err = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(err) == 1, run.stderr[-2000:]
+    assert "would need 4.10 GB" in err[0] and "RLIMIT_AS (ulimit -v)" in err[0], err[0]
+
+
+def test_19_a_memory_limit_above_the_machines_memory_is_refused(world, capsys, no_model_load):
+    import psutil
+
+    too_much = psutil.virtual_memory().total * 2
+    code, err, _ = run_cli(_in(world, _profile("--memory-limit", f"{too_much}B")), capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "--memory-limit" in err[0] and "is more than the" in err[0] and "allowed: 1 byte .." in err[0], err[0]
+    with pytest.raises(ValueError, match="is more than the"):
+        run_profile(MODEL, ["standard"], prompt="hi", memory_limit=too_much)
+
+
+def test_19_a_prompt_whose_forward_cannot_fit_is_refused_and_one_past_the_positions_warned(
+    load_model, tmp_path, monkeypatch
+):
+    from cachelib.profile.guard import PastPositionsWarning
+
+    loaded = load_model(MODEL, "mlx")
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 2 * 10**9)
+    # ~10,000 tokens in one forward: float32 logits of every position (2 GB at a 49,152 vocabulary) and 2 heads of
+    # 10,000^2 scores (0.8 GB) on MLX's CPU attention; the issue's 50,000 ended with a segmentation fault
+    with pytest.warns(PastPositionsWarning), pytest.raises(ValueError, match="of activations in its largest forward"):
+        run_profile(loaded, ["standard"], prompt="hello " * 12_000, max_tokens=2, chat=False)
+    with pytest.warns(PastPositionsWarning, match="past tiny-llama's limit of 4,096"):
+        profile = run_profile(loaded, ["standard"], prompt="hello " * 4_200, max_tokens=2, chat=False)
+    assert profile.complete
+
+
+# 19b. one edge for byte sizes: checked after scaling, never an OverflowError, the range in the message
+
+HUGE_SIZES = [
+    ("parse_memory('1e300')", lambda: parse_memory("1e300", "x"), "x must be a size from 0 to"),
+    ("parse_memory(10**400)", lambda: parse_memory(10**400, "x"), "x must be a size from 0 to"),
+    ("parse_memory_limit('1e300')", lambda: parse_memory_limit("1e300"), "memory_limit must be a size from"),
+    ("parse_memory_limit(1e300)", lambda: parse_memory_limit(1e300), "memory_limit must be a size from"),
+    ("PlanRequest(budget_bytes=10**30)", lambda: _request(budget_bytes=10**30),
+     "budget_bytes must be a whole number of bytes from 0 to"),
+    ("PlanRequest(reserve_bytes=1e300)", lambda: _request(reserve_bytes=1e300), "reserve_bytes must be a whole number"),
+    ("a 400-digit size quotes 100 characters", lambda: parse_memory("9" * 400, "x"), "9" * 90 + "..."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("what, make, says", HUGE_SIZES, ids=[c[0] for c in HUGE_SIZES])
+def test_19_huge_sizes_are_value_errors_with_the_range(what, make, says):
+    with pytest.raises(ValueError) as e:
+        make()
+    assert says in str(e.value) and len(str(e.value)) < 300, str(e.value)
+
+
+def test_19_a_grid_memory_limit_of_1e300_is_one_line_naming_the_grid(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(SWEEP_GRID + 'memory_limit = "1e300"\n', encoding="utf-8")
+    before = snapshot(tmp_path)
+    code, err, _ = run_cli(["sweep", str(grid), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "grid.toml:" in err[0] and "'memory_limit'" in err[0] and "from 0 to" in err[0], err[0]
+    assert snapshot(tmp_path) == before
+
+
+# 19c. one bounded reader: devices, named pipes and sockets refused by type, bytes and nesting capped
+
+EVAL = ("evaluate", "--model", MODEL, "--context", "8", "--score-tokens", "2", "--windows", "1")
+GRID_HEAD = 'name = "g"\nmodels = ["tiny-llama"]\nstrategies = ["rotating:max_size=8"]\n'
+READER_CASES = [
+    Case(19, "evaluate --text /dev/zero", (*EVAL, "--text", "/dev/zero"), "/dev/zero", "a character device"),
+    Case(19, "evaluate --text a named pipe", (*EVAL, "--text", "{w}/pipe.txt"), "pipe.txt", "named pipe (FIFO)"),
+    Case(19, "evaluate --text a socket", (*EVAL, "--text", "{w}/s.sock"), "s.sock", "is a socket"),
+    Case(19, "sweep /dev/zero", ("sweep", "/dev/zero"), "/dev/zero", "a character device"),
+    Case(19, "sweep a named pipe", ("sweep", "{w}/pipe.txt"), "pipe.txt", "named pipe"),
+    Case(19, "a grid nested 100,000 deep", ("sweep", "{w}/deep.toml"), "deep.toml", "nests arrays or tables 100,000 deep"),
+    Case(19, "a grid's texts = ['/dev/zero']", ("sweep", "{w}/zero-texts.toml"), "zero-texts.toml:4", "a character device"),
+    Case(19, "a grid's texts = [a named pipe]", ("sweep", "{w}/pipe-texts.toml"), "pipe-texts.toml:4", "named pipe"),
+    Case(19, "plan --model a config of 10^12 layers", ("plan", "--model", "{w}/huge.json", "--context", "100"),
+         "huge.json", "num_hidden_layers must be a positive integer (1 to 100,000)"),
+    Case(19, "plan --model a config nested 100,000 deep", ("plan", "--model", "{w}/deep.json", "--context", "100"),
+         "deep.json", "nests arrays or tables 100,000 deep"),
+    Case(19, "plan --model /dev/zero", ("plan", "--model", "/dev/zero", "--context", "100"), "/dev/zero",
+         "a character device"),
+    Case(19, "report a named pipe", ("report", "{w}/pipe.txt", "--out", "{w}/r.html"), "pipe.txt", "named pipe"),
+]  # fmt: skip
+
+
+def _reader_inputs(w: Path) -> None:
+    import json
+
+    import socket
+
+    os.mkfifo(w / "pipe.txt")
+    with socket.socket(socket.AF_UNIX) as s:  # the socket file stays after the socket closes
+        s.bind(str(w / "s.sock"))
+    (w / "deep.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    (w / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (w / "zero-texts.toml").write_text(GRID_HEAD + 'texts = ["/dev/zero"]\n')
+    (w / "pipe-texts.toml").write_text(GRID_HEAD + 'texts = ["pipe.txt"]\n')
+    (w / "huge.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 10**12, "hidden_size": 64,
+                                             "num_attention_heads": 2, "vocab_size": 100}))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", READER_CASES, ids=lambda c: f"{c.item}-{c.what}")
+def test_19_the_bounded_reader_refuses_devices_pipes_and_deep_nesting_in_one_line(case, tmp_path, capsys):
+    _reader_inputs(tmp_path)
+    before = snapshot(tmp_path)
+    started = time.monotonic()
+    code, err, _ = run_cli(case.args(tmp_path), capsys)
+    assert code == 2 and len(err) == 1, err
+    assert case.names in err[0] and case.says in err[0], err[0]
+    assert time.monotonic() - started < 6
+    assert snapshot(tmp_path) == before
+
+
+def test_19_an_evidence_folder_with_a_dev_zero_symlink_a_pipe_and_bad_rows_still_plans(tmp_path, capsys):
+    from cachelib.profile.evidence import DEFAULT_EVIDENCE, _schema
+
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    source = next(p for p in sorted(DEFAULT_EVIDENCE.glob("*.csv")) if _schema(p) == "cachelib-evaluation/1")
+    frame = pd.read_csv(source, dtype=str, keep_default_na=False)
+    first = frame.index[frame["kind"] == "sample"][0]
+    neginf = frame.assign(mean_kl=frame["mean_kl"].where(frame.index != first, "-inf"))
+    neginf.to_csv(folder / "neginf.csv", index=False)
+    frame.assign(strategy=frame["strategy"].where(frame.index != first, "bogus:x=1")).to_csv(folder / "bogus.csv",
+                                                                                             index=False)  # fmt: skip
+    (folder / "good.csv").write_bytes(source.read_bytes())
+    (folder / "zero.csv").symlink_to("/dev/zero")
+    os.mkfifo(folder / "pipe.csv")
+    started = time.monotonic()
+    code, err, out = run_cli(["plan", "--model", "smollm2", "--context", "1000", "--no-default-evidence", "--evidence",
+                              str(folder)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert time.monotonic() - started < 30
+    said = "\n".join(err)
+    for name, why in (("zero.csv", "a character device"), ("pipe.csv", "named pipe"),
+                      ("neginf.csv", "mean_kl -inf is not a finite number"), ("bogus.csv", "unknown strategy 'bogus'")):
+        assert f"{folder / name}: skipped, " in said and why in said, (name, said)  # fmt: skip
+    assert "from 1 file(s)" in out, out  # good.csv alone
+
+
+LONG = "x" * 100_000
+LONG_INPUTS = [
+    ("plan --budget", ("plan", "--model", "smollm2", "--context", "1000", "--budget", LONG)),
+    ("plan --model", ("plan", "--model", LONG, "--context", "10")),
+    ("plan --evidence", ("plan", "--model", "smollm2", "--context", "10", "--evidence", LONG)),
+    ("profile --model", ("profile", "--model", LONG, "--prompt", "hi", "--out", "{w}/p.csv")),
+    ("profile --strategy", ("profile", "--model", MODEL, "--prompt", "hi", "--strategy", LONG, "--out", "{w}/p.csv")),
+    ("evaluate --context", ("evaluate", "--model", MODEL, "--context", LONG)),
+    ("evaluate --text", ("evaluate", "--model", MODEL, "--context", "8", "--text", "{w}/" + LONG)),
+    ("sweep GRID", ("sweep", LONG)),
+    ("report PROFILE", ("report", LONG, "--out", "{w}/r.html")),
+    ("profiles FOLDER", ("profiles", LONG)),
+]
+
+
+@pytest.mark.parametrize("what, argv", LONG_INPUTS, ids=[c[0] for c in LONG_INPUTS])
+def test_19_an_error_quotes_at_most_100_characters_of_a_100_kb_input(what, argv, tmp_path, capsys):
+    code, err, _ = run_cli(_in(tmp_path, argv), capsys)
+    assert code == 2 and len(err) == 1, err[:1]
+    assert len(err[0]) < 400 and "xxx..." in err[0] and "x" * 101 not in err[0], err[0][:500]
+
+
+# 19d. prompt-cache files: the format checked before any array is made, then ranks, shapes and leaves
+
+
+def _prompt_cache(path: Path, cls: str, edit=None) -> Path:
+    """A one-layer prompt cache of ``cls`` written by cachelib, its tensors and header passed
+    through ``edit(tensors, header)`` and written back as safetensors."""
+    import mlx.core as mx
+
+    import cachelib.mlx as ours
+    from cachelib.mlx.safetensors import read_safetensors
+
+    makers = {"KVCache": ours.KVCache, "ConcatenateKVCache": ours.ConcatenateKVCache,
+              "StaticKVCache": lambda: ours.StaticKVCache(16), "ChunkedKVCache": lambda: ours.ChunkedKVCache(8)}
+    cache = makers[cls]()
+    k = mx.zeros((1, 2, 3, 8))
+    cache.update_and_fetch(k, k)
+    ours.save_prompt_cache(path, [cache])
+    if edit is not None:
+        tensors, header = read_safetensors(path)
+        edit(tensors, header)
+        mx.save_safetensors(str(path), tensors, header)
+    return path
+
+
+def _keys_of_rank(rank: int):
+    def edit(tensors, header):
+        import mlx.core as mx
+
+        shape = (3, 8, 2, 4)[:rank]
+        tensors["0.0"] = tensors["0.1"] = mx.zeros(shape) if rank else mx.array(0.0)
+
+    return edit
+
+
+def _leaf(kind: str, value):
+    def edit(tensors, header):
+        import mlx.core as mx
+
+        header["2.1.1"] = kind
+        tensors["0.2"] = mx.array(value)
+
+    return edit
+
+
+LINEAR = ("KVCache", "StaticKVCache", "ChunkedKVCache", "ConcatenateKVCache")
+LOW_RANKS = [(cls, rank) for cls in LINEAR for rank in (0, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("cls, rank", LOW_RANKS, ids=[f"{c}-{r}D" for c, r in LOW_RANKS])
+def test_19_prompt_cache_keys_of_the_wrong_rank_are_one_value_error_naming_file_and_layer(cls, rank, tmp_path):
+    from cachelib.mlx import load_prompt_cache
+
+    path = _prompt_cache(tmp_path / "low.safetensors", cls, _keys_of_rank(rank))
+    with pytest.raises(ValueError) as e:
+        load_prompt_cache(path)
+    said = str(e.value)
+    assert "low.safetensors" in said and f"layer 0 ({cls})" in said and "4-D" in said, said
+
+
+@pytest.mark.parametrize("kind, value, says", [("string", [2**40], "not a Unicode code point"),
+                                               ("string", [float("inf")], "1-D integer array"),
+                                               ("scalar", float("inf"), "finite number"),
+                                               ("scalar", [1, 2], "must hold one number"),
+                                               ("none", [1.0], "must be an empty array")])  # fmt: skip
+def test_19_a_prompt_cache_leaf_of_2_40_or_inf_is_a_value_error(kind, value, says, tmp_path):
+    from cachelib.mlx import load_prompt_cache
+
+    path = _prompt_cache(tmp_path / "leaf.safetensors", "KVCache", _leaf(kind, value))
+    with pytest.raises(ValueError, match="leaf.safetensors") as e:
+        load_prompt_cache(path)
+    assert says in str(e.value) and "'0.2'" in str(e.value), str(e.value)
+
+
+def test_19_a_crafted_52_byte_gguf_a_pipe_and_other_formats_are_value_errors_not_crashes(tmp_path):
+    """Run in a child: a native loader's segmentation fault must fail the test, not end pytest."""
+    script = textwrap.dedent(
+        """
+        import os, struct, sys
+        from pathlib import Path
+        from cachelib.mlx import load_prompt_cache
+        w = Path(sys.argv[1])
+        (w / "x.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**40, 1) + bytes(28))  # 52 bytes
+        (w / "x.npz").write_bytes(b"PK\\x03\\x04" + os.urandom(60))
+        (w / "x.safetensors").write_bytes(struct.pack("<Q", 40) + b'{"a": {"dtype": "F32", "shape": [2**40]}}')
+        (w / "empty.safetensors").write_bytes(b"")
+        os.mkfifo(w / "pipe.safetensors")
+        for name in ("x.gguf", "x.npz", "x.safetensors", "empty.safetensors", "pipe.safetensors"):
+            try:
+                load_prompt_cache(w / name)
+                print(name, "loaded")
+            except ValueError as e:
+                print(name, "ValueError", str(e).replace(chr(10), " "))
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)  # fmt: skip
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    lines = run.stdout.splitlines()
+    assert len(lines) == 5 and all(line.split()[1] == "ValueError" for line in lines), lines
+    for line in lines:
+        assert f"load_prompt_cache('{tmp_path / line.split()[0]}')" in line, line
+    assert "not a safetensors file" in lines[0] and "named pipe" in lines[4], lines
+
+
+@pytest.mark.parametrize("kind", ["profile", "evaluation"])
+def test_19_a_sweep_point_that_cannot_fit_is_refused_before_its_caches_exist(kind, tmp_path, monkeypatch):
+    from cachelib.sweep.grid import parse_grid
+    from cachelib.sweep.run import run_point
+
+    monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
+    head = 'name = "big"\nmodels = ["tiny-llama"]\ndevices = ["cpu"]\nstrategies = ["static:max_len=20000000"]\n'
+    body = 'prompts = ["hi"]\nmax_tokens = 2\n' if kind == "profile" else (
+        'contexts = [64]\nscore_tokens = 2\nwindows = 1\n')  # fmt: skip
+    [point] = parse_grid(head + body, tmp_path / "grid.toml").points()
+    with pytest.raises(ValueError, match=r"would need 40\.96 GB .*more than the 7\.20 GB"):
+        run_point(point)
+
+
+@pytest.mark.parametrize("command", ["profile", "evaluate", "retrieval"])
+def test_19_a_model_folder_of_a_million_layers_is_refused_before_it_loads(command, tmp_path, capsys, monkeypatch):
+    import json
+
+    from cachelib.models.presets import preset_folder
+
+    _no_load_in(monkeypatch, "cachelib.profile.run", "cachelib.profile.evaluate", "cachelib.profile.retrieval")
+    folder = tmp_path / "deep-model"
+    folder.mkdir()
+    for f in preset_folder(MODEL).iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**6}))
+    argv = {"profile": ["--prompt", "hi", "--out", str(tmp_path / "p.csv")], "evaluate": ["--context", "8"],
+            "retrieval": ["--context", "64"]}[command]  # fmt: skip
+    code, err, _ = run_cli([command, "--model", str(folder), *argv], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "deep-model" in err[0] and "num_hidden_layers must be a positive integer (1 to 100,000)" in err[0], err[0]

@@ -15,10 +15,13 @@ import importlib
 import json
 import signal
 import sys
+import warnings
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from ..core.units import clip_message
 
 # Each subcommand's module is imported only when that subcommand is chosen (``plan`` never pays for
 # pandas' profile readers, models or Dask): (name, help, module with add_arguments/run; None = here).
@@ -44,28 +47,35 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}")
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {clip_message(str(message))}", file=sys.stderr if file is None else file)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # the top level has no options but -h: the first word that is not an option names the subcommand
     parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
+    shown, warnings.showwarning = warnings.showwarning, _one_line_warning  # a warning is one line, as an error is
     try:
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
         return int(args.func(args) or 0)
-    except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except CliError as e:  # every error line quotes at most ~100 characters of an input (clip_message)
+        print(f"error: {clip_message(str(e))}", file=sys.stderr)
         return 2
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {clip_message(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a path that cannot be read or written: the input is at fault
-        print(f"error: {os_error_text(e)}", file=sys.stderr)
+        print(f"error: {clip_message(os_error_text(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(f"interrupted ({e})" if str(e) else "interrupted", file=sys.stderr)
         return 143 if str(e) == "SIGTERM" else 130
+    finally:
+        warnings.showwarning = shown
 
 
 def os_error_text(e: OSError) -> str:

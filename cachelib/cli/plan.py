@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..core.cells import escape_cell
+from ..core.units import clip_message
 from ..core.units import DTYPE_BYTES, human_gib as human_bytes
 from .args import SIZE_HELP, finite_float, memory_size, non_negative_int, positive_int
 from ..plan.quality import describe
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         _run(args)
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {clip_message(str(e))}", file=sys.stderr)  # an input quoted to ~100 characters
         return 2
     return 0
 

@@ -4,6 +4,7 @@ how byte counts are written for people."""
 from __future__ import annotations
 
 import math
+import re
 
 BACKENDS = ("mlx", "torch")
 
@@ -29,40 +30,93 @@ _UNIT_BY_LOWER = {u.lower(): u for u in MEMORY_UNITS}
 MEMORY_LIMIT = 2**60  # bytes: more than any machine holds
 
 
-def parse_memory(value: str | float | int, name: str = "memory") -> int:
+INT64_MAX = 2**63 - 1
+
+
+def _range_text(minimum: int, maximum: int) -> str:
+    return f"{minimum:,} to {maximum:,} bytes ({maximum / 2**40:,.0f} TiB)"
+
+
+def check_bytes(name: str, value, minimum: int = 0, maximum: int = MEMORY_LIMIT, optional: bool = False) -> int | None:
+    """``value`` when it is a whole number of bytes within [``minimum``, ``maximum``] (at most
+    int64); None passes when ``optional``; else a ``ValueError`` naming ``name`` and the range."""
+    if value is None and optional:
+        return None
+    maximum = min(maximum, INT64_MAX)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        shown = clip_input(repr(value))
+        raise ValueError(f"{name} must be a whole number of bytes from {_range_text(minimum, maximum)}, got {shown}")
+    return value
+
+
+def to_bytes(number: float | int, unit: str, name: str, shown, minimum: int = 0, maximum: int = MEMORY_LIMIT) -> int:
+    """``number`` ``unit``s (a key of :data:`MEMORY_UNITS`) in bytes, checked after scaling:
+    finite and within [``minimum``, ``maximum``] (never past int64), else a ``ValueError`` naming
+    ``name``, the range and ``shown`` (the input, cut to 100 characters). Never an OverflowError."""
+    text = clip_input(shown)
+    maximum = min(maximum, INT64_MAX)
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise ValueError(f"{name} must be a size such as 24 (GiB), 24GiB or 24GB, got {text}")
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite size >= 0, got {text}")
+    scale = MEMORY_UNITS[unit]
+    # compared before scaling, so 1e300 GiB or an int of 400 digits never reaches float overflow
+    if number < 0 or number > maximum / scale * (1 + 1e-12):
+        low = "a finite size >= 0" if number < 0 else f"a size from {_range_text(minimum, maximum)}"
+        raise ValueError(f"{name} must be {low}, got {text}")
+    nbytes = number * scale if isinstance(number, int) else round(number * scale)
+    if not minimum <= nbytes <= maximum:
+        raise ValueError(f"{name} must be a size from {_range_text(minimum, maximum)}, got {text}")
+    return int(nbytes)
+
+
+def clip_message(message: str, most: int = 100) -> str:
+    """``message`` with every run of more than ``most`` non-space characters (an input it quotes:
+    a 100 KB path, spec or number) cut to its head and tail, ``most`` characters in all (a path
+    keeps its file name), so a one-line error stays one short line."""
+    head = most // 2
+
+    def cut(m: re.Match) -> str:
+        run = m.group()
+        return run[:head] + "..." + run[-(most - head - 3):]
+
+    return re.sub(rf"\S{{{most + 1},}}", cut, message)
+
+
+def clip_input(text, most: int = 100) -> str:
+    """``text`` as an error message quotes it: at most ``most`` characters."""
+    text = str(text)
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def parse_memory(value: str | float | int, name: str = "memory", maximum: int = MEMORY_LIMIT) -> int:
     """Bytes of a memory size: ``24`` or ``"24"`` is 24 GiB; ``"24GiB"``, ``"24 GB"``
     (10^9 bytes), ``"512MiB"``, ``"1000000B"`` say their unit. A ``ValueError`` names ``name``,
-    the units allowed and the range otherwise."""
+    the units allowed and the range otherwise (:func:`to_bytes`: checked after scaling)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a size such as 24 (GiB), 24GiB or 24GB, got {value!r}")
-    unit = "GiB"
     if isinstance(value, (int, float)):
-        number = float(value)
+        return to_bytes(value, "GiB", name, repr(value), maximum=maximum)
+    text = str(value).strip()
+    shown = clip_input(text)
+    i = len(text)
+    while i and text[i - 1].isalpha():
+        i -= 1
+    number_text, suffix = text[:i].strip(), text[i:]
+    unit = "GiB"
+    if suffix and number_text and suffix.lower() not in ("inf", "nan", "infinity"):
+        if suffix.lower() not in _UNIT_BY_LOWER:
+            raise ValueError(f"{name}: unknown unit {suffix[:20]!r} in {shown!r}; allowed: {', '.join(MEMORY_UNITS)}")
+        unit = _UNIT_BY_LOWER[suffix.lower()]
     else:
-        text = str(value).strip()
-        try:  # a bare number, inf and nan included (refused below)
-            return parse_memory(float(text), name)
-        except (TypeError, ValueError) as e:
-            if "finite" in str(e) or "at most" in str(e):
-                raise ValueError(str(e).replace(f"got {float(text)!r}", f"got {text!r}")) from None
-        i = len(text)
-        while i and text[i - 1].isalpha():
-            i -= 1
-        number_text, suffix = text[:i].strip(), text[i:]
-        if suffix:
-            if suffix.lower() not in _UNIT_BY_LOWER:
-                raise ValueError(f"{name}: unknown unit {suffix!r} in {text!r}; allowed: {', '.join(MEMORY_UNITS)}")
-            unit = _UNIT_BY_LOWER[suffix.lower()]
-        try:
-            number = float(number_text)
-        except ValueError:
-            raise ValueError(f"{name} must be a size such as 24 (GiB), 24GiB or 24GB, got {text!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite size >= 0, got {value!r}")
-    nbytes = round(number * MEMORY_UNITS[unit])
-    if nbytes > MEMORY_LIMIT:
-        raise ValueError(f"{name} must be at most {MEMORY_LIMIT // 2**40:,} TiB, got {value!r}")
-    return nbytes
+        number_text = text
+    if len(number_text) > 100:
+        raise ValueError(f"{name} must be a size such as 24 (GiB), 24GiB or 24GB, got {shown!r}")
+    try:
+        number = float(number_text)
+    except ValueError:
+        raise ValueError(f"{name} must be a size such as 24 (GiB), 24GiB or 24GB, got {shown!r}") from None
+    return to_bytes(number, unit, name, repr(clip_input(text)), maximum=maximum)
 
 
 def memory_text(nbytes: int) -> str:

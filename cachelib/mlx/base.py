@@ -109,6 +109,17 @@ def check_kv_pair(keys, values, where: str) -> None:
         raise ValueError(f"{where} state: keys and values must both be present or both be None")
     if keys is None:
         return
+    for name, x in (("keys", keys), ("values", values)):  # a file may hold anything: ranks before any indexing
+        for part in x if isinstance(x, (list, tuple)) else [x]:
+            if not isinstance(part, mx.array) or part.ndim != 4:
+                array = isinstance(part, mx.array)
+                got = f"a {part.ndim}-D array {tuple(part.shape)}" if array else type(part).__name__
+                raise ValueError(f"{where} state: {name} must be 4-D arrays (batch, heads, tokens, dim), got {got}")
+            if part.dtype in (mx.bool_, mx.complex64):
+                raise ValueError(f"{where} state: {name} hold {part.dtype}, not numbers a cache stores")
+    rows = [(x[0] if isinstance(x, (list, tuple)) else x).shape[0] for x in (keys, values)]
+    if rows[0] != rows[1]:
+        raise ValueError(f"{where} state: keys hold {rows[0]} batch rows but values {rows[1]}")
     k_len, v_len = token_length(keys), token_length(values)
     if k_len != v_len:
         raise ValueError(f"{where} state: keys hold {k_len} tokens but values hold {v_len}")

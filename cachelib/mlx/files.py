@@ -13,6 +13,7 @@ with a warning naming the file and layer; what mlx-lm could not use is refused.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -20,7 +21,9 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..core.units import clip_input
 from .registry import cache_class
+from .safetensors import read_safetensors
 
 _KINDS = ("scalar", "string", "none")
 
@@ -54,20 +57,19 @@ def save_prompt_cache(file_name: str | os.PathLike, cache: list, metadata: dict[
 
 def load_prompt_cache(file_name: str | os.PathLike, return_metadata: bool = False):
     """Read a prompt cache written by us or by mlx-lm: a list of our cache objects (and the
-    metadata dict with ``return_metadata=True``)."""
-    where = f"load_prompt_cache({os.fspath(file_name)!r})"
-    tensors, header = mx.load(str(file_name), return_metadata=True)
+    metadata dict with ``return_metadata=True``). The file is checked before any array is made
+    (:func:`cachelib.mlx.safetensors.read_safetensors`: a regular file, the safetensors magic
+    and header, every tensor's dtype, shape and bytes; no native loader reads it), then every
+    non-array entry and every layer's ranks and shapes: anything else is one ``ValueError``
+    naming the file, the entry and what was expected."""
+    where = f"load_prompt_cache({clip_input(os.fspath(file_name))!r})"
+    tensors, header = read_safetensors(file_name, where)
     metadata, classes, leaves = _read_header(header, where)
     for name, kind in leaves:
         if name not in tensors:
-            raise ValueError(f"{where}: the metadata lists tensor {name!r} ({kind}) but the file has no such tensor")
-        array = tensors[name]
-        if kind == "scalar":
-            tensors[name] = array.item()
-        elif kind == "string":
-            tensors[name] = "".join(chr(int(i)) for i in array.tolist())
-        else:
-            tensors[name] = None
+            raise ValueError(f"{where}: the metadata lists tensor {clip_input(name)!r} ({kind}) but the file has "
+                             "no such tensor")  # fmt: skip
+        tensors[name] = _leaf(tensors[name], name, kind, where)
     states = _layer_states(tensors, classes, where)
     cache = []
     for i, (name, state) in enumerate(zip(classes, states)):
@@ -75,11 +77,39 @@ def load_prompt_cache(file_name: str | os.PathLike, return_metadata: bool = Fals
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 cache.append(cache_class(name).from_state(state))
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"{where}: layer {i} ({name}): {err}") from None
+        except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError, RuntimeError) as err:
+            raise ValueError(f"{where}: layer {i} ({clip_input(name)}): {clip_input(str(err), 300)}") from None
         for w in caught:  # said again with the file and the layer
             warnings.warn(f"{where}: layer {i} ({name}): {w.message}", w.category, stacklevel=2)
     return (cache, metadata) if return_metadata else cache
+
+
+MAX_STRING = 1_000_000  # characters of a string leaf (a class name, a mode: a few dozen in practice)
+
+
+def _leaf(array: mx.array, name: str, kind: str, where: str):
+    """The Python value a non-array entry stands for, checked: a scalar is one finite number, a
+    string a 1-D array of Unicode code points, a none an empty array."""
+    what = f"{where}: non-array entry {clip_input(name)!r} ({kind})"
+    if kind == "scalar":
+        if array.size != 1 or array.dtype == mx.complex64:
+            raise ValueError(f"{what} must hold one number, got shape {tuple(array.shape)} {array.dtype}")
+        value = array.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{what} must be a finite number, got {value}")
+        return value
+    if kind == "string":
+        integer = mx.issubdtype(array.dtype, mx.integer)
+        if array.ndim != 1 or not integer or array.size > MAX_STRING:
+            raise ValueError(f"{what} must be a 1-D integer array of at most {MAX_STRING:,} code points, got "
+                             f"shape {tuple(array.shape)} {array.dtype}")  # fmt: skip
+        codes = array.tolist()
+        if codes and not 0 <= min(codes) <= max(codes) <= 0x10FFFF:
+            raise ValueError(f"{what} holds {max(codes, key=abs)}, not a Unicode code point (0 to 1,114,111)")
+        return "".join(map(chr, codes))
+    if array.size:
+        raise ValueError(f"{what} must be an empty array, got shape {tuple(array.shape)}")
+    return None
 
 
 def _read_header(header: dict[str, str], where: str) -> tuple[dict, list[str], list[tuple[str, str]]]:
@@ -124,8 +154,13 @@ def _layer_states(tensors: dict[str, Any], classes: list[str], where: str) -> li
     by_layer: dict[int, list] = {}
     for name, value in tensors.items():
         top, _, rest = name.partition(".")
+        parts = name.split(".")
         if not top.isdigit() or not rest:
-            raise ValueError(f"{where}: tensor {name!r} does not belong to a layer")
+            raise ValueError(f"{where}: tensor {clip_input(name)!r} does not belong to a layer")
+        # tree_unflatten fills index gaps and recurses per part: bounded before it runs
+        if len(parts) > MAX_DEPTH or not all(_index(p, len(tensors)) for p in parts[1:]) or int(top) > n_layers:
+            raise ValueError(f"{where}: tensor name {clip_input(name)!r} is not LAYER.INDEX[.INDEX...] with at most "
+                             f"{MAX_DEPTH} parts, each below the {len(tensors)} tensors in the file")  # fmt: skip
         by_layer.setdefault(int(top), []).append((rest, value))
     if sorted(by_layer) != list(range(n_layers)):
         missing = sorted(set(range(n_layers)) - set(by_layer))
@@ -136,6 +171,14 @@ def _layer_states(tensors: dict[str, Any], classes: list[str], where: str) -> li
             + (f" (unlisted: {extra})" if extra else "")
         )
     return [_unflatten(by_layer[i], where, f"{i} ({classes[i]})") for i in range(n_layers)]
+
+
+MAX_DEPTH = 8  # parts of a tensor name: layer, entry, part (a CacheList nests two more)
+
+
+def _index(part: str, count: int) -> bool:
+    """Whether ``part`` is a list index a state of ``count`` tensors can have (no leading zeros)."""
+    return part.isdigit() and part.isascii() and (part == "0" or not part.startswith("0")) and int(part) < count
 
 
 def _unflatten(items: list, where: str, layer: str):

@@ -13,12 +13,15 @@ Unknown config fields are ignored; a missing required field is named in the erro
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
+
+from ..core.reader import read_json
+from ..core.units import clip_input
 
 LayerKind = Literal["full", "sliding", "recurrent"]
 LAYER_KINDS = ("full", "sliding", "recurrent")
@@ -157,9 +160,20 @@ def _first(config: Mapping, *names: str):
     return None
 
 
-def _positive(name: str, value, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
-        raise ValueError(f"{where}: {name} must be a positive integer, got {value!r}")
+class ConfigNumberError(ValueError):
+    """A config number no model can have (0 layers, 10^12 layers, an infinite hidden size): every
+    loader would fail on it too, so a run is refused with this before the model loads."""
+
+
+MAX_LAYERS = 100_000  # far past any model (deepseek-v3: 61); a config of 10^12 layers is refused, not allocated
+
+
+def _positive(name: str, value, where: str, most: int = 2**31 - 1) -> int:
+    """``value`` as an int in [1, ``most``] (MLX's int32 indexes by default); else a ValueError."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or int(value) != value or not 0 < value <= most:
+        raise ConfigNumberError(f"{where}: {name} must be a positive integer (1 to {most:,}), "
+                                f"got {clip_input(repr(value))}")  # fmt: skip
     return int(value)
 
 
@@ -197,7 +211,7 @@ def arch_from_config(
             f"{where}: config is missing required field(s): {', '.join(missing)}"
             + (f" (model_type {model_type!r})" if model_type else "")
         )
-    layers = _positive("num_hidden_layers", values["num_hidden_layers"], where)
+    layers = _positive("num_hidden_layers", values["num_hidden_layers"], where, MAX_LAYERS)
     hidden = _positive("hidden_size", values["hidden_size"], where)
 
     latent = None
@@ -378,12 +392,10 @@ def load_config(path: str | os.PathLike) -> Arch:
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"model config {str(path)!r} not found (give a config.json or a folder holding one)")
-    try:
-        config = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e})") from None
+    if not p.exists():
+        raise ValueError(f"model config {clip_input(str(path))!r} not found "
+                         "(give a config.json or a folder holding one)")  # fmt: skip
+    config = read_json(p, "model config")  # bounded: no device or pipe, nesting capped
     name = p.parent.name if p.name == "config.json" else p.stem
     return arch_from_config(config, name=name, source=str(p))
 
@@ -397,7 +409,7 @@ def arch_from_model_info(info) -> Arch:
     """
     source = Path(str(info.source))
     if source.is_dir() and (source / "config.json").is_file():
-        config = json.loads((source / "config.json").read_text())
+        config = read_json(source / "config.json", "model config")
     else:
         config = {
             "model_type": info.architecture,

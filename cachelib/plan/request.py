@@ -17,7 +17,7 @@ import math
 from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, replace
 from typing import NamedTuple, Sequence
 
-from ..core.units import human_gib, memory_text, parse_memory
+from ..core.units import check_bytes, human_gib, memory_text, parse_memory
 from ..spec import TORCH_QUANT_BITS, Spec, parse_spec, strategy
 from .accounting import account, replay, schedule
 from .arch import Arch
@@ -132,8 +132,8 @@ class PlanRequest:
         _check_number("--prefill", self.prefill, integer=True, lo=0, optional=True)
         _check_number("--prefill-chunk", self.prefill_chunk, integer=True, lo=1, optional=True)
         for name, value in (("budget_bytes", self.budget_bytes), ("weights_bytes", self.weights_bytes)):
-            _check_number(name, value, integer=True, lo=0, optional=True)
-        _check_number("reserve_bytes", self.reserve_bytes, integer=True, lo=0)
+            check_bytes(name, value, optional=True)  # bytes: one edge for every size (core.units)
+        check_bytes("reserve_bytes", self.reserve_bytes)
         _check_number("--max-kl", self.max_kl, integer=False, lo=0, optional=True)
         _check_number("--min-agreement", self.min_agreement, integer=False, lo=0, hi=1, optional=True)
         _check_number("--sessions", self.sessions, integer=True, lo=1, optional=True)
@@ -182,8 +182,8 @@ class PlanRequest:
             check_utilization(self.gpu_memory_utilization)
         for flag, name in _VLLM_FIELDS[1:5]:
             _check_number(flag, getattr(self, name), integer=True, lo=1, optional=True)
-        _check_number("--non-torch-memory", self.non_torch_bytes, integer=True, lo=0, optional=True)
-        _check_number("--cuda-graph-memory", self.cuda_graph_bytes, integer=True, lo=0, optional=True)
+        check_bytes("--non-torch-memory", self.non_torch_bytes, optional=True)
+        check_bytes("--cuda-graph-memory", self.cuda_graph_bytes, optional=True)
 
     def non_torch(self) -> tuple[int, str]:
         """vLLM's non-torch memory on one device (bytes, source): as given, else the calibrated default."""

@@ -26,10 +26,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..core.reader import read_text
+from ..core.units import clip_input
 from ..decode import Runner
 from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
+from .guard import check_fits, planned_arch
 from .evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
 from .quality import compare
 
@@ -154,11 +157,11 @@ def resolve_texts(texts: Sequence[str | os.PathLike | tuple[str, str]] | None) -
         else:
             path = Path(item).expanduser()
             try:
-                text = path.read_text(encoding="utf-8")
+                text = read_text(path, "evaluation text")  # bounded: no device, pipe or socket
             except FileNotFoundError:
-                raise ValueError(f"evaluation text {str(path)!r} not found") from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise ValueError(f"cannot read evaluation text {str(path)!r}: {e}") from None
+                raise ValueError(f"evaluation text {clip_input(str(path))!r} not found") from None
+            except OSError as e:
+                raise ValueError(e.strerror or str(e)) from None
             name = path.stem
         if not text.strip():
             raise ValueError(f"evaluation text {name!r} is empty")
@@ -276,6 +279,12 @@ def evaluate(
     if out_path is not None and out_path.suffix.lower() != ".csv":
         raise ValueError(f"evaluations are written as CSV; got {str(out_path)!r} (use a .csv name)")
 
+    arch, where, dtype = planned_arch(model, backend, device)
+    if arch is not None:  # refused before the model loads: positions past its limit, caches that cannot fit
+        check_limit(arch, contexts, score_tokens)
+        check_fits(arch, specs, backend=backend, dtype=dtype, device=where, prompt_tokens=max(contexts),
+                   steps=score_tokens, prefill_chunk=prefill_chunk, rows=1 if one_by_one else len(specs),
+                   what="evaluation", hint="")  # fmt: skip
     loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
     check_limit(loaded.info, contexts, score_tokens)
     tokenized = [(name, [int(i) for i in loaded.tokenizer.encode(text)]) for name, text in sources]

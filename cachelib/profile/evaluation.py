@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from ..core.reader import check_regular
 from ..core.cells import escape_cell, unescape_cell
 
 SCHEMA = "cachelib-evaluation/1"
@@ -270,10 +271,11 @@ def load_evaluation(path: str | os.PathLike) -> Evaluation:
     path = Path(path)
     label = str(path)
     try:
+        check_regular(path, "evaluation")  # a named pipe would hang the reader, a device never end
         raw = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""])
     except FileNotFoundError:
         raise ValueError(f"{label}: no such evaluation file") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, ValueError) as e:
         raise ValueError(f"{label}: not a cachelib evaluation (cannot read it as a table: {e})") from None
     raw = raw.map(unescape_cell)
     if "schema" not in raw.columns:

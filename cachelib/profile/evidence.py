@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from ..core.reader import read_bytes
 from ..plan.quality import Evidence, kept_fraction
 from ..spec import parse_spec
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 # its on-disk cache (the CLI's plan, every run after the first) never imports pandas.
 
 DEFAULT_EVIDENCE = Path(__file__).resolve().parents[2] / "assets" / "evidence"
+MAX_EVIDENCE_BYTES = 2_000_000_000  # an evidence file is read whole: a cap far above any real profile (1M rows: 115 MB)
 
 # what makes two evaluation samples the same measurement
 SAMPLE_IDENTITY = ("model", "backend", "strategy", "context", "score_tokens", "prefill_chunk", "text", "window_start")
@@ -165,10 +167,13 @@ def _load_evidence(sources: list) -> EvidenceSet:
         found = _files(source)
         before = len(used) + len(warnings)
         for path in found:
-            try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            try:  # bounded, and never a device, a pipe or a socket (a /dev/zero symlink named x.csv)
+                digest = hashlib.sha256(read_bytes(path, "evidence file", MAX_EVIDENCE_BYTES)).hexdigest()
             except OSError as e:
                 warnings.append(f"{path}: skipped, cannot be read ({e.strerror or e})")
+                continue
+            except ValueError as e:
+                warnings.append(f"{path}: skipped, {e}")
                 continue
             if digest in seen_hashes:
                 continue  # the same file content again (a copy): counted once
@@ -176,6 +181,7 @@ def _load_evidence(sources: list) -> EvidenceSet:
             try:
                 if _schema(path) == EVALUATION_SCHEMA:
                     evaluation = load_evaluation(path)
+                    _check_usable(evaluation)
                     if not evaluation.complete:  # each sample row is a whole measurement: they count
                         warnings.append(f"{path}: an incomplete evaluation ({evaluation.reason or 'no reason'}); "
                                         f"its {len(evaluation.samples)} finished sample(s) count")  # fmt: skip
@@ -187,6 +193,9 @@ def _load_evidence(sources: list) -> EvidenceSet:
             except ValueError as e:
                 warnings.append(f"{path}: skipped, {e}")
                 continue
+            except (TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:  # a reader's gap: one file
+                warnings.append(f"{path}: skipped, it could not be read ({type(e).__name__}: {str(e)[:200]})")
+                continue
             if not profile.complete:
                 warnings.append(f"{path}: skipped, an incomplete profile ({profile.meta.get('reason') or 'no reason'})")
                 continue
@@ -194,7 +203,11 @@ def _load_evidence(sources: list) -> EvidenceSet:
             if run in seen_runs:
                 continue  # a "Save as" copy of a run already read
             seen_runs.add(run)
-            points = _profile_points(profile, path.name)
+            try:
+                points = _profile_points(profile, path.name)
+            except ValueError as e:  # a strategy label no spec reads: this file is skipped, not the plan
+                warnings.append(f"{path}: skipped, {e}")
+                continue
             if points:
                 profile_points += points
                 used.append(str(path))
@@ -209,6 +222,26 @@ def _load_evidence(sources: list) -> EvidenceSet:
                          + (f" ({'; '.join(warnings)})" if warnings else ""))  # fmt: skip
     kept = None if found is None else pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL)
     return EvidenceSet(tuple(points), tuple(used), tuple(warnings), kept)
+
+
+def _check_usable(evaluation) -> None:
+    """A ``ValueError`` naming the first thing in an evaluation the planner could not use: a
+    strategy no spec reads, or a mean KL or top-1 agreement that is not a finite number in range
+    (checked per file, so one bad file is skipped with its name and never fails the plan)."""
+    for frame in (evaluation.samples, evaluation.retrieval):
+        if "strategy" in frame:
+            for label in sorted(set(frame["strategy"].astype(str))):
+                parse_spec(label.split("#")[0])
+    samples = evaluation.samples
+    for column, low, high in (("mean_kl", 0.0, math.inf), ("top1_agreement", 0.0, 1.0)):
+        if column not in samples or not len(samples):
+            continue
+        values = pd.to_numeric(samples[column], errors="coerce").to_numpy(dtype="float64")
+        bad = ~np.isfinite(values) | (values < low) | (values > high)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"sample row {i + 1}: {column} {values[i]:g} is not a finite number "
+                             f"in [{low:g}, {high:g}]")  # fmt: skip
 
 
 def _mean(series: pd.Series) -> float | None:

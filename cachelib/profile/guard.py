@@ -9,50 +9,137 @@ the predictors in (the profiler passes the capacity planner's exact replays,
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from ..core.units import parse_memory
+from ..core.memory import address_space_limit, address_space_room, available_memory, machine_memory
+from ..core.units import clip_input, human_bytes, parse_memory, to_bytes
 from ..introspect import CacheView
+from ..spec import Spec
 
 
 def parse_memory_limit(value: int | float | str | None) -> int | None:
     """Bytes of a memory limit. A number is bytes (``1_000_000``); text is a size as the planner
     reads it (:func:`cachelib.core.units.parse_memory`): ``"2"`` and ``"2GiB"`` are 2 GiB,
-    ``"1.5GB"`` is 1.5 x 10^9 bytes, ``"512MiB"``. None or empty text means no limit."""
+    ``"1.5GB"`` is 1.5 x 10^9 bytes, ``"512MiB"``. None or empty text means no limit. Checked
+    after scaling (:func:`~cachelib.core.units.to_bytes`): finite, > 0 and within the range named."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
         raise ValueError(f"memory_limit must be bytes or a size like '2GiB' or '2GB', got {value!r}")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError(f"memory_limit must be a finite number of bytes, got {value!r}")
-        limit = int(value)
+        limit = to_bytes(value, "B", "memory_limit", repr(value))
     else:
         try:
             limit = parse_memory(value, "memory_limit")
-        except ValueError:
-            raise ValueError(f"memory_limit {value!r} is not a size; write e.g. '2GiB', '1.5GB' or '512MiB' "
-                             "(a bare number is GiB)") from None  # fmt: skip
+        except ValueError as e:
+            if "must be a size such as" not in str(e) and "unknown unit" not in str(e):
+                raise  # a size out of range: the message names the range
+            raise ValueError(f"memory_limit {clip_input(str(value))!r} is not a size; write e.g. '2GiB', '1.5GB' or "
+                             "'512MiB' (a bare number is GiB)") from None  # fmt: skip
     if not limit > 0:
-        raise ValueError(f"memory_limit must be > 0, got {value!r}")
+        raise ValueError(f"memory_limit must be > 0, got {clip_input(repr(value))}")
     return limit
 
 
 DEFAULT_SHARE = 0.9  # without a limit, the caches may take this share of the memory available at the start
 
 
-def available_memory(device: str) -> int:
-    """Bytes free for a run's caches on ``device``: the GPU's free memory for a CUDA device,
-    else the machine's available memory (psutil; MLX on Apple silicon shares it with the GPU)."""
-    if str(device).startswith("cuda"):
-        import torch
+def check_memory_limit(limit: int, device: str, name: str = "the memory limit (--memory-limit, memory_limit=)") -> int:
+    """``limit`` when ``device`` has that much memory; a ``ValueError`` with the allowed range
+    otherwise (a limit the machine cannot hold guards nothing)."""
+    total = machine_memory(device)
+    if limit > total:
+        raise ValueError(
+            f"{name} {human_bytes(limit)} ({limit:,} bytes) is more than the {human_bytes(total)} of memory "
+            f"{device} has{_rlimit_note(total)}; allowed: 1 byte .. {total:,} bytes"
+        )
+    return limit
 
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    import psutil
 
-    return int(psutil.virtual_memory().available)
+def _rlimit_note(total: int) -> str:
+    cap = address_space_limit()
+    return " (RLIMIT_AS, ulimit -v)" if cap is not None and cap == total else ""
+
+
+def _planner_device(device: str) -> str:
+    return "cpu" if str(device).startswith("cpu") else "gpu"
+
+
+def predicted_peaks(arch, specs: Sequence[Spec], backend: str, dtype: str, prompt_tokens: int, steps: int) -> list[int]:
+    """Each strategy's peak cache bytes over a run that prefills ``prompt_tokens`` tokens and then
+    feeds ``steps - 1`` more one at a time, by the planner's exact accounting. A strategy bounding
+    the run itself (static ``max_len``) is counted up to its bound: the run is refused there."""
+    from ..plan.accounting import account
+
+    out = []
+    for spec in specs:
+        context, prefill = prompt_tokens + steps - 1, prompt_tokens
+        bound = spec.strategy.max_context
+        if bound is not None:
+            context, prefill = min(context, spec.get(bound)), min(prefill, spec.get(bound))
+        out.append(account(arch, spec, backend, context=context, prefill=prefill, dtype=dtype).peak_bytes)
+    return out
+
+
+def predicted_activations(arch, specs: Sequence[Spec], *, backend: str, dtype: str, device: str, prompt_tokens: int,
+                          steps: int, prefill_chunk: int | None, rows: int) -> int:  # fmt: skip
+    """The planner's activation bytes of the run's largest forward pass (``rows`` strategies fed
+    as the rows of one batch; attention scores where the backend materialises them)."""
+    from ..plan.device import run_activation_peak
+
+    if not arch.attention_layers and arch.recurrent is None:
+        return 0
+    return max(run_activation_peak(arch, spec, context=prompt_tokens + steps - 1, prefill=prompt_tokens,
+                                   prefill_chunk=prefill_chunk or prompt_tokens, batch=rows, dtype=dtype,
+                                   backend=backend, device=_planner_device(device)).total
+               for spec in specs)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunNeed:
+    """What a run is predicted to take: each strategy's peak cache bytes, its largest forward's
+    activations, and the default limit the guard then holds it to."""
+
+    peaks: list[int]
+    activations: int
+    default_limit: int
+
+
+def check_fits(arch, specs: Sequence[Spec], *, backend: str, dtype: str, device: str, prompt_tokens: int, steps: int,
+               prefill_chunk: int | None = None, rows: int | None = None, what: str = "run",
+               hint: str = "give a memory limit (--memory-limit, memory_limit=) to run under the memory guard anyway",
+               ) -> RunNeed | None:  # fmt: skip
+    """Refuse, before anything is allocated, a run whose caches (the planner's rules) plus its
+    largest forward's activations would pass :data:`DEFAULT_SHARE` of :func:`available_memory`
+    (a ``ValueError`` with the figures and ``hint``); else what it needs. One check for
+    ``profile``, ``evaluate``, ``retrieval`` and every sweep point. None where the planner cannot
+    account the architecture or a strategy: nothing is refused then."""
+    try:
+        peaks = predicted_peaks(arch, specs, backend, dtype, prompt_tokens, steps)
+        acts = predicted_activations(arch, specs, backend=backend, dtype=dtype, device=device,
+                                     prompt_tokens=prompt_tokens, steps=steps, prefill_chunk=prefill_chunk,
+                                     rows=rows or len(specs))  # fmt: skip
+    except ValueError:  # the planner's limits, not the run's: it runs unchecked, as before
+        return None
+    available = available_memory(device)
+    default = int(available * DEFAULT_SHARE)
+    caches = sum(peaks)
+    if caches + acts > default:
+        each = ", ".join(f"{spec} {human_bytes(b)}" for spec, b in zip(specs, peaks))
+        plus = f" plus {human_bytes(acts)} ({acts:,} bytes) of activations in its largest forward pass" if acts else ""
+        raise ValueError(
+            f"the caches of this {what} would need {human_bytes(caches)} ({caches:,} bytes: {each}){plus}, more than "
+            f"the {human_bytes(default)} it may use ({DEFAULT_SHARE:.0%} of the {human_bytes(available)} available on "
+            f"{device}{_room_note(device, available)}); use fewer tokens or smaller strategies"
+            + (f", or {hint}" if hint else "")
+        )
+    return RunNeed(peaks, acts, default)
+
+
+def _room_note(device: str, available: int) -> str:
+    room = None if str(device).startswith("cuda") else address_space_room()
+    return ", as RLIMIT_AS (ulimit -v) leaves it" if room is not None and room <= available else ""
 
 
 class StepPrediction(Protocol):
@@ -86,3 +173,46 @@ class MemoryGuard:
             )
         self._runs = twins
         return ""
+
+
+class PastPositionsWarning(UserWarning):
+    """A run feeds positions past the model's ``max_position_embeddings``: the runtime computes
+    them (rotary positions have no hard end), but the model was not trained to attend that far."""
+
+
+def warn_past_positions(info, positions: int, what: str = "this run") -> None:
+    """Warn (:class:`PastPositionsWarning`) before anything is fed when ``positions`` tokens pass
+    the limit ``info`` (a ModelInfo or planner Arch) gives; nothing when it gives none."""
+    limit = getattr(info, "max_position_embeddings", None)
+    if limit and positions > limit:
+        import warnings
+
+        warnings.warn(
+            f"{what} feeds {positions:,} positions, past {info.name}'s limit of {limit:,} (max_position_embeddings): "
+            "the model computes them, but was not built to attend that far",
+            PastPositionsWarning, stacklevel=3,
+        )  # fmt: skip
+
+
+def planned_arch(model, backend: str, device: str | None):
+    """(the planner's Arch of ``model``, the device it will run on, its dtype) before it loads,
+    so a run can be checked first; the Arch is None where the planner cannot read the model (the
+    loader then names the problem)."""
+    from ..models import LoadedModel
+    from ..models.devices import resolve_device
+    from ..plan import arch_from_model_info
+    from ..plan.arch import ConfigNumberError
+    from ..plan.presets import resolve_model
+
+    if isinstance(model, LoadedModel):
+        try:
+            return arch_from_model_info(model.info), model.info.device, model.info.dtype
+        except ValueError:
+            return None, model.info.device, model.info.dtype
+    where = resolve_device(backend, device)
+    try:
+        return resolve_model(model), where, "float32"  # cachelib.models.load's default dtype
+    except ConfigNumberError:  # 10^6 layers, a hidden size of 0: the loader would fail too, after minutes
+        raise
+    except (ValueError, OSError):
+        return None, where, "float32"

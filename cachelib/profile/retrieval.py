@@ -49,6 +49,7 @@ from ..spec import Spec, parse_spec
 from .backends import probe_for
 from .evaluate import DEFAULT_PREFILL_CHUNK, check_limit, resolve_texts, teacher_forced_logits, teacher_forced_logits_rows
 from .evaluation import Evaluation, typed_frame
+from .guard import check_fits, planned_arch
 from .run import check_distinct, strategy_labels
 
 KIND = "retrieval"
@@ -242,6 +243,12 @@ def retrieval(
             raise ValueError(f"strategy {spec} holds at most {spec.max_context} tokens; context {max(contexts)} needs more")
     sources = resolve_texts(texts)
 
+    arch, where, dtype = planned_arch(model, backend, device)
+    if arch is not None:  # refused before the model loads: positions past its limit, caches that cannot fit
+        check_limit(arch, contexts, 1)
+        check_fits(arch, specs, backend=backend, dtype=dtype, device=where, prompt_tokens=max(contexts), steps=1,
+                   prefill_chunk=prefill_chunk, rows=1 if one_by_one else len(specs), what="retrieval",
+                   hint="")  # fmt: skip
     loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
     info = loaded.info
     check_limit(info, contexts, 1)

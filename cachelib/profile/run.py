@@ -29,12 +29,13 @@ from .. import __version__
 from ..decode import Runner, encode_prompt
 from ..introspect import CacheView
 from ..models import LoadedModel, load
+from ..models.devices import resolve_device
 from ..plan import arch_from_model_info
-from ..core.units import human_bytes
-from ..plan.accounting import Replay, account, replay
+from ..plan.accounting import Replay, replay
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .guard import DEFAULT_SHARE, MemoryGuard, available_memory, parse_memory_limit
+from .guard import (DEFAULT_SHARE, MemoryGuard, check_fits, check_memory_limit, parse_memory_limit, planned_arch,
+                    warn_past_positions)  # fmt: skip
 from .probes import Probes
 from .quality import compare
 from .store import Profile, ProfileWriter
@@ -152,6 +153,14 @@ def run_profile(
         raise ValueError("free-running mode decodes from a prompt; an evaluation text is teacher-forced")
     probes = probes or Probes()
     limit = parse_memory_limit(memory_limit)
+    if limit is not None:  # a limit past the machine's memory guards nothing: refused before the model loads
+        on = model.info.device if isinstance(model, LoadedModel) else resolve_device(backend, device)
+        check_memory_limit(limit, on)
+    elif not isinstance(model, LoadedModel):  # what cannot fit even for one token is refused before the model loads
+        arch, on, dtype = planned_arch(model, backend, device)
+        if arch is not None:
+            check_fits(arch, specs, backend=backend, dtype=dtype, device=on, prompt_tokens=1, steps=1,
+                       rows=1 if one_by_one else len(specs))  # fmt: skip
     run_id = uuid.uuid4().hex[:12]
     # Claims a partial file of this run's own: a path that cannot be written fails here, before any work.
     writer = ProfileWriter(out, run_id) if out is not None else None
@@ -171,7 +180,9 @@ def run_profile(
         else:
             prompt_ids, continuation = encode_prompt(tok, prompt, chat), None
 
-        guard = _guard(loaded, specs, limit, len(prompt_ids), max_tokens)  # refuses what cannot fit, before any cache exists
+        warn_past_positions(loaded.info, len(prompt_ids) + max_tokens - 1)
+        # refuses what cannot fit, before any cache exists
+        guard = _guard(loaded, specs, limit, len(prompt_ids), max_tokens, one_by_one)
         labels = strategy_labels(specs)
         states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
         batch = _StrategyBatch.of(runner, states, one_by_one)
@@ -262,46 +273,27 @@ def _predictors(loaded: LoadedModel, specs: Sequence[Spec]) -> list[Replay]:
     return [replay(arch, spec, loaded.info.backend, dtype=loaded.info.dtype) for spec in specs]
 
 
-def predicted_peaks(loaded: LoadedModel, specs: Sequence[Spec], prompt_tokens: int, max_tokens: int) -> list[int]:
-    """Each strategy's peak cache bytes over a run of ``max_tokens`` steps from a prompt of
-    ``prompt_tokens`` tokens, by the planner's exact accounting. A strategy bounding the run
-    itself (static ``max_len``) is counted up to its bound: the run is refused when it gets there."""
-    arch = arch_from_model_info(loaded.info)
-    info = loaded.info
-    out = []
-    for spec in specs:
-        context, prefill = prompt_tokens + max_tokens - 1, prompt_tokens
-        bound = spec.strategy.max_context
-        if bound is not None:
-            context, prefill = min(context, spec.get(bound)), min(prefill, spec.get(bound))
-        out.append(account(arch, spec, info.backend, context=context, prefill=prefill, dtype=info.dtype).peak_bytes)
-    return out
-
-
-def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt_tokens: int, max_tokens: int) -> MemoryGuard | None:
+def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt_tokens: int, max_tokens: int,
+           one_by_one: bool = False) -> MemoryGuard | None:  # fmt: skip
     """The run's memory guard. Given a ``limit``, it stops the run before the caches pass it.
-    Without one, a run whose caches the planner predicts to pass the memory available now is
-    refused (ValueError with the figures) and the guard stops the run at a default limit, a share
-    of that memory, should the caches grow past the prediction."""
+    Without one, a run the planner predicts not to fit in the memory this process may use is
+    refused (:func:`~cachelib.profile.guard.check_fits`: ValueError with the figures) and the
+    guard stops the run at a default limit, a share of that memory, should the caches grow past
+    the prediction."""
     if limit is not None:
         return MemoryGuard(limit, _predictors(loaded, specs))
+    info = loaded.info
     try:
-        peaks = predicted_peaks(loaded, specs, prompt_tokens, max_tokens)
+        arch = arch_from_model_info(info)
         predictors = _predictors(loaded, specs)
     except ValueError:  # an architecture the planner cannot account: no default guard
         return None
-    available = available_memory(loaded.info.device)
-    default = int(available * DEFAULT_SHARE)
-    total = sum(peaks)
-    if total > default:
-        each = ", ".join(f"{spec} {human_bytes(b)}" for spec, b in zip(specs, peaks))
-        raise ValueError(
-            f"the caches of this run would need {human_bytes(total)} ({total:,} bytes: {each}), more than the "
-            f"{human_bytes(default)} it may use ({DEFAULT_SHARE:.0%} of the {human_bytes(available)} available on "
-            f"{loaded.info.device}); use fewer tokens or smaller strategies, or give a memory limit "
-            "(--memory-limit, memory_limit=) to run under the memory guard anyway"
-        )
-    return MemoryGuard(default, predictors, source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start")
+    need = check_fits(arch, specs, backend=info.backend, dtype=info.dtype, device=info.device,
+                      prompt_tokens=prompt_tokens, steps=max_tokens, rows=1 if one_by_one else len(specs))  # fmt: skip
+    if need is None:
+        return None
+    return MemoryGuard(need.default_limit, predictors,
+                       source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start")  # fmt: skip
 
 
 def _logprob(logits: np.ndarray, target: int) -> float:

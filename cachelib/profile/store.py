@@ -38,6 +38,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
+from ..core.reader import check_regular
 from ..core.cells import escape_cell
 from .schema import ADDED_IN_V1, COLUMNS, DTYPES, LIMITS, META_REQUIRED, NONFINITE, PATTERNS, REQUIRED, SCHEMA_VERSION, STATUSES, TABLES
 
@@ -394,6 +395,8 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
     columns = COLUMNS if only is None else list(only)
     parquet = isinstance(source, (str, os.PathLike)) and str(source).lower().endswith(".parquet")
     try:
+        if isinstance(source, (str, os.PathLike)):
+            check_regular(source, "profile")  # a named pipe would hang the reader, a device never end
         if parquet:
             long = _as_text(pd.read_parquet(source, columns=None if only is None else columns))
         else:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..core.reader import MAX_CONFIG_BYTES, parse_toml, read_text
+from ..core.units import clip_input
 from ..models import BACKENDS, model_names
 from ..profile import Probes, parse_memory_limit
 from ..profile.evaluate import CORPUS, DEFAULT_PREFILL_CHUNK, DEFAULT_SCORE_TOKENS, DEFAULT_WINDOWS
@@ -342,10 +344,10 @@ def load_grid(path: str | Path) -> Grid:
     path = Path(path)
     label = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "grid file", MAX_CONFIG_BYTES)  # bounded: no device, pipe or socket
     except FileNotFoundError:
         raise GridError(label, None, "no such grid file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise GridError(label, None, f"cannot read the grid file ({e})") from None
     return parse_grid(text, path)
 
@@ -363,11 +365,13 @@ class _Reader:
         self.label = str(path)
         self.where = Locator(text)
         try:
-            self.data = tomllib.loads(text)
+            self.data = parse_toml(text, f"grid file {clip_input(self.label)!r}")  # nesting capped before parsing
         except tomllib.TOMLDecodeError as e:
             m = re.search(r"\(at line (\d+), column \d+\)", str(e))
             reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
             raise GridError(self.label, int(m.group(1)) if m else None, f"not valid TOML: {reason}") from None
+        except ValueError as e:  # nested too deep
+            raise GridError(self.label, None, str(e)) from None
 
     def fail(self, key: str | None, reason: str, line: int | None = None) -> GridError:
         if line is None and key is not None:
@@ -634,11 +638,12 @@ class _Reader:
             if not file.is_absolute():
                 file = self.path.parent / file
             try:
-                content = file.read_text(encoding="utf-8")
+                content = read_text(file, "text file")  # bounded: no device, pipe or socket
             except FileNotFoundError:
-                raise self.fail("texts", f"text file {rel!r} not found (looked at {str(file)!r})") from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise self.fail("texts", f"cannot read text file {rel!r} ({e})") from None
+                raise self.fail("texts", f"text file {clip_input(rel)!r} not found (looked at "
+                                f"{clip_input(str(file))!r})") from None  # fmt: skip
+            except (OSError, ValueError) as e:
+                raise self.fail("texts", f"cannot read text file {clip_input(rel)!r} ({e})") from None
             if not content.strip():
                 raise self.fail("texts", f"text file {rel!r} is empty")
             out.append(Input("text", rel, content))

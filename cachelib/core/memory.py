@@ -1,0 +1,60 @@
+"""What memory a process may still allocate: the machine's (or a CUDA device's) and ``RLIMIT_AS``.
+
+Used by every check made before allocating (the run guard, the prompt-cache reader). Under
+``ulimit -v`` MLX ends with a segmentation fault when an allocation is refused, so the lower of
+the two is what a check may count on.
+"""
+
+from __future__ import annotations
+
+
+def available_memory(device: str) -> int:
+    """Bytes this process may still allocate on ``device``: the GPU's free memory for a CUDA
+    device; else the machine's available memory (psutil; MLX on Apple silicon shares it with the
+    GPU), or what ``RLIMIT_AS`` (``ulimit -v``) leaves beside the process's mappings, whichever is
+    lower (MLX ends with a segmentation fault when an allocation is refused, so it must not be)."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    import psutil
+
+    available = int(psutil.virtual_memory().available)
+    room = address_space_room()
+    return available if room is None else min(available, room)
+
+
+def address_space_room() -> int | None:
+    """What ``RLIMIT_AS`` leaves beside the process's mappings now; None when unlimited."""
+    cap = address_space_limit()
+    if cap is None:
+        return None
+    import psutil
+
+    return max(0, cap - int(psutil.Process().memory_info().vms))
+
+
+def machine_memory(device: str) -> int:
+    """All the memory of ``device``: the GPU's for a CUDA device, else the machine's, or
+    ``RLIMIT_AS`` when that is lower."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        _, total = torch.cuda.mem_get_info(torch.device(device))
+        return int(total)
+    import psutil
+
+    total = int(psutil.virtual_memory().total)
+    cap = address_space_limit()
+    return total if cap is None else min(total, cap)
+
+
+def address_space_limit() -> int | None:
+    """The soft ``RLIMIT_AS`` in bytes, None when unlimited (or where there is none)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
