@@ -228,6 +228,9 @@ def _check_usable(evaluation) -> None:
     """A ``ValueError`` naming the first thing in an evaluation the planner could not use: a
     strategy no spec reads, or a mean KL or top-1 agreement that is not a finite number in range
     (checked per file, so one bad file is skipped with its name and never fails the plan)."""
+    import numpy as np
+    import pandas as pd
+
     for frame in (evaluation.samples, evaluation.retrieval):
         if "strategy" in frame:
             for label in sorted(set(frame["strategy"].astype(str))):
