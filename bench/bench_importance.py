@@ -7,7 +7,8 @@ Every cache of a backend decodes the same token stream in lockstep: a prompt of
 noise hits all alike), fed the greedy tokens of the full cache. Each forward runs inside the
 attention-capture hook (``probe.capture``), as the profiler runs it. Reported per cache: the
 median decode-step time and its ratio to the full cache (``standard``) measured in the same run,
-the same ratio of the process CPU time per step (``CPU x std``, steadier on a busy machine), the median time the cache spent scoring keys per step (``score_seconds``, summed over layers:
+the same ratio of the process CPU time per step (``CPU x std``, steadier on a busy machine), the
+median time the cache spent scoring keys per step (``score_seconds``, summed over layers:
 the hook's extra attention and the eviction), and the cache bytes at the end.
 
     source scripts/env.sh && python bench/bench_importance.py [--backends mlx,torch]

@@ -59,16 +59,19 @@ def main() -> None:
     ap.add_argument("--backend", nargs="+", default=["mlx", "torch"], choices=["mlx", "torch"])
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--strategies", type=int, nargs="+", default=[3, 8], choices=range(1, len(STRATEGIES) + 1), metavar="K")
+    ap.add_argument("--strategies", type=int, nargs="+", default=[3, 8], metavar="K",
+                    choices=range(1, len(STRATEGIES) + 1))  # fmt: skip
     ap.add_argument("--configs", nargs="+", default=["probes off", "default probes"], choices=list(CONFIGS))
     args = ap.parse_args()
     configs = ["probes off"] + [c for c in args.configs if c != "probes off"]  # the reference first
     for backend in args.backend:
         loaded = load("smollm2", backend)
         load_avg = " ".join(f"{x:.1f}" for x in os.getloadavg())
-        print(f"\n{backend} ({loaded.info.device}), {args.tokens} tokens x {args.rounds} rounds, interleaved step by step, "
+        print(f"\n{backend} ({loaded.info.device}), {args.tokens} tokens x {args.rounds} rounds, "
+              "interleaved step by step, "
               f"load average at start {load_avg}")  # fmt: skip
-        print(f"{'k':>3} {'configuration':<24} {'median step ms':>15} {'CPU ms':>8} {'overhead':>9} {'CPU overhead':>13} "
+        print(f"{'k':>3} {'configuration':<24} {'median step ms':>15} {'CPU ms':>8} {'overhead':>9} "
+              f"{'CPU overhead':>13} "
               f"{'median step ratio':>18}")  # fmt: skip
         for k in args.strategies:
             strategies = STRATEGIES[:k]

@@ -171,7 +171,8 @@ def _decode_update(knorm: bool, protect: int):
         new_pos = mx.broadcast_to(offset + mx.arange(n, dtype=mx.int64), (B, H, n))
         new_scores = score_keys("knorm", new_keys, None) if knorm else mx.full((B, H, n), mx.nan, dtype=mx.float32)
         return (mx.concatenate([keys, new_keys], axis=2), mx.concatenate([values, new_values], axis=2),
-                mx.concatenate([positions, new_pos], axis=-1), mx.concatenate([scores, new_scores], axis=-1))  # fmt: skip
+                mx.concatenate([positions, new_pos], axis=-1),
+                mx.concatenate([scores, new_scores], axis=-1))  # fmt: skip
 
     return mx.compile(update)
 
@@ -232,7 +233,8 @@ class ImportanceKVCache(LayerCache):
             self._check_scored()
             start = time.perf_counter()
             update = _decode_update(self.policy.method == "knorm", self.policy.protected(keep))
-            arrays = update(self.keys, self.values, self.positions, self.scores, keys, values, mx.array(self.offset, mx.int64))
+            offset = mx.array(self.offset, mx.int64)
+            arrays = update(self.keys, self.values, self.positions, self.scores, keys, values, offset)
             self.score_seconds += time.perf_counter() - start
             return self._appended(n, *arrays)
         if keep is not None:
@@ -253,8 +255,8 @@ class ImportanceKVCache(LayerCache):
             new_scores = mx.full((B, H, n), mx.nan, dtype=mx.float32)
         if self.held == 0:
             return self._appended(n, keys, values, new_pos, new_scores)
-        return self._appended(n, *(mx.concatenate([a, b], axis=-2 if a.ndim == 4 else -1) for a, b in
-                                   ((self.keys, keys), (self.values, values), (self.positions, new_pos), (self.scores, new_scores))))
+        pairs = ((self.keys, keys), (self.values, values), (self.positions, new_pos), (self.scores, new_scores))
+        return self._appended(n, *(mx.concatenate([a, b], axis=2 if a.ndim == 4 else -1) for a, b in pairs))
 
     def _appended(self, n: int, keys: mx.array, values: mx.array, positions: mx.array, scores: mx.array):
         """Holds the arrays of this update, which appended ``n`` tokens; returns its keys and values."""

@@ -34,7 +34,9 @@ class Baseline:
         return float(self.log_probs[target])
 
 
-def compare(baseline: Baseline | np.ndarray, logits: np.ndarray, target: int | None) -> tuple[float, bool, float | None]:
+def compare(
+    baseline: Baseline | np.ndarray, logits: np.ndarray, target: int | None
+) -> tuple[float, bool, float | None]:
     """(KL(baseline || strategy) in nats, top-1 agreement, log-prob of ``target`` under the strategy).
 
     ``baseline`` is the step's :class:`Baseline` (computed once for all strategies) or its raw logits."""

@@ -100,7 +100,8 @@ def test_a_shared_baseline_gives_the_textbook_numbers_bit_for_bit():
 
 
 @pytest.mark.parametrize("quality, expected_steps", [(1, 6), (4, 3)])  # period 4 over 6 steps: 0, 4 and the last
-def test_the_quality_probe_computes_the_baseline_once_per_sampled_step(quality, expected_steps, load_model, monkeypatch):
+def test_the_quality_probe_computes_the_baseline_once_per_sampled_step(quality, expected_steps, load_model,
+                                                                      monkeypatch):  # fmt: skip
     made: list[int] = []
 
     class Counted(Baseline):
