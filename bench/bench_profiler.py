@@ -29,6 +29,7 @@ from cachelib.profile import Probes, run_profile
 CONFIGS = {
     "probes off": Probes.none(),
     "default probes": Probes(),
+    "default, quality off": Probes(quality=0),  # what the quality probe's own share is
     "memory+ring": Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0),
     "every probe, every step": Probes.every_step(),
 }

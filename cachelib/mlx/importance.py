@@ -158,36 +158,45 @@ def _drop_slot(x: mx.array, slot: mx.array) -> mx.array:
     return mx.where(j < slot.reshape(*slot.shape, *([1] * (x.ndim - 2))), x[:, :, :-1], x[:, :, 1:])
 
 
+def _scored(method: str, scale: float | None, scores: mx.array, keys: mx.array, queries: mx.array) -> mx.array:
+    """The held keys' scores after a step's queries: TOVA's, or H2O's accumulated ones."""
+    if method == "tova":
+        return score_keys("tova", keys, queries, scale=scale)
+    return mx.nan_to_num(scores, nan=0.0) + score_keys("h2o", keys, queries, scale=scale)
+
+
 @functools.cache
-def _decode_update(knorm: bool, protect: int):
+def _observe(method: str, scale: float | None):
+    """:func:`_scored`, compiled (one call per layer)."""
+    return mx.compile(functools.partial(_scored, method, scale))
+
+
+@functools.cache
+def _decode_update(method: str, protect: int, scale: float | None = None):
     """A decode step's update of a layer that evicts one slot per (batch, head) and appends the
-    step's tokens, compiled into one call: the free slot :func:`select_slots` would drop (the last
-    in best-first order) leaves each array in one fused pass, then the new tokens are appended."""
+    step's tokens, compiled into one call: ``tova``/``h2o`` first score the held keys with the last
+    step's queries (deferred from ``observe``; ``""``: the scores as held), then the free slot
+    :func:`select_slots` would drop (the last in best-first order) leaves each array in one fused
+    pass, and the new tokens are appended (``knorm`` scores them)."""
 
     def update(keys, values, positions, scores, new_keys, new_values, offset):
         worst = mx.argmax(_best_first(scores[..., : scores.shape[-1] - protect]), axis=-1)  # (B, H)
         keys, values, positions, scores = (_drop_slot(x, worst) for x in (keys, values, positions, scores))
         B, H, n, _ = new_keys.shape
         new_pos = mx.broadcast_to(offset + mx.arange(n, dtype=mx.int64), (B, H, n))
-        new_scores = score_keys("knorm", new_keys, None) if knorm else mx.full((B, H, n), mx.nan, dtype=mx.float32)
+        if method == "knorm":
+            new_scores = score_keys("knorm", new_keys, None)
+        else:
+            new_scores = mx.full((B, H, n), mx.nan, dtype=mx.float32)
         return (mx.concatenate([keys, new_keys], axis=2), mx.concatenate([values, new_values], axis=2),
                 mx.concatenate([positions, new_pos], axis=-1),
                 mx.concatenate([scores, new_scores], axis=-1))  # fmt: skip
 
-    return mx.compile(update)
+    def score_and_update(keys, values, positions, scores, new_keys, new_values, offset, queries):
+        scores = _scored(method, scale, scores, keys, queries)
+        return update(keys, values, positions, scores, new_keys, new_values, offset)
 
-
-@functools.cache
-def _observe(method: str, scale: float | None):
-    """TOVA's scores of the held keys, or H2O's accumulated ones, compiled (one call per layer)."""
-
-    def tova(keys, queries):
-        return score_keys("tova", keys, queries, scale=scale)
-
-    def h2o(scores, keys, queries):
-        return mx.nan_to_num(scores, nan=0.0) + score_keys("h2o", keys, queries, scale=scale)
-
-    return mx.compile(tova if method == "tova" else h2o)
+    return mx.compile(score_and_update if method in ("tova", "h2o") else update)
 
 
 class ImportanceKVCache(LayerCache):
@@ -220,6 +229,7 @@ class ImportanceKVCache(LayerCache):
         self.score_seconds = 0.0  # host time spent queuing the scoring this step (it runs in the step's evaluation)
         self.head_mask: mx.array | None = None  # (B, H_kv, held) bool, False on padding; None: none
         self._padded = False
+        self._pending: tuple[mx.array, float | None] | None = None  # (queries, scale) of the last step, unscored
 
     @property
     def held(self) -> int:
@@ -232,11 +242,14 @@ class ImportanceKVCache(LayerCache):
         if keep is not None and self.held - keep == 1 and not self.policy.compress_once:  # a decode step: one call
             self._check_scored()
             start = time.perf_counter()
-            update = _decode_update(self.policy.method == "knorm", self.policy.protected(keep))
-            offset = mx.array(self.offset, mx.int64)
-            arrays = update(self.keys, self.values, self.positions, self.scores, keys, values, offset)
+            pending, self._pending = self._pending, None
+            method = self.policy.method if pending is not None or self.policy.method == "knorm" else ""
+            update = _decode_update(method, self.policy.protected(keep), pending and pending[1])
+            args = [self.keys, self.values, self.positions, self.scores, keys, values, mx.array(self.offset, mx.int64)]
+            arrays = update(*args, *(pending[:1] if pending else ()))
             self.score_seconds += time.perf_counter() - start
             return self._appended(n, *arrays)
+        self._settle()
         if keep is not None:
             self._evict(keep)
         if self.padded and not hooks.capturing():
@@ -286,11 +299,16 @@ class ImportanceKVCache(LayerCache):
             if self.held > min(p.window, queries.shape[2]):
                 s = score_keys("snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale)
                 self.scores, self.unscored = s, False
-        elif p.method == "tova":
-            self.scores, self.unscored = _observe("tova", scale)(self.keys, queries), False
-        else:  # h2o: accumulate
-            self.scores, self.unscored = _observe("h2o", scale)(self.scores, self.keys, queries), False
+        else:  # tova, h2o: scored by the next update, in its compiled call (or by _settle)
+            self._pending, self.unscored = (queries, scale), False
         self.score_seconds += time.perf_counter() - start
+
+    def _settle(self) -> None:
+        """Scores the held keys with the queries ``observe`` left pending, outside a decode step's call."""
+        if self._pending is not None:
+            queries, scale = self._pending
+            self._pending = None
+            self.scores = _observe(self.policy.method, scale)(self.scores, self.keys, queries)
 
     def _check_scored(self) -> None:
         if self.policy.needs_queries and self.unscored:

@@ -144,7 +144,7 @@ def test_device_selection_keeps_the_slots_of_the_host_rule():
         k = rng.standard_normal((B, H, T, 4)).astype(np.float32)
         pos = np.broadcast_to(np.arange(T, dtype=np.int64) * 3, (B, H, T))
         new = mx.zeros((B, H, 0, 4))
-        update = _decode_update(False, protect)
+        update = _decode_update("", protect)
         out = update(mx.array(k), mx.array(-k), mx.array(pos), mx.array(s), new, new, mx.array(0, mx.int64))
         np.testing.assert_array_equal(np.array(out[0]), np.take_along_axis(k, kept[..., None], axis=2))
         np.testing.assert_array_equal(np.array(out[1]), np.take_along_axis(-k, kept[..., None], axis=2))
