@@ -20,6 +20,13 @@ slower per decode step than the full cache, a 300-token prompt and a 256-token b
 scoring runs inside the step's one evaluation, so ``score ms`` is only the host time spent
 queuing it; the step time holds the scoring.
 
+``--layers-only`` (MLX) times the caches alone, no model: ``--layers`` layer caches of SmolLM2-135M's
+shapes (3 KV heads, 9 query heads, head dim 64) take a ``--prompt-tokens`` prefill of random keys
+and then ``--tokens`` one-token updates (each importance layer also scores with a random query, as
+the hook would), one step of every cache in turn, evaluated per step; the median process CPU
+time per step of each importance cache minus mlx-lm's ``KVCache`` beside it is the cache's own
+cost per decode step, the figure a loaded machine blurs least.
+
 ``--retrieval`` measures quality instead: the passkey task of :mod:`cachelib.profile.retrieval`
 (needle at ``--depth`` of a ``--context``-token prompt, ``--trials`` trials) with the question
 prefilled as part of the prompt, as SnapKV is meant to see it (as ``cachelib retrieval`` does by
@@ -111,6 +118,44 @@ def run_backend(backend: str, model: str, specs: list[str], n_prompt: int, n_tok
     return rows
 
 
+def run_layers_only(methods: list[str], budget: int, n_prompt: int, n_tokens: int, layers: int) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from cachelib.core.importance import Policy
+    from cachelib.mlx.importance import ImportanceKVCache
+
+    h_kv, h_q, d = 3, 9, 64
+    window = {"h2o": 32}
+    caches = {"mlx-lm KVCache": [KVCache() for _ in range(layers)]}
+    caches.update({m: [ImportanceKVCache(Policy(m, budget, window=window.get(m, 0))) for _ in range(layers)] for m in methods})
+
+    def step(name: str, n: int) -> float:
+        k, v, q = (mx.random.normal((1, h, n, d)) for h in (h_kv, h_kv, h_q))
+        mx.eval(k, v, q)
+        start = time.process_time()
+        out = []
+        for c in caches[name]:
+            out += c.update_and_fetch(k, v)
+            if getattr(c, "awaiting", False):
+                c.observe(q[:, :, -1:] if name == "tova" else q, None)
+        mx.eval(out)
+        return time.process_time() - start
+
+    for name in caches:
+        step(name, n_prompt)
+    cpu = {name: [] for name in caches}
+    for i in range(n_tokens):
+        for name in list(caches)[i % len(caches):] + list(caches)[: i % len(caches)]:
+            cpu[name].append(step(name, 1))
+    base = statistics.median(cpu["mlx-lm KVCache"][2:])
+    print(f"MLX caches alone, {layers} layers, {n_prompt}-token prefill, {n_tokens} decode steps, budget {budget}")
+    print(f"{'cache':<16} {'CPU ms/step':>12} {'beyond KVCache ms':>18}")
+    for name, ts in cpu.items():
+        med = statistics.median(ts[2:])
+        print(f"{name:<16} {med * 1e3:12.2f} {(med - base) * 1e3:18.2f}")
+
+
 def passkey_trials(loaded, context: int, depth: float, trials: int, seed: int = 0) -> list:
     """The passkey trials of :func:`cachelib.profile.retrieval.retrieval` (same seeds, same corpus)."""
     import random
@@ -168,6 +213,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--methods", default="", help="only these importance methods (comma-separated; the full cache always runs)")
     ap.add_argument("--retrieval", action="store_true", help="measure passkey retrieval instead of speed")
+    ap.add_argument("--layers-only", action="store_true", help="time the MLX caches alone, without the model")
+    ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--budgets", default="256,512")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--depth", type=float, default=0.1)
@@ -185,6 +232,10 @@ def main() -> None:
                 mean = lambda k: sum(r[k] for r in mine) / len(mine)  # noqa: E731
                 print(f"{backend:<7} {s:<34} {mean('exact'):>6.2f} {mean('key_accuracy'):>8.2f} {mean('kl'):>8.3f} "
                       f"{int(mean('cache_bytes')):>12,}")
+        return
+    if args.layers_only:
+        methods = [m.strip() for m in (args.methods or "knorm,tova,h2o").split(",")]
+        run_layers_only(methods, args.budget, args.prompt_tokens, args.tokens, args.layers)
         return
     specs = specs_for(args.budget)
     if args.methods:
