@@ -128,7 +128,8 @@ def run_layers_only(methods: list[str], budget: int, n_prompt: int, n_tokens: in
     h_kv, h_q, d = 3, 9, 64
     window = {"h2o": 32}
     caches = {"mlx-lm KVCache": [KVCache() for _ in range(layers)]}
-    caches.update({m: [ImportanceKVCache(Policy(m, budget, window=window.get(m, 0))) for _ in range(layers)] for m in methods})
+    for m in methods:
+        caches[m] = [ImportanceKVCache(Policy(m, budget, window=window.get(m, 0))) for _ in range(layers)]
 
     def step(name: str, n: int) -> float:
         k, v, q = (mx.random.normal((1, h, n, d)) for h in (h_kv, h_kv, h_q))

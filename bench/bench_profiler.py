@@ -20,11 +20,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
+
+import numpy as np
 
 from bench_batched import PROMPT, RoundRobin  # one round robin for every interleaved bench
 
 from cachelib.models import load
 from cachelib.profile import Probes, run_profile
+from cachelib.profile.quality import Baseline, compare
 
 CONFIGS = {
     "probes off": Probes.none(),
@@ -84,6 +88,25 @@ def main() -> None:
                     wall[name] += [w for w, _ in steps[1:]]  # decode steps: step 0 is the prefill
                     cpu[name] += [c for _, c in steps[1:]]
             report(k, wall, cpu)
+            quality = quality_seconds(loaded.info.vocab_size, k)
+            print(f"    the quality probe alone: {quality * 1e3:.2f} ms a step with {k} rows (one baseline, {k - 1} "
+                  f"comparisons), {quality / statistics.median(wall['probes off']):.1%} of the probes-off step")  # fmt: skip
+
+
+def quality_seconds(vocab: int, k: int, repeats: int = 50) -> float:
+    """Median seconds of one step's quality probe over ``k`` rows of ``vocab`` float32 logits: the
+    baseline's distribution once, then each other row compared against it (as ``run_profile`` does)."""
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((k, vocab)) * 4).astype(np.float32)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        baseline = Baseline(rows[0])
+        baseline.logprob(1)
+        for row in rows[1:]:
+            compare(baseline, row, 1)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
