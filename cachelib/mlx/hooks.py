@@ -14,8 +14,9 @@ the mask it passes on (:func:`merge_head_mask`), so the padding is never attende
 
 Cost: one extra ``q @ k^T`` and softmax over the keys held, in float32, per layer per step, for
 the observation window only (SnapKV, at prefill), the last query (TOVA) or every query (H2O),
-plus bringing the scores to the host (which evaluates the layer's graph there); the cache
-reports the time as ``score_seconds`` in its view, and the profiler records it.
+computed lazily with the rest of the step (no host round trip per step; TOVA and H2O are
+scored inside the next update's compiled call); the cache reports the host time spent queuing it
+as ``score_seconds`` in its view, and the profiler records it.
 """
 
 from __future__ import annotations

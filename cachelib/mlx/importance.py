@@ -4,13 +4,15 @@ keeps a fixed budget of the best-scored tokens (:class:`ImportanceKVCache`), for
 
 The scores are the PyTorch module's formulas (:mod:`cachelib.torch.importance` documents
 exactly what each computes), written on MLX arrays; when a layer evicts and which slots it keeps
-is decided in :mod:`cachelib.core.importance`, shared with PyTorch, so both backends keep the
-same positions on the same inputs. Methods that score with attention get each step's queries
+is decided by the rules of :mod:`cachelib.core.importance`, shared with PyTorch, so both backends
+keep the same positions on the same inputs (here on MLX arrays, :func:`select_slots`, with no
+host round trip per layer). Methods that score with attention get each step's queries
 from the attention-capture hook (:mod:`cachelib.mlx.hooks`); without it they refuse to evict.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import mlx.core as mx
@@ -106,15 +108,111 @@ def score_keys(
     return _pad_max(s, w)
 
 
+def _gather(x: mx.array, slots: mx.array) -> mx.array:
+    """``x`` (B, H, T, D) at ``slots`` (B, H, M) int32: (B, H, M, D)."""
+    B, H, M = slots.shape
+    return mx.take_along_axis(x, mx.broadcast_to(slots[..., None], (B, H, M, x.shape[-1])), axis=2)
+
+
+def _i64(value: int) -> mx.array:
+    return mx.array(value, dtype=mx.int64)
+
+
+def comparable_key(scores: mx.array) -> mx.array:
+    """int64 keys that order float32 ``scores`` (no NaN) exactly as
+    :func:`cachelib.core.importance.comparable` orders them: each score in float64 (where no
+    float32 is subnormal) rounded to its 12 significant bits, half to even (41 of float64's 53
+    dropped), as a signed integer; equal roundings give equal keys, and +0 and -0 one key."""
+    bits = scores.astype(mx.float64).view(mx.int64)
+    mag = bits & _i64(0x7FFF_FFFF_FFFF_FFFF)
+    rounded = (mag + _i64((1 << 40) - 1) + ((mag >> 41) & 1)) >> 41  # a carry moves into the exponent, as frexp's does
+    return mx.where(bits < 0, -rounded, rounded)
+
+
+def _best_first(scores: mx.array) -> mx.array:
+    """One distinct int64 per slot of ``scores`` (B, H, T), ascending in the order
+    :func:`cachelib.core.importance.select` ranks slots: best score first, then the older slot."""
+    T = scores.shape[-1]
+    return -comparable_key(scores) * T + mx.arange(T, dtype=mx.int64)
+
+
+def select_slots(scores: mx.array, keep: int, protect: int) -> mx.array:
+    """The slots :func:`cachelib.core.importance.select` keeps, chosen on the device: per (batch,
+    head), the newest ``protect`` slots and the ``keep - protect`` best-scored others (ties: the
+    older slot), ascending. ``scores`` (B, H, T) float32 without NaN; returns (B, H, keep) int32."""
+    B, H, T = scores.shape
+    if not 0 <= keep <= T:
+        raise ValueError(f"select_slots: cannot keep {keep} of {T} slots")
+    protect = min(protect, keep)
+    free, best = T - protect, keep - protect
+    newest = mx.broadcast_to(mx.arange(free, T, dtype=mx.int32), (B, H, protect))
+    if best == 0:
+        return newest
+    chosen = mx.argpartition(_best_first(scores[..., :free]), kth=best - 1, axis=-1)[..., :best].astype(mx.int32)
+    return mx.sort(mx.concatenate([chosen, newest], axis=-1), axis=-1)
+
+
+def _drop_slot(x: mx.array, slot: mx.array) -> mx.array:
+    """``x`` (B, H, T, ...) without slot ``slot`` (B, H) of each (batch, head): (B, H, T - 1, ...)."""
+    j = mx.arange(x.shape[2] - 1).reshape(-1, *([1] * (x.ndim - 3)))
+    return mx.where(j < slot.reshape(*slot.shape, *([1] * (x.ndim - 2))), x[:, :, :-1], x[:, :, 1:])
+
+
+def _scored(method: str, scale: float | None, scores: mx.array, keys: mx.array, queries: mx.array) -> mx.array:
+    """The held keys' scores after a step's queries: TOVA's, or H2O's accumulated ones."""
+    if method == "tova":
+        return score_keys("tova", keys, queries, scale=scale)
+    return mx.nan_to_num(scores, nan=0.0) + score_keys("h2o", keys, queries, scale=scale)
+
+
+@functools.cache
+def _observe(method: str, scale: float | None):
+    """:func:`_scored`, compiled (one call per layer)."""
+    return mx.compile(functools.partial(_scored, method, scale))
+
+
+@functools.cache
+def _decode_update(method: str, protect: int, scale: float | None = None):
+    """A decode step's update of a layer that evicts one slot per (batch, head) and appends the
+    step's tokens, compiled into one call: ``tova``/``h2o`` first score the held keys with the last
+    step's queries (deferred from ``observe``; ``""``: the scores as held), then the free slot
+    :func:`select_slots` would drop (the last in best-first order) leaves each array in one fused
+    pass, and the new tokens are appended (``knorm`` scores them)."""
+
+    def update(keys, values, positions, scores, new_keys, new_values, offset):
+        worst = mx.argmax(_best_first(scores[..., : scores.shape[-1] - protect]), axis=-1)  # (B, H)
+        keys, values, positions, scores = (_drop_slot(x, worst) for x in (keys, values, positions, scores))
+        B, H, n, _ = new_keys.shape
+        new_pos = mx.broadcast_to(offset + mx.arange(n, dtype=mx.int64), (B, H, n))
+        if method == "knorm":
+            new_scores = score_keys("knorm", new_keys, None)
+        else:
+            new_scores = mx.full((B, H, n), mx.nan, dtype=mx.float32)
+        return (mx.concatenate([keys, new_keys], axis=2), mx.concatenate([values, new_values], axis=2),
+                mx.concatenate([positions, new_pos], axis=-1),
+                mx.concatenate([scores, new_scores], axis=-1))  # fmt: skip
+
+    def score_and_update(keys, values, positions, scores, new_keys, new_values, offset, queries):
+        scores = _scored(method, scale, scores, keys, queries)
+        return update(keys, values, positions, scores, new_keys, new_values, offset)
+
+    return mx.compile(score_and_update if method in ("tova", "h2o") else update)
+
+
 class ImportanceKVCache(LayerCache):
     """A full-attention layer cache holding at most a budget of tokens chosen by score (see
     :mod:`cachelib.core.importance` for when it evicts). Slots stay in position order; each KV
     head keeps its own positions. Arrays are (B, H, T, D), grown by concatenation.
 
+    Scores, positions and the kept slots stay MLX arrays (:func:`select_slots` chooses on the
+    device), computed lazily inside the step's own evaluation: the keys a step returns depend on
+    them (``mx.depends``), so a step evaluates once and nothing comes to the host per layer.
+
     With Ada-KV's per-head budgets (``snapkv:adaptive=1``) the heads keep different counts: each
     head's kept slots come first, then zeroed padding up to the largest count (position -1),
     then the appended tokens; :attr:`head_mask` hides the padding, and the capture hook merges
-    it into the attention mask (so such a layer runs only inside ``hooks.capture``)."""
+    it into the attention mask (so such a layer runs only inside ``hooks.capture``). That
+    selection, made once per run, is numpy's (:func:`cachelib.core.importance.select_heads`)."""
 
     _STATE = ("keys", "values")
 
@@ -123,12 +221,15 @@ class ImportanceKVCache(LayerCache):
         self.keys = None
         self.values = None
         self.offset = 0
-        self.positions: np.ndarray | None = None  # (B, H_kv, held) absolute positions
-        self.scores: np.ndarray | None = None  # (B, H_kv, held) float32, NaN where unscored
+        self.positions: mx.array | None = None  # (B, H_kv, held) int64 absolute positions, -1: padding
+        self.scores: mx.array | None = None  # (B, H_kv, held) float32, NaN where unscored
         self.compressed = False
         self.awaiting = False
-        self.score_seconds = 0.0
+        self.unscored = False  # whether some held slot has no score yet (NaN), known without reading scores
+        self.score_seconds = 0.0  # host time spent queuing the scoring this step (it runs in the step's evaluation)
         self.head_mask: mx.array | None = None  # (B, H_kv, held) bool, False on padding; None: none
+        self._padded = False
+        self._pending: tuple[mx.array, float | None] | None = None  # (queries, scale) of the last step, unscored
 
     @property
     def held(self) -> int:
@@ -138,6 +239,17 @@ class ImportanceKVCache(LayerCache):
         self.score_seconds = 0.0
         B, H, n, _ = keys.shape
         keep = evict_to(self.policy, self.held, n, self.compressed)
+        if keep is not None and self.held - keep == 1 and not self.policy.compress_once:  # a decode step: one call
+            self._check_scored()
+            start = time.perf_counter()
+            pending, self._pending = self._pending, None
+            method = self.policy.method if pending is not None or self.policy.method == "knorm" else ""
+            update = _decode_update(method, self.policy.protected(keep), pending and pending[1])
+            args = [self.keys, self.values, self.positions, self.scores, keys, values, mx.array(self.offset, mx.int64)]
+            arrays = update(*args, *(pending[:1] if pending else ()))
+            self.score_seconds += time.perf_counter() - start
+            return self._appended(n, *arrays)
+        self._settle()
         if keep is not None:
             self._evict(keep)
         if self.padded and not hooks.capturing():
@@ -147,74 +259,91 @@ class ImportanceKVCache(LayerCache):
             )
         if compresses_now(self.policy, n, self.compressed):
             self.compressed = True
-        new_pos = np.broadcast_to(np.arange(self.offset, self.offset + n, dtype=np.int64), (B, H, n))
+        new_pos = mx.broadcast_to(mx.arange(self.offset, self.offset + n, dtype=mx.int64), (B, H, n))
         if self.policy.method == "knorm":
-            mx.eval(keys)  # the layer's own compute, kept out of the scoring time
             start = time.perf_counter()
-            new_scores = np.array(score_keys("knorm", keys, None))
+            new_scores = score_keys("knorm", keys, None)
             self.score_seconds += time.perf_counter() - start
         else:
-            new_scores = np.full((B, H, n), np.nan, np.float32)
+            new_scores = mx.full((B, H, n), mx.nan, dtype=mx.float32)
         if self.held == 0:
-            self.keys, self.values = keys, values
-            self.positions, self.scores = new_pos.copy(), new_scores
-        else:
-            self.keys = mx.concatenate([self.keys, keys], axis=2)
-            self.values = mx.concatenate([self.values, values], axis=2)
-            self.positions = np.concatenate([self.positions, new_pos], axis=-1)
-            self.scores = np.concatenate([self.scores, new_scores], axis=-1)
+            return self._appended(n, keys, values, new_pos, new_scores)
+        pairs = ((self.keys, keys), (self.values, values), (self.positions, new_pos), (self.scores, new_scores))
+        return self._appended(n, *(mx.concatenate([a, b], axis=2 if a.ndim == 4 else -1) for a, b in pairs))
+
+    def _appended(self, n: int, keys: mx.array, values: mx.array, positions: mx.array, scores: mx.array):
+        """Holds the arrays of this update, which appended ``n`` tokens; returns its keys and values."""
+        self.positions, self.scores = positions, scores
+        self.unscored = self.unscored or self.policy.needs_queries
         self.offset += n
         self.awaiting = self.policy.needs_queries and not (self.policy.compress_once and self.compressed)
-        self.head_mask = mx.array(self.positions >= 0) if self.padded else None
+        self.head_mask = self.positions >= 0 if self.padded else None
+        # the bookkeeping is computed by the evaluation that computes the attention (no graph left growing)
+        self.keys, self.values = mx.depends([keys, values], [positions, scores])
         return self.keys, self.values
 
     @property
     def padded(self) -> bool:
         """Whether some slots are padding (Ada-KV's heads keep different counts)."""
-        return self.positions is not None and bool((self.positions < 0).any())
+        return self._padded
 
     def observe(self, queries: mx.array, scale: float | None) -> None:
         """Score the held keys with this step's queries (called by the attention-capture hook
-        right after this layer's attention)."""
+        right after this layer's attention); the scores stay lazy until the next eviction."""
         if not self.awaiting:
             return
         self.awaiting = False
-        mx.eval(queries, self.keys)  # the layer's own compute, kept out of the scoring time
         start = time.perf_counter()
         p = self.policy
         if p.scoring == "snapkv":
             if self.held > min(p.window, queries.shape[2]):
                 s = score_keys("snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale)
-                self.scores = np.array(s)
-        elif p.method == "tova":
-            self.scores = np.array(score_keys("tova", self.keys, queries, scale=scale))
-        else:  # h2o: accumulate
-            s = np.array(score_keys("h2o", self.keys, queries, scale=scale))
-            self.scores = np.nan_to_num(self.scores, nan=0.0) + s
+                self.scores, self.unscored = s, False
+        else:  # tova, h2o: scored by the next update, in its compiled call (or by _settle)
+            self._pending, self.unscored = (queries, scale), False
         self.score_seconds += time.perf_counter() - start
 
-    def _evict(self, keep: int) -> None:
-        start = time.perf_counter()
-        if self.policy.needs_queries and np.isnan(self.scores).any():
+    def _settle(self) -> None:
+        """Scores the held keys with the queries ``observe`` left pending, outside a decode step's call."""
+        if self._pending is not None:
+            queries, scale = self._pending
+            self._pending = None
+            self.scores = _observe(self.policy.method, scale)(self.scores, self.keys, queries)
+
+    def _check_scored(self) -> None:
+        if self.policy.needs_queries and self.unscored:
             raise ValueError(
                 f"{self.policy.method}: the held keys were never scored; this method needs the step's "
                 "queries: run the model inside cachelib.mlx.hooks.capture(model)"
             )
-        slots = keep_slots(self.policy, self.scores, keep)  # (B, H, M), -1: padding
+
+    def _evict(self, keep: int) -> None:
+        start = time.perf_counter()
+        self._check_scored()
+        if self.policy.adaptive:
+            self._evict_heads(keep)
+        else:
+            slots = select_slots(self.scores, keep, self.policy.protected(keep))  # (B, H, keep) int32
+            self.keys, self.values = _gather(self.keys, slots), _gather(self.values, slots)
+            self.positions = mx.take_along_axis(self.positions, slots, axis=-1)
+            self.scores = mx.take_along_axis(self.scores, slots, axis=-1)
+        self.score_seconds += time.perf_counter() - start
+
+    def _evict_heads(self, keep: int) -> None:
+        """Ada-KV's uneven heads, chosen on the host (once per run: it compresses once)."""
+        scores, positions = np.array(self.scores), np.array(self.positions)
+        slots = keep_slots(self.policy, scores, keep)  # (B, H, M), -1: padding
         pad = slots < 0
         taken = np.maximum(slots, 0)
-        idx = mx.array(taken.astype(np.int32))[..., None]
-        B, H, M = slots.shape
-        dk, dv = self.keys.shape[-1], self.values.shape[-1]
-        self.keys = mx.take_along_axis(self.keys, mx.broadcast_to(idx, (B, H, M, dk)), axis=2)
-        self.values = mx.take_along_axis(self.values, mx.broadcast_to(idx, (B, H, M, dv)), axis=2)
+        idx = mx.array(taken.astype(np.int32))
+        self.keys, self.values = _gather(self.keys, idx), _gather(self.values, idx)
         if pad.any():  # padding holds zeros, never a stale token
             real = mx.array(~pad)[..., None]
             self.keys = mx.where(real, self.keys, mx.zeros((), self.keys.dtype))
             self.values = mx.where(real, self.values, mx.zeros((), self.values.dtype))
-        self.positions = np.where(pad, -1, np.take_along_axis(self.positions, taken, axis=-1))
-        self.scores = np.where(pad, -np.inf, np.take_along_axis(self.scores, taken, axis=-1)).astype(np.float32)
-        self.score_seconds += time.perf_counter() - start
+        self.positions = mx.array(np.where(pad, -1, np.take_along_axis(positions, taken, axis=-1)))
+        self.scores = mx.array(np.where(pad, -np.inf, np.take_along_axis(scores, taken, axis=-1)).astype(np.float32))
+        self._padded = self._padded or bool(pad.any())
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
         # keys come back as the tokens kept after this step's eviction, then the N new ones
@@ -253,7 +382,8 @@ class ImportanceKVCache(LayerCache):
     def introspect(self) -> CacheView:
         held = self.held
         total = self.nbytes
-        used = tokens_used(self.positions)  # == held unless Ada-KV pads some heads
+        positions = None if self.positions is None else np.array(self.positions)  # the one host copy, when read
+        used = tokens_used(positions)  # == held unless Ada-KV pads some heads
         return CacheView(
             kind=self.policy.method,
             layout="selected",
@@ -266,7 +396,7 @@ class ImportanceKVCache(LayerCache):
             write_index=held,
             batch_size=1 if self.keys is None else self.keys.shape[0],
             dtype=dtype_name(self.keys),
-            head_positions=None if self.positions is None else self.positions[0].copy(),
+            head_positions=None if positions is None else positions[0].copy(),
             score_seconds=self.score_seconds,
         )
 

@@ -37,7 +37,7 @@ from .backends import probe_for
 from .guard import (DEFAULT_SHARE, MemoryGuard, check_fits, check_memory_limit, parse_memory_limit, planned_arch,
                     warn_past_positions)  # fmt: skip
 from .probes import Probes
-from .quality import compare
+from .quality import Baseline, compare
 from .store import Profile, ProfileWriter
 
 DEFAULT_TEXT_PROMPT_TOKENS = 32
@@ -212,7 +212,7 @@ def run_profile(
                     break
             last = step == max_tokens - 1
             event = StepEvent(step, max_tokens, profile)
-            base_logits = None
+            baseline = None  # the baseline's distribution, computed once per step for every row
             target = None
             batched = batch.step(probe, probes, step, last, lambda st: feed if not free_running or step == 0 else [st.last_token])
             for i, st in enumerate(states):
@@ -222,11 +222,11 @@ def run_profile(
                     ids = feed if not free_running or step == 0 else [st.last_token]
                     logits, rows = _take_step(runner, probe, probes, st, step, last, ids)
                 if i == 0:
-                    base_logits = logits
                     target = continuation[step] if continuation is not None else int(np.argmax(logits))
                 step_row = rows["steps"]
                 if probes.on("quality", step, last):
-                    kl, agree, lp = compare(base_logits, logits, target) if i else (0.0, True, _logprob(logits, target))
+                    baseline = baseline or Baseline(logits)  # row 0 is the baseline
+                    kl, agree, lp = compare(baseline, logits, target) if i else (0.0, True, baseline.logprob(target))
                     step_row.update(kl=kl, top1_agree=agree, logprob_target=lp)
                 if free_running:
                     st.departed = st.departed or st.tokens != states[0].tokens[: len(st.tokens)]
@@ -294,12 +294,6 @@ def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt
         return None
     return MemoryGuard(need.default_limit, predictors,
                        source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start")  # fmt: skip
-
-
-def _logprob(logits: np.ndarray, target: int) -> float:
-    from .quality import log_softmax
-
-    return float(log_softmax(logits)[target])
 
 
 def _close(profile: Profile, writer: ProfileWriter | None, status: str, reason: str, completed: int) -> None:

@@ -111,3 +111,67 @@ def test_capture_leaves_other_caches_unchanged(load_model):
     with hooks.capture(model):
         captured = model(ids, cache=make_cache(model, "standard"))
     np.testing.assert_array_equal(np.array(plain), np.array(captured))
+
+
+def _scores_hard_to_rank(rng, B, H, T):
+    """float32 scores with exact ties, ties only after rounding to 12 bits, subnormals and signed zeros."""
+    s = rng.standard_normal((B, H, T)).astype(np.float32)
+    kind = rng.integers(0, 4)
+    if kind == 1:
+        s = np.round(s * 2) / 2  # exact ties
+    elif kind == 2:
+        s = s * np.float32(1e-3) * (1 + rng.integers(0, 3, s.shape) * 2.0**-14)  # differ below 12 bits
+    elif kind == 3:
+        s = np.ldexp(rng.integers(-(1 << 14), 1 << 14, s.shape).astype(np.float64), -149)  # subnormals, +-0
+    return s.astype(np.float32)
+
+
+def test_device_selection_keeps_the_slots_of_the_host_rule():
+    """select_slots (MLX, issue #34) and a decode step's one-slot eviction choose the slots
+    cachelib.core.importance.select chooses: the same 12-bit rounding, ties to the older slot."""
+    from cachelib.core.importance import select
+    from cachelib.mlx.importance import _decode_update, select_slots
+
+    rng = np.random.default_rng(34)
+    for _ in range(150):
+        B, H, T = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(2, 40))
+        s = _scores_hard_to_rank(rng, B, H, T)
+        keep = int(rng.integers(0, T + 1))
+        protect = int(rng.integers(0, keep + 1))
+        np.testing.assert_array_equal(np.array(select_slots(mx.array(s), keep, protect)), select(s, keep, protect))
+        protect = int(rng.integers(0, T))  # evicting one slot
+        kept = select(s, T - 1, protect)
+        k = rng.standard_normal((B, H, T, 4)).astype(np.float32)
+        pos = np.broadcast_to(np.arange(T, dtype=np.int64) * 3, (B, H, T))
+        new = mx.zeros((B, H, 0, 4))
+        update = _decode_update("", protect)
+        out = update(mx.array(k), mx.array(-k), mx.array(pos), mx.array(s), new, new, mx.array(0, mx.int64))
+        np.testing.assert_array_equal(np.array(out[0]), np.take_along_axis(k, kept[..., None], axis=2))
+        np.testing.assert_array_equal(np.array(out[1]), np.take_along_axis(-k, kept[..., None], axis=2))
+        np.testing.assert_array_equal(np.array(out[2]), np.take_along_axis(pos, kept, axis=-1))
+        np.testing.assert_array_equal(np.array(out[3]), np.take_along_axis(s, kept, axis=-1))
+
+
+class _NoHost:
+    def __getattr__(self, name):
+        raise AssertionError(f"numpy.{name} called: an MLX decode step brought scores to the host")
+
+
+@pytest.mark.parametrize("spec", ["knorm:budget=12", "tova:budget=12", "h2o:budget=12,recent=4"])
+def test_decode_steps_score_and_evict_without_the_host(spec, load_model, monkeypatch):
+    """Issue #34: scores, positions and the selection stay MLX arrays during decode (no numpy in
+    the cache's code while the model decodes); the cache still evicts down to its budget."""
+    import cachelib.mlx.importance as importance
+
+    model = load_model("tiny-llama", "mlx").model
+    cache = make_cache(model, spec)
+    with hooks.capture(model):
+        model(mx.array([list(range(3, 23))]), cache=cache)  # a 20-token prompt; decode evicts from here
+        monkeypatch.setattr(importance, "np", _NoHost())
+        for t in range(6):
+            mx.eval(model(mx.array([[30 + t]]), cache=cache))
+    monkeypatch.undo()
+    layer = cache[0]
+    assert isinstance(layer.positions, mx.array) and isinstance(layer.scores, mx.array)
+    view = layer.introspect()
+    assert view.tokens_held == 12 and view.offset == 26 and view.head_positions.max() == 25

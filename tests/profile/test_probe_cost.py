@@ -4,11 +4,14 @@ that build the probe rows give the text the rule gives."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cachelib.core.masks import visible_held
 from cachelib.profile import Probes, run_profile
+from cachelib.profile import run as run_module
 from cachelib.profile.backends import probe_for
+from cachelib.profile.quality import Baseline, compare
 
 BACKENDS = ["mlx", "torch"]
 PROMPT = "Explain what a KV cache is, and why it matters for serving language models."
@@ -71,3 +74,47 @@ def test_ring_slot_tables_are_each_layers_own(backend, load_model):
     slots = profile.frame("slots")
     for step, texts in enumerate(captured):
         assert list(slots[slots["step"] == step]["positions"]) == texts
+
+
+def _textbook_compare(baseline_logits, logits, target):
+    """The quality probe's numbers in their textbook form (the code before issue #34's shared baseline)."""
+    lp = np.asarray(baseline_logits, dtype=np.float64)
+    lp = lp - lp.max()
+    lp = lp - np.log(np.exp(lp).sum())
+    lq = np.asarray(logits, dtype=np.float64)
+    lq = lq - lq.max()
+    lq = lq - np.log(np.exp(lq).sum())
+    kl = float(np.sum(np.exp(lp) * (lp - lq)))
+    return max(kl, 0.0), bool(int(np.argmax(baseline_logits)) == int(np.argmax(logits))), float(lq[target])
+
+
+def test_a_shared_baseline_gives_the_textbook_numbers_bit_for_bit():
+    rng = np.random.default_rng(34)
+    base = (rng.standard_normal(4096) * 4).astype(np.float32)
+    shared = Baseline(base)
+    for k in range(20):
+        logits = base + (rng.standard_normal(4096) * 0.05 * k).astype(np.float32)
+        expected = _textbook_compare(base, logits, k)
+        assert compare(shared, logits, k) == expected == compare(base, logits, k)
+    assert shared.logprob(7) == _textbook_compare(base, base, 7)[2]
+
+
+@pytest.mark.parametrize("quality, expected_steps", [(1, 6), (4, 3)])  # period 4 over 6 steps: 0, 4 and the last
+def test_the_quality_probe_computes_the_baseline_once_per_sampled_step(quality, expected_steps, load_model,
+                                                                      monkeypatch):  # fmt: skip
+    made: list[int] = []
+
+    class Counted(Baseline):
+        __slots__ = ()
+
+        def __init__(self, logits):
+            made.append(1)
+            super().__init__(logits)
+
+    monkeypatch.setattr(run_module, "Baseline", Counted)
+    loaded = load_model("tiny-llama", "mlx")
+    strategies = STRATEGIES + ["rotating:max_size=8,keep=0", "quantized:bits=8"]  # 5 rows, one baseline
+    profile = run_profile(loaded, strategies, prompt=PROMPT, max_tokens=6, probes=Probes(quality=quality))
+    steps = profile.frame("steps")
+    assert len(made) == expected_steps
+    assert steps["kl"].notna().sum() == expected_steps * len(strategies)
