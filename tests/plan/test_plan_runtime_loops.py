@@ -183,7 +183,9 @@ def test_transformers_static_cache_is_its_static_strategy():
 
 @pytest.mark.slow
 @pytest.mark.bundled
-@pytest.mark.parametrize("case", ["1024,1024,none", "3000,2048,none"])
+# one prefill chunk, and two (a full 1,024 and a partial one) before the last token alone; 3,000 x 2,048 and the
+# rest of the grid are bench_runtime_peak's (it took 65 s of the suite)
+@pytest.mark.parametrize("case", ["1024,1024,none", "1500,1024,none"])
 def test_plan_is_within_5_percent_of_mlx_lms_own_generate_step(case):
     pytest.importorskip("mlx_lm")
     sys.path.insert(0, str(ROOT / "bench"))
