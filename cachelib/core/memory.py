@@ -14,10 +14,7 @@ def available_memory(device: str) -> int:
     GPU), or what ``RLIMIT_AS`` (``ulimit -v``) leaves beside the process's mappings, whichever is
     lower (MLX ends with a segmentation fault when an allocation is refused, so it must not be)."""
     if str(device).startswith("cuda"):
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
+        return _cuda_memory(device)[0]
     import psutil
 
     available = int(psutil.virtual_memory().available)
@@ -39,15 +36,20 @@ def machine_memory(device: str) -> int:
     """All the memory of ``device``: the GPU's for a CUDA device, else the machine's, or
     ``RLIMIT_AS`` when that is lower."""
     if str(device).startswith("cuda"):
-        import torch
-
-        _, total = torch.cuda.mem_get_info(torch.device(device))
-        return int(total)
+        return _cuda_memory(device)[1]
     import psutil
 
     total = int(psutil.virtual_memory().total)
     cap = address_space_limit()
     return total if cap is None else min(total, cap)
+
+
+def _cuda_memory(device: str) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device, as the driver reports them."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(total)
 
 
 def address_space_limit() -> int | None:
