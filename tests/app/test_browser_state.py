@@ -152,9 +152,12 @@ def test_two_example_profiles_leave_every_plot_wide_with_every_series_in_its_leg
         page.get_by_role("option", name=name).click()
         page.keyboard.press("Escape")
         page.wait_for_timeout(1500)
-    page.locator(".st-key-compare_speed .js-plotly-plot").wait_for(timeout=120_000)
+    # both plots drawn (a rerun under load can still be replacing one when the other is there)
+    keys = ["compare_quality", "compare_speed"]
+    page.wait_for_function(f"() => ({PLOTS})({keys!r}).every(p => p !== null && p.width > 0)", timeout=120_000)
     page.wait_for_timeout(2000)
-    plots = page.evaluate(PLOTS, ["compare_quality", "compare_speed"])
+    page.wait_for_function(f"() => ({PLOTS})({keys!r}).every(p => p !== null && p.width > 0)", timeout=60_000)
+    plots = page.evaluate(PLOTS, keys)
     for p in plots:
         assert p is not None and p["width"] >= 300, p
         assert p["shown"] and sorted(p["shown"]) == sorted(p["legend"]), p
