@@ -28,7 +28,7 @@ from cachelib.plan import (
 from cachelib.plan.answer import Answer, build_answer, default_strategies
 from cachelib.plan.device import WEIGHT_FORMATS
 from cachelib.plan.request import DEVICES, SOLVE, request_defaults
-from cachelib.plan.runtimes import RUNTIMES, describe_layout, runtime_names
+from cachelib.plan.runtimes import RUNTIMES, describe_layout, resolve_runtime, runtime_names
 from cachelib.cli.plan import SESSIONS_TEXT
 from cachelib.profile.evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence
 from cachelib.spec import STRATEGIES
@@ -135,9 +135,7 @@ def request_of(v: dict[str, Any]) -> tuple[str, Arch, PlanRequest]:
     if not model:
         raise ValueError("give the path of a config.json (or of the folder holding it)")
     arch = resolve_model(model)
-    runtime = v["plan_runtime"]
-    backends = RUNTIMES[runtime].backends
-    backend = v["plan_backend"] if v["plan_backend"] in backends else backends[0]
+    runtime, backend = resolve_runtime(v["plan_runtime"], v["plan_backend"])
     listed = plan_charts.parse_strategies(v["plan_strategies"]) or list(default_strategies(runtime, arch, backend))
     request = PlanRequest(  # GiB read into bytes here, at the edge, as the CLI reads its flags
         listed, context=int(v["plan_context"]),

@@ -23,7 +23,7 @@ from ..plan.accounting import account
 from ..plan.presets import preset_names, resolve_model
 from ..plan.answer import RUNTIME_SET, build_answer, default_strategies
 from ..plan.request import DEVICES, SOLVE, PlanRequest, PlanResult, plan_request, request_defaults
-from ..plan.runtimes import RUNTIMES, default_runtime, describe_layout, runtime_names
+from ..plan.runtimes import RUNTIMES, describe_layout, resolve_runtime, runtime_names
 from ..plan.device import WEIGHT_FORMATS
 from ..plan.vllm import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES, VLLM_FLAGS, kv_format_of
 from ..plan.solver import Fit
@@ -175,9 +175,7 @@ def _kv_format(args: argparse.Namespace) -> str | None:
 def request_from_args(args: argparse.Namespace, arch=None) -> PlanRequest:
     """The planning request the flags make (memory already read into bytes by the flags); with
     no --strategy, the runtime's standard set (less what ``arch`` refuses)."""
-    runtime = args.runtime or default_runtime(args.backend)  # the backend's deployed runtime, as PlanRequest does
-    backends = RUNTIMES[runtime].backends
-    backend = args.backend if args.backend in backends else backends[0]
+    runtime, backend = resolve_runtime(args.runtime, args.backend)  # as PlanRequest resolves them
     return PlanRequest(
         args.strategy or list(default_strategies(runtime, arch, backend)),
         context=args.context, batch=args.batch, backend=args.backend,

@@ -28,7 +28,7 @@ from ..core.units import human_gib
 from ..spec import Spec, parse_spec
 from .quality import is_exact, meets
 from .layouts import MLX_OWN_MAKE_CACHE, mlx_module
-from .runtimes import MLX_LM_QUANTIZED_KV_START
+from .runtimes import MLX_LM_QUANTIZED_KV_START, own_loop
 
 if TYPE_CHECKING:  # types only; PlanRequest and PlanResult (cachelib.plan.request, which imports this module)
     from .solver import Fit  # are named in annotations, not imported: no cycle
@@ -67,7 +67,7 @@ def runtime_flags(spec: str | Spec, runtime: str | None, model_type: str | None 
     ``model_type``: the model's; mlx-lm ignores ``--max-kv-size`` for a class with its own
     ``make_cache`` (llama among them), so a ring is no mlx-lm option there."""
     s = parse_spec(spec)
-    if runtime in (None, "cachelib"):
+    if own_loop(runtime):
         return []
     if runtime == "mlx-lm":
         if s.name == "standard":
@@ -114,7 +114,7 @@ def runtime_command(request: PlanRequest, spec: str | Spec, model: str, sessions
     if flags is None:
         return None
     d = request.deployment
-    if runtime in (None, "cachelib"):
+    if own_loop(runtime):
         lib = "cachelib.mlx" if request.backend == "mlx" else "cachelib.torch"
         return f'{lib}.make_cache(model, "{parse_spec(spec)}")  # cachelib\'s cache in your code'
     if runtime == "mlx-lm":
@@ -232,7 +232,7 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
     r = result.request
     rec = result.choice
     ref = model_ref(result.arch, model)
-    runtime = f"cachelib on {r.backend}" if r.runtime in (None, "cachelib") else r.runtime
+    runtime = f"cachelib on {r.backend}" if own_loop(r.runtime) else r.runtime
     mt = result.arch.model_type or None
     fits = {f.spec: f for f in result.fits}
     side = []

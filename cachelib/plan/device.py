@@ -51,6 +51,7 @@ from typing import Mapping
 from ..core.units import DTYPE_BYTES
 from ..spec import Spec, parse_spec
 from .arch import Arch
+from .runtimes import own_loop
 
 # name -> (bits per parameter, where the size comes from)
 WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
@@ -242,7 +243,7 @@ def visible_keys(arch: Arch, spec: Spec, *, tokens: int, seen: int) -> int:
 def logits_rule(runtime: str | None, tokens: int, itemsize: int) -> tuple[int, int]:
     """(positions whose logits a forward of ``tokens`` tokens computes, bytes per logit) in the
     runtime's generation loop (None: cachelib's own loop; see the module docstring)."""
-    if runtime in (None, "cachelib"):
+    if own_loop(runtime):
         return tokens, itemsize  # the profiler keeps every position's logits
     if runtime == "mlx-lm":  # prefill chunks: none; a 1-token step: the logits and their log-probabilities
         return (0, itemsize) if tokens > 1 else (1, 2 * itemsize)

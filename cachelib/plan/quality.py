@@ -39,6 +39,7 @@ from typing import Callable, Iterable, Sequence
 from ..spec import Spec, make_spec, parse_spec
 from .arch import Arch
 from .solver import Fit, Quality
+from .runtimes import own_loop
 
 EVIDENCE_MODEL = "smollm2"  # the bundled model: what the default evidence was measured on
 EVIDENCE_MAX_CONTEXT = 8192  # its context limit (positions)
@@ -444,7 +445,7 @@ def choose(
     unmeasured = tuple(f.spec for f in fits if f.quality is None)
     commands = tuple(judgements[s].command for s in unmeasured if s in judgements and judgements[s].command)
     wanted = _wanted(max_kl, min_agreement)
-    where = "cachelib's caches" if runtime in (None, "cachelib") else runtime
+    where = "cachelib's caches" if own_loop(runtime) else runtime
 
     def n_flags(spec: str) -> tuple[int, int]:
         """(flags, their characters): DynamicCache(config=...) is simpler than its offloading=True form."""

@@ -30,7 +30,7 @@ from .vllm import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_FLAGS, VllmPool, check_utilization, default_non_torch,
     kv_pool,
 )  # fmt: skip
-from .runtimes import LLAMA_CPP_FLAGS, RUNTIMES, Deployment, default_runtime, llama_cpp_settings, prompt_last_alone
+from .runtimes import LLAMA_CPP_FLAGS, RUNTIMES, Deployment, llama_cpp_settings, prompt_last_alone, resolve_runtime
 from .answer import runtime_flags
 from .quality import Evidence, Judgement, Recommendation, choose, judge, judge_fits, scaled_candidates
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
@@ -146,12 +146,9 @@ class PlanRequest:
                 object.__setattr__(self, "weights_dtype", _number(float(self.weights_dtype)))
         if self.device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; allowed: {', '.join(DEVICES)}")
-        if self.runtime is None:  # the runtime users deploy with on the backend, with its defaults
-            object.__setattr__(self, "runtime", default_runtime(self.backend))
-        if self.runtime not in RUNTIMES:
-            raise ValueError(f"unknown runtime {self.runtime!r}; allowed: {', '.join(RUNTIMES)}")
-        if self.backend not in RUNTIMES[self.runtime].backends:  # the runtime implies its backend
-            object.__setattr__(self, "backend", RUNTIMES[self.runtime].backend)
+        runtime, backend = resolve_runtime(self.runtime, self.backend)  # none named: the backend's deployed one
+        object.__setattr__(self, "runtime", runtime)
+        object.__setattr__(self, "backend", backend)
         self._check_vllm_flags()
         self.deployment  # validates tp, pp and the KV format against the runtime
         if self.runtime == "llama.cpp":

@@ -129,6 +129,21 @@ DEVICE_BACKENDS = ("mlx", "torch")  # backends cachelib's own loop runs on
 DEFAULT_RUNTIMES = {"mlx": "mlx-lm", "torch": "transformers"}
 
 
+def resolve_runtime(runtime: str | None, backend: str) -> tuple[str, str]:
+    """(runtime, backend) a plan is made for: the backend's deployed runtime when none is named,
+    and the runtime's own backend unless it runs on ``backend`` too (cachelib's loop: mlx or torch)."""
+    runtime = runtime or default_runtime(backend)
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; allowed: {', '.join(RUNTIMES)}")
+    rt = RUNTIMES[runtime]
+    return runtime, backend if backend in rt.backends else rt.backend
+
+
+def own_loop(runtime: str | None) -> bool:
+    """Whether ``runtime`` is cachelib's own profiler loop (None: a caller below a PlanRequest)."""
+    return runtime in (None, "cachelib")
+
+
 def default_runtime(backend: str) -> str:
     """The runtime planned when none is named: mlx-lm on ``mlx``, transformers on ``torch``."""
     if backend not in DEFAULT_RUNTIMES:
@@ -261,7 +276,7 @@ class Deployment:
         return self.block_size or rt.block_size
 
     def describe(self) -> str:
-        parts = [f"cachelib on {self.backend}" if self.runtime in (None, "cachelib") else self.runtime]
+        parts = [f"cachelib on {self.backend}" if own_loop(self.runtime) else self.runtime]
         if self.tp > 1 or self.pp > 1:
             parts.append(f"tp={self.tp} pp={self.pp} ({self.devices} devices)")
         if self.kv_format:

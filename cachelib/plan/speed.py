@@ -47,6 +47,7 @@ from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
 from .hardware import CALIBRATION, CPU, LLAMA_2_7B, PROBE_CACHE, Hardware, Measurement, hardware
 from .presets import preset
+from .runtimes import own_loop
 
 MIN_SPREAD = 0.10  # the narrowest interval quoted: +-10% of the step time
 BORROWED_SPREAD = 0.30  # a runtime whose fractions come from another runtime's measurements
@@ -86,7 +87,7 @@ class StepCost(NamedTuple):
 
 def runtime_key(runtime: str | None, backend: str) -> str:
     """The name calibrations are kept under: the runtime, else cachelib's loop on its backend."""
-    return f"cachelib-{backend}" if runtime in (None, "cachelib") else runtime
+    return f"cachelib-{backend}" if own_loop(runtime) else runtime
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +394,7 @@ class SpeedModel:
         """On torch a quantized cache hands attention its whole K/V decoded to the dtype every
         update (cachelib's torch quantized caches, as transformers' ``QuantizedLayer.update``):
         written, then read back. MLX's attention reads the codes (``quantized_matmul``)."""
-        if self.r.backend == "torch" and self.runtime in (None, "cachelib", "transformers") and spec.key_bits is not None:
+        if self.r.backend == "torch" and (own_loop(self.runtime) or self.runtime == "transformers") and spec.key_bits is not None:
             return check_dtype(self.r.dtype)
         return 0
 
@@ -435,7 +436,7 @@ class SpeedModel:
             n = min(chunk, prompt - done)
             held = _prompt_held(self.arch, spec, self.r.backend, self.r.dtype, self.deployment, chunk, done + n)
             cost = step_cost(self.arch, spec, rows=rows, tokens=n, held=held, weights_bytes=self.weights,
-                             quantized=quantized, materialised=mat, all_logits=self.runtime in (None, "cachelib"),
+                             quantized=quantized, materialised=mat, all_logits=own_loop(self.runtime),
                              tp=self.r.tp, decoded_itemsize=self._decoded_itemsize(spec))  # fmt: skip
             total += step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
             done += n
