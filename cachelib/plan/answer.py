@@ -270,7 +270,8 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
         what = f.spec + (" (no cache flag)" if flags == [] and r.runtime in ("mlx-lm", "vllm", "llama.cpp") else "")
         title = f"answer: {what} on {runtime} for {result.arch.name} at {r.context:,} tokens"
         why = "why: " + rec.steps[-1][3:]
-    command = runtime_command(r, f.spec, ref, sessions=r.sessions or f.sessions, model_type=mt) or code_line(f.spec, r.backend)
+    command = (runtime_command(r, f.spec, ref, sessions=r.sessions or f.sessions, model_type=mt)
+               or code_line(f.spec, r.backend))
     quality = quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(f.spec))
     if r.kv_format and f.quality is None:
         quality = f"KV format {r.kv_format}: not measured (no evidence of it covers this context)"
