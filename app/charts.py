@@ -19,8 +19,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .figures import (
-    LEGEND_RIGHT, PALETTE, REFERENCE_COLOR, empty_figure, legend_below, sampling_period, strategy_colors,
-)  # fmt: skip
+    LEGEND_RIGHT,
+    PALETTE,
+    REFERENCE_COLOR,
+    empty_figure,
+    legend_below,
+    sampling_period,
+    strategy_colors,
+)
 
 MIB = 2**20
 KIB = 2**10
@@ -75,9 +81,11 @@ class MemoryInfo(NamedTuple):
 
 
 def _memory_info(
-    steps: pd.DataFrame, strategies: Sequence[str], reference: pd.DataFrame | None,
+    steps: pd.DataFrame,
+    strategies: Sequence[str],
+    reference: pd.DataFrame | None,
     colors: dict[str, str] | None = None,
-) -> MemoryInfo:  # fmt: skip
+) -> MemoryInfo:
     colors = colors or strategy_colors(strategies)
     series = []
     for s, part in _ordered(steps, strategies):
@@ -111,27 +119,40 @@ def _memory_traces(info: MemoryInfo, s: _Series, *, legend: bool, **axes) -> lis
         y = s.values[kind]
         out.append(
             go.Scatter(
-                x=s.step, y=y / MIB, name=s.strategy, legendgroup=s.strategy, mode=mode,
-                showlegend=legend and kind == "used", marker={"size": 4},
+                x=s.step,
+                y=y / MIB,
+                name=s.strategy,
+                legendgroup=s.strategy,
+                mode=mode,
+                showlegend=legend and kind == "used",
+                marker={"size": 4},
                 line={"color": s.color, "dash": dash, "width": 2 if kind == "used" else 1.5},
-                customdata=y, meta=kind,
+                customdata=y,
+                meta=kind,
                 hovertemplate=f"{s.strategy}<br>step %{{x}}<br>{kind} %{{customdata:,.0f}} B<extra></extra>",
                 **axes,
             )
-        )  # fmt: skip
+        )
     return out
 
 
 def _reference_traces(info: MemoryInfo, *, legend: bool, **axes) -> list[go.Scatter]:
     return [
         go.Scatter(
-            x=x, y=y / MIB, name=label, legendgroup=label, mode="lines", showlegend=legend,
-            line={"color": REFERENCE_COLOR, "dash": "dot", "width": 2}, meta="reference",
-            customdata=y, hovertemplate="step %{x}<br>full cache %{customdata:,.0f} B<extra></extra>",
+            x=x,
+            y=y / MIB,
+            name=label,
+            legendgroup=label,
+            mode="lines",
+            showlegend=legend,
+            line={"color": REFERENCE_COLOR, "dash": "dot", "width": 2},
+            meta="reference",
+            customdata=y,
+            hovertemplate="step %{x}<br>full cache %{customdata:,.0f} B<extra></extra>",
             **axes,
         )
         for label, (x, y) in info.references.items()
-    ]  # fmt: skip
+    ]
 
 
 def _memory_title(info: MemoryInfo, multiples: bool) -> dict:
@@ -183,20 +204,36 @@ def _memory_multiples_plot(info: MemoryInfo, columns: int = 2) -> go.Figure:
         y1 = frac(1.0 - r * (panel + gap) / plot_height)
         y0 = frac(y1 - panel / plot_height)
         layout[f"xaxis{ax}"] = {
-            "domain": [x0, x1], "anchor": f"y{ax}", "matches": "x" if i else None,
-            "showticklabels": i + columns >= n, "title": {"text": "step"} if i + columns >= n else None,
-        }  # fmt: skip
+            "domain": [x0, x1],
+            "anchor": f"y{ax}",
+            "matches": "x" if i else None,
+            "showticklabels": i + columns >= n,
+            "title": {"text": "step"} if i + columns >= n else None,
+        }
         layout[f"yaxis{ax}"] = {
-            "domain": [y0, y1], "anchor": f"x{ax}", "matches": "y" if i else None, "showticklabels": c == 0,
-            "title": {"text": "MiB"} if c == 0 else None, "rangemode": "tozero",
-        }  # fmt: skip
+            "domain": [y0, y1],
+            "anchor": f"x{ax}",
+            "matches": "y" if i else None,
+            "showticklabels": c == 0,
+            "title": {"text": "MiB"} if c == 0 else None,
+            "rangemode": "tozero",
+        }
         axes = {"xaxis": f"x{ax}", "yaxis": f"y{ax}"}
         fig.add_traces(_reference_traces(info, legend=False, **axes))
         fig.add_traces(_memory_traces(info, s, legend=False, **axes))
         annotations.append(
-            {"text": _panel_title(s.strategy), "x": (x0 + x1) / 2, "y": y1, "xref": "paper", "yref": "paper",
-             "xanchor": "center", "yanchor": "bottom", "showarrow": False, "font": {"size": 11, "color": s.color}}
-        )  # fmt: skip
+            {
+                "text": _panel_title(s.strategy),
+                "x": (x0 + x1) / 2,
+                "y": y1,
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "center",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"size": 11, "color": s.color},
+            }
+        )
     fig.update_layout(
         **layout,
         annotations=annotations,
@@ -204,14 +241,17 @@ def _memory_multiples_plot(info: MemoryInfo, columns: int = 2) -> go.Figure:
         showlegend=False,  # each panel is titled by its strategy, in its colour
         height=plot_height + 110 + 70,
         margin={"t": 110, "b": 70},
-    )  # fmt: skip
+    )
     return fig
 
 
 def cache_memory_figure(
-    steps: pd.DataFrame, strategies: Sequence[str], reference: pd.DataFrame | None = None,
-    colors: dict[str, str] | None = None, small_multiples: bool | None = None,
-) -> go.Figure:  # fmt: skip
+    steps: pd.DataFrame,
+    strategies: Sequence[str],
+    reference: pd.DataFrame | None = None,
+    colors: dict[str, str] | None = None,
+    small_multiples: bool | None = None,
+) -> go.Figure:
     """Total cache bytes used and allocated per strategy vs step; ``reference`` (columns ``step``,
     ``bytes`` and optionally ``label``, one line per label) draws the full-precision full cache.
     ``colors`` (default: by the order of ``strategies``) keeps a subset in the run's colours;
@@ -266,11 +306,16 @@ def _layer_info(layers: pd.DataFrame, strategy: str, value: str) -> HeatmapInfo:
 def _heatmap_plot(info: HeatmapInfo, colorscale: str = "Viridis") -> go.Figure:
     fig = go.Figure(
         go.Heatmap(
-            z=info.z, x=info.x, y=info.y, zmin=0, zmax=info.zmax, colorscale=colorscale,
+            z=info.z,
+            x=info.x,
+            y=info.y,
+            zmin=0,
+            zmax=info.zmax,
+            colorscale=colorscale,
             colorbar={"title": info.unit},
             hovertemplate=f"step %{{x}}<br>layer %{{y}}<br>%{{z:,.3g}} {info.unit}<extra></extra>",
         )
-    )  # fmt: skip
+    )
     fig.update_layout(title=info.title, xaxis_title="step", yaxis_title="layer", height=420)
     fig.update_yaxes(autorange="reversed")  # layer 0 on top, as in a table
     return fig
@@ -319,20 +364,32 @@ def _quality_plot(info: QualityInfo) -> go.Figure:
     for s in info.series:
         fig.add_trace(
             go.Scatter(
-                x=s.step, y=s.values["kl"], name=s.strategy, legendgroup=s.strategy, mode="lines+markers",
-                marker={"size": 4}, line={"color": s.color},
+                x=s.step,
+                y=s.values["kl"],
+                name=s.strategy,
+                legendgroup=s.strategy,
+                mode="lines+markers",
+                marker={"size": 4},
+                line={"color": s.color},
                 hovertemplate=f"{s.strategy}<br>step %{{x}}<br>KL %{{y:.4g}} nats<extra></extra>",
-                xaxis="x", yaxis="y",
+                xaxis="x",
+                yaxis="y",
             )
-        )  # fmt: skip
+        )
         fig.add_trace(
             go.Scatter(
-                x=s.step, y=s.values["agreement"] * 100, name=s.strategy, legendgroup=s.strategy, showlegend=False,
-                mode="lines", line={"color": s.color},
+                x=s.step,
+                y=s.values["agreement"] * 100,
+                name=s.strategy,
+                legendgroup=s.strategy,
+                showlegend=False,
+                mode="lines",
+                line={"color": s.color},
                 hovertemplate=f"{s.strategy}<br>step %{{x}}<br>agreement %{{y:.1f}}%<extra></extra>",
-                xaxis="x2", yaxis="y2",
+                xaxis="x2",
+                yaxis="y2",
             )
-        )  # fmt: skip
+        )
     fig.update_layout(
         title="Quality vs the baseline", yaxis_title="nats", yaxis2={"title": {"text": "%"}, "range": [0, 101]}
     )
@@ -340,9 +397,11 @@ def _quality_plot(info: QualityInfo) -> go.Figure:
 
 
 def quality_figure(
-    steps: pd.DataFrame, strategies: Sequence[str], baselines: Sequence[str] | None = None,
+    steps: pd.DataFrame,
+    strategies: Sequence[str],
+    baselines: Sequence[str] | None = None,
     colors: dict[str, str] | None = None,
-) -> go.Figure:  # fmt: skip
+) -> go.Figure:
     """KL and running top-1 agreement vs step for every strategy but the baseline(s)
     (default: the first strategy); ``colors`` as in :func:`cache_memory_figure`."""
     base = set(baselines) if baselines is not None else set(strategies[:1])
@@ -400,8 +459,14 @@ def _batch_lines(series: list[_Series]) -> list[_Series]:
             out.append(group[0])
         else:
             name = f"one batch of {len(group)}: " + ", ".join(g.strategy for g in group)
-            out.append(_Series(name if len(name) <= 60 else f"one batch of {len(group)} strategies", BATCH_COLOR,
-                               group[0].step, group[0].values))  # fmt: skip
+            out.append(
+                _Series(
+                    name if len(name) <= 60 else f"one batch of {len(group)} strategies",
+                    BATCH_COLOR,
+                    group[0].step,
+                    group[0].values,
+                )
+            )
     return out
 
 
@@ -410,22 +475,31 @@ def _speed_plot(info: SpeedInfo) -> go.Figure:
     for s in info.series:
         fig.add_trace(
             go.Scatter(
-                x=s.step, y=s.values["tokens_per_second"], name=s.strategy, legendgroup=s.strategy,
-                mode="lines", line={"color": s.color},
+                x=s.step,
+                y=s.values["tokens_per_second"],
+                name=s.strategy,
+                legendgroup=s.strategy,
+                mode="lines",
+                line={"color": s.color},
                 hovertemplate=f"{s.strategy}<br>step %{{x}}<br>%{{y:.1f}} tokens/s<extra></extra>",
-                xaxis="x", yaxis="y",
+                xaxis="x",
+                yaxis="y",
             )
-        )  # fmt: skip
+        )
     for col, (x, y) in info.process.items():
         fig.add_trace(
             go.Scatter(
-                x=x, y=y / MIB, name=PROCESS_COUNTERS[col], mode="lines",
+                x=x,
+                y=y / MIB,
+                name=PROCESS_COUNTERS[col],
+                mode="lines",
                 line={"color": PROCESS_COLORS[col], "dash": "dot"},
                 customdata=y,
                 hovertemplate=f"step %{{x}}<br>{PROCESS_COUNTERS[col]} %{{customdata:,.0f}} B<extra></extra>",
-                xaxis="x2", yaxis="y2",
+                xaxis="x2",
+                yaxis="y2",
             )
-        )  # fmt: skip
+        )
     fig.update_layout(
         title="Speed and memory of the process",
         yaxis={"title": {"text": "tokens/s"}, "rangemode": "tozero"},
@@ -515,4 +589,3 @@ def quant_error_bars(layers: pd.DataFrame, strategies: Sequence[str], strategy: 
         legend=LEGEND_RIGHT,
     )
     return fig
-

@@ -101,7 +101,9 @@ class RunView:
 
 
 def run_view(
-    profile: Profile, name: str | None = None, tables: Mapping[str, pd.DataFrame] | None = None,
+    profile: Profile,
+    name: str | None = None,
+    tables: Mapping[str, pd.DataFrame] | None = None,
     size_bytes: int | None = None,
 ) -> RunView:
     """The view of one profile. ``tables`` overrides the profile's frames (a live snapshot, or
@@ -198,9 +200,11 @@ def measured_on(summary: pd.DataFrame) -> str:
     if not against:
         return "MiB used, tokens held and bytes/token held: at each strategy's last memory sample; allocated MiB is the peak."
     what = " / ".join(
-        "the baseline's bytes used (the profile lacks the cache geometry)" if a == "baseline"
-        else f"a {a} holding every token so far in every layer" for a in against
-    )  # fmt: skip
+        "the baseline's bytes used (the profile lacks the cache geometry)"
+        if a == "baseline"
+        else f"a {a} holding every token so far in every layer"
+        for a in against
+    )
     return (
         "MiB used, tokens held and bytes/token held (bytes used / tokens held) are read at each strategy's last "
         f"memory sample; saved = 1 - bytes used / the bytes used at that step by {what}. "

@@ -12,14 +12,27 @@ import plotly.graph_objects as go
 
 from cachelib.profile.palette import PALETTE, REFERENCE_COLOR, legend_below, strategy_colors
 
-__all__ = ["PALETTE", "REFERENCE_COLOR", "LEGEND_RIGHT", "below_toolbar", "empty_figure", "legend_below",
-           "sampling_period", "strategy_colors"]
+__all__ = [
+    "PALETTE",
+    "REFERENCE_COLOR",
+    "LEGEND_RIGHT",
+    "below_toolbar",
+    "empty_figure",
+    "legend_below",
+    "sampling_period",
+    "strategy_colors",
+]
 
 # One palette, byte unit and legend rule for the app and the HTML report (they live in cachelib,
 # which the report is part of); LEGEND_RIGHT stays for figures of few, short entries.
 LEGEND_RIGHT = {
-    "orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0, "yanchor": "top", "font": {"size": 11},
-}  # fmt: skip
+    "orientation": "v",
+    "x": 1.02,
+    "xanchor": "left",
+    "y": 1.0,
+    "yanchor": "top",
+    "font": {"size": 11},
+}
 TOOLBAR_PX = 36  # plotly's toolbar (top right, on hover): a title starts below it
 
 
@@ -38,10 +51,17 @@ def below_toolbar(fig: go.Figure) -> go.Figure:
     # Pixels from the figure's top (pad), whatever height the figure is drawn at; plotly lifts a
     # title of several lines by the lines after the first (measured: 16-17 px each, Chromium).
     fig.update_layout(
-        title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": TOOLBAR_PX + 18 * (lines - 1)},
-               "x": 0, "xref": "paper", "xanchor": "left"},
+        title={
+            "yref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "pad": {"t": TOOLBAR_PX + 18 * (lines - 1)},
+            "x": 0,
+            "xref": "paper",
+            "xanchor": "left",
+        },
         meta="below_toolbar",
-    )  # fmt: skip
+    )
     return fig
 
 

@@ -140,9 +140,18 @@ def _heatmap(z, x, y, heads, xname: str, yname: str, per_head: bool) -> go.Heatm
         else {"hovertemplate": where + "share %{z}<extra></extra>"}
     )
     return go.Heatmap(
-        z=z, x=x, y=y, zmin=0, zmax=1, colorscale=COLORSCALE, hoverongaps=False, xgap=0.3, ygap=0.3,
-        colorbar={**bar, "thickness": 14, "len": 1.0, "y": 0.5}, **hover,
-    )  # fmt: skip
+        z=z,
+        x=x,
+        y=y,
+        zmin=0,
+        zmax=1,
+        colorscale=COLORSCALE,
+        hoverongaps=False,
+        xgap=0.3,
+        ygap=0.3,
+        colorbar={**bar, "thickness": 14, "len": 1.0, "y": 0.5},
+        **hover,
+    )
 
 
 def _prompt_line(fig: go.Figure, prompt_tokens: int | None, axis: str) -> None:
@@ -247,9 +256,16 @@ def _kept_steps_info(
         col, heads[j] = _share(by_step[s], width)
         share[: seen[j], j] = col[: seen[j]]
     return KeptStepsInfo(
-        strategy, layer, np.array(block), np.arange(width), share, heads, seen,
-        _prompt_tokens(slots, layers, strategy), sampling_period(block),
-    )  # fmt: skip
+        strategy,
+        layer,
+        np.array(block),
+        np.arange(width),
+        share,
+        heads,
+        seen,
+        _prompt_tokens(slots, layers, strategy),
+        sampling_period(block),
+    )
 
 
 def _kept_steps_plot(info: KeptStepsInfo) -> go.Figure:

@@ -82,31 +82,46 @@ def _ring_plot(info: RingInfo) -> go.Figure:
     custom = np.dstack([slot_text.reshape(rows, w), label.reshape(rows, w)])
     fig = go.Figure(
         go.Heatmap(
-            z=grid.reshape(rows, w), x=np.arange(w), y=np.arange(rows), customdata=custom,
-            colorscale="Viridis", zmin=0, zmax=max(info.offset - 1, 1), xgap=1, ygap=1,
+            z=grid.reshape(rows, w),
+            x=np.arange(w),
+            y=np.arange(rows),
+            customdata=custom,
+            colorscale="Viridis",
+            zmin=0,
+            zmax=max(info.offset - 1, 1),
+            xgap=1,
+            ygap=1,
             colorbar={"title": {"text": "position", "side": "right"}, "thickness": 14, "len": 1.0, "y": 0.5},
-            name="slots", hoverongaps=True,
+            name="slots",
+            hoverongaps=True,
             hovertemplate="slot %{customdata[0]}<br>position %{customdata[1]}<extra></extra>",
-            text=label.reshape(rows, w) if cap <= 128 else None, texttemplate="%{text}" if cap <= 128 else None,
+            text=label.reshape(rows, w) if cap <= 128 else None,
+            texttemplate="%{text}" if cap <= 128 else None,
             textfont={"size": 9},
         )
-    )  # fmt: skip
+    )
     if (info.positions < 0).any():
         fig.add_trace(
             go.Scatter(
-                x=[None], y=[None], mode="markers", name="empty slot",
+                x=[None],
+                y=[None],
+                mode="markers",
+                name="empty slot",
                 marker={"symbol": "square", "size": 12, "color": EMPTY_SLOT_COLOR, "line": EDGE},
             )
-        )  # fmt: skip
+        )
     if info.keep:
         k = np.arange(min(info.keep, cap))
         fig.add_trace(
             go.Scatter(
-                x=k % w, y=k // w, mode="markers", name=f"keep region ({info.keep} sink slots)",
+                x=k % w,
+                y=k // w,
+                mode="markers",
+                name=f"keep region ({info.keep} sink slots)",
                 marker={"symbol": "square-open", "size": 18, "color": "#D55E00", "line": {"width": 2}},
                 hoverinfo="skip",
             )
-        )  # fmt: skip
+        )
     if info.write_index is not None:
         wi = info.write_index
         past_end = wi >= cap
@@ -114,10 +129,14 @@ def _ring_plot(info: RingInfo) -> go.Figure:
         name = f"write pointer → slot {wi}" + (" (past the end: the next write wraps or grows)" if past_end else "")
         fig.add_trace(
             go.Scatter(
-                x=[shown % w + (0.5 if past_end else 0)], y=[shown // w - 0.45], mode="markers", name=name,
-                marker={"symbol": "triangle-down", "size": 14, "color": "#CC0000"}, hoverinfo="name",
+                x=[shown % w + (0.5 if past_end else 0)],
+                y=[shown // w - 0.45],
+                mode="markers",
+                name=name,
+                marker={"symbol": "triangle-down", "size": 14, "color": "#CC0000"},
+                hoverinfo="name",
             )
-        )  # fmt: skip
+        )
     held = int((info.positions >= 0).sum())
     fig.update_layout(
         title={
@@ -125,12 +144,18 @@ def _ring_plot(info: RingInfo) -> go.Figure:
                 f"{info.strategy} · layer {info.layer} · step {info.step}:<br><sup>{held} of {cap} slots hold "
                 f"tokens, keep {info.keep}, evicted {info.evicted}</sup>"
             ),
-            "y": 0.98, "yanchor": "top", "yref": "container",
+            "y": 0.98,
+            "yanchor": "top",
+            "yref": "container",
         },
         xaxis={"title": "slot (column)", "showgrid": False, "zeroline": False, "dtick": 4 if w <= 32 else 8},
         yaxis={
-            "title": "slots", "autorange": "reversed", "showgrid": False, "zeroline": False,
-            "tickvals": list(range(rows)), "ticktext": [f"{r * w}–{min(cap, (r + 1) * w) - 1}" for r in range(rows)],
+            "title": "slots",
+            "autorange": "reversed",
+            "showgrid": False,
+            "zeroline": False,
+            "tickvals": list(range(rows)),
+            "ticktext": [f"{r * w}–{min(cap, (r + 1) * w) - 1}" for r in range(rows)],
         },
         plot_bgcolor=EMPTY_SLOT_COLOR,
         # The legend sits above the plot area, under the title: clear of the axis titles below
@@ -139,7 +164,7 @@ def _ring_plot(info: RingInfo) -> go.Figure:
         margin={"t": 90, "b": 60},
         # Tall enough that a one-row ring's colour bar (as tall as the plot area) stays readable.
         height=min(900, max(330, 190 + 40 * rows)),
-    )  # fmt: skip
+    )
     return fig
 
 
@@ -250,10 +275,15 @@ def _state_legend(fig: go.Figure, present: set[int]) -> None:
         if code in present:
             fig.add_trace(
                 go.Scatter(
-                    x=[None], y=[None], mode="markers", name=name, showlegend=True, hoverinfo="skip",
+                    x=[None],
+                    y=[None],
+                    mode="markers",
+                    name=name,
+                    showlegend=True,
+                    hoverinfo="skip",
                     marker={"symbol": "square", "size": 12, "color": color, "line": EDGE},
                 )
-            )  # fmt: skip
+            )
 
 
 HOVER_CELLS = 200_000  # past this many cells a figure drops the per-cell hover words (megabytes of JSON)
@@ -271,9 +301,17 @@ def _state_heatmap(state, x, y, slot_text, position_text, row: str = "query posi
             "<br>%{customdata[2]}<extra></extra>",
         }
     return go.Heatmap(
-        z=state, x=x, y=y, zmin=-0.5, zmax=len(MASK_STATES) - 0.5, colorscale=_state_colorscale(), showscale=False,
-        xgap=0.3, ygap=0.3, **hover,
-    )  # fmt: skip
+        z=state,
+        x=x,
+        y=y,
+        zmin=-0.5,
+        zmax=len(MASK_STATES) - 0.5,
+        colorscale=_state_colorscale(),
+        showscale=False,
+        xgap=0.3,
+        ygap=0.3,
+        **hover,
+    )
 
 
 def _mask_plot(info: MaskInfo) -> go.Figure:
@@ -361,9 +399,15 @@ def _held_per_step(slots: pd.DataFrame, layers: pd.DataFrame, strategy: str, lay
 
 
 def _mask_run_info(
-    steps: pd.DataFrame, layers: pd.DataFrame, slots: pd.DataFrame, masks: pd.DataFrame,
-    strategy: str, layer: int, step: int, span: int = RUN_SPAN,
-) -> MaskRunInfo | None:  # fmt: skip
+    steps: pd.DataFrame,
+    layers: pd.DataFrame,
+    slots: pd.DataFrame,
+    masks: pd.DataFrame,
+    strategy: str,
+    layer: int,
+    step: int,
+    span: int = RUN_SPAN,
+) -> MaskRunInfo | None:
     held, source = _held_per_step(slots, layers, strategy, layer)
     srows = steps[(steps["strategy"] == strategy) & (steps["phase"] == "decode")]
     query = dict(zip(_floats(srows["step"]).astype(np.int64).tolist(), _floats(srows["position"]).tolist()))
@@ -391,9 +435,17 @@ def _mask_run_info(
         row_state, slot_of = _states_temporal(visible, keys, qpos[i : i + 1], positions)
         state[i], key_slots[i] = row_state[0], slot_of
     return MaskRunInfo(
-        strategy, layer, np.array(block), qpos, positions, state, key_slots, source, sampling_period(block),
+        strategy,
+        layer,
+        np.array(block),
+        qpos,
+        positions,
+        state,
+        key_slots,
+        source,
+        sampling_period(block),
         masked_steps,
-    )  # fmt: skip
+    )
 
 
 def _mask_run_plot(info: MaskRunInfo) -> go.Figure:
@@ -421,9 +473,15 @@ def _mask_run_plot(info: MaskRunInfo) -> go.Figure:
 
 
 def mask_run_figure(
-    steps: pd.DataFrame, layers: pd.DataFrame, slots: pd.DataFrame, masks: pd.DataFrame,
-    strategy: str, layer: int, step: int, span: int = RUN_SPAN,
-) -> go.Figure:  # fmt: skip
+    steps: pd.DataFrame,
+    layers: pd.DataFrame,
+    slots: pd.DataFrame,
+    masks: pd.DataFrame,
+    strategy: str,
+    layer: int,
+    step: int,
+    span: int = RUN_SPAN,
+) -> go.Figure:
     """Decode steps x key positions over a block of up to ``span`` recorded steps ending at
     ``step``: visible, evicted or later than the step's query. What a ring holds comes from its
     slot table, an append-only cache's from its layers rows; a step with a recorded mask takes

@@ -271,7 +271,9 @@ def leave_a_core() -> int | None:
     given = os.environ.get("CACHELIB_APP_BLAS_THREADS", "").strip()
     if given:
         if not given.isdigit():
-            raise ValueError(f"CACHELIB_APP_BLAS_THREADS must be a whole number (0 = leave OpenBLAS as it is), got {given!r}")
+            raise ValueError(
+                f"CACHELIB_APP_BLAS_THREADS must be a whole number (0 = leave OpenBLAS as it is), got {given!r}"
+            )
         if int(given) == 0:
             return None
         threads = int(given)

@@ -10,8 +10,8 @@ import streamlit as st
 from cachelib.core.units import human_bytes
 
 from . import charts
-from .figures import below_toolbar
 from .data import SUMMARY_DISPLAY, RunView, measured_on, probes_of
+from .figures import below_toolbar
 from .keys import Keys, kept
 from .plain import md
 
@@ -52,13 +52,21 @@ def summary(view: RunView) -> None:
 # window without scrolling sideways (long "profile / strategy" labels end in "…", whole on hover).
 SUMMARY_HEADS = {
     name: st.column_config.Column(short, help=name, width="small")
-    if short != "strategy" else st.column_config.Column(short, help=name, width=260, pinned=True)
+    if short != "strategy"
+    else st.column_config.Column(short, help=name, width=260, pinned=True)
     for name, short in {
-        "strategy": "strategy", "steps": "steps", "peak MiB allocated": "peak MiB", "MiB used": "MiB used",
-        "tokens held": "tokens held", "bytes/token held": "B/token", "saved vs full cache": "saved",
-        "mean KL (nats)": "mean KL", "top-1 agreement": "top-1", "tokens/s": "tokens/s",
+        "strategy": "strategy",
+        "steps": "steps",
+        "peak MiB allocated": "peak MiB",
+        "MiB used": "MiB used",
+        "tokens held": "tokens held",
+        "bytes/token held": "B/token",
+        "saved vs full cache": "saved",
+        "mean KL (nats)": "mean KL",
+        "top-1 agreement": "top-1",
+        "tokens/s": "tokens/s",
     }.items()
-}  # fmt: skip
+}
 
 
 def _styled(shown, colors: dict[str, str]):
@@ -92,9 +100,7 @@ def charts_grid(view: RunView, key: str) -> None:
         )
         chart(fig, f"{key}_memory")
     with right:
-        fig = view.figure(
-            ("quality", picked), lambda: charts.quality_figure(view.steps, shown, view.baselines, colors)
-        )
+        fig = view.figure(("quality", picked), lambda: charts.quality_figure(view.steps, shown, view.baselines, colors))
         chart(fig, f"{key}_quality")
     left, right = st.columns(2)
     with left:
@@ -104,9 +110,11 @@ def charts_grid(view: RunView, key: str) -> None:
             a, b = st.columns([3, 2])
             strategy = a.selectbox("Per-layer memory of", present, **kept(Keys.layer_strategy(key)))
             value = b.selectbox(
-                "showing", list(charts.LAYER_VALUES), **kept(Keys.layer_value(key)),
+                "showing",
+                list(charts.LAYER_VALUES),
+                **kept(Keys.layer_value(key)),
                 format_func=lambda v: charts.LAYER_VALUES[v][0],
-            )  # fmt: skip
+            )
             fig = view.figure(
                 ("layers", strategy, value), lambda: charts.layer_heatmap_figure(layers, strategy or "", value)
             )
@@ -132,13 +140,18 @@ def strategy_picker(view: RunView, key: str) -> tuple[list[str], bool | None]:
         st.session_state[k] = [s for s in st.session_state[k] if s in options]
     a, b = st.columns([4, 2], vertical_alignment="bottom")
     chosen = a.multiselect(
-        "Strategies shown", options, default=options if k not in st.session_state else None, **kept(k),
+        "Strategies shown",
+        options,
+        default=options if k not in st.session_state else None,
+        **kept(k),
         help="the charts draw these; each strategy keeps its colour whichever are shown",
-    )  # fmt: skip
+    )
     layout = b.selectbox(
-        "Memory chart", list(LAYOUTS), **kept(Keys.layout(key)),
+        "Memory chart",
+        list(LAYOUTS),
+        **kept(Keys.layout(key)),
         help=f"auto: one panel per strategy from {charts.SMALL_MULTIPLES_FROM} strategies shown, where lines overlap",
-    )  # fmt: skip
+    )
     if not chosen:
         st.caption("No strategy picked: the charts show all of them.")
     return [s for s in options if s in chosen] or options, LAYOUTS[layout]

@@ -18,7 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from cachelib.core.units import GiB as GB, human_gib as human_bytes  # the planner counts device memory in GiB
+from cachelib.core.units import GiB as GB  # the planner counts device memory in GiB
+from cachelib.core.units import human_gib as human_bytes
 from cachelib.plan import Fit
 from cachelib.plan.quality import Evidence
 from cachelib.spec import parse_spec
@@ -48,8 +49,14 @@ def legend_beside(entries: int) -> dict:
     plot scrolls inside its box (plotly.js does so for vertical legends), so the plotting area
     keeps :data:`PLOT_HEIGHT` px at any number of strategies (``entries`` is what it holds)."""
     return {
-        "legend": {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top",
-                   "font": {"size": 11 if entries > 8 else 12}},  # fmt: skip
+        "legend": {
+            "orientation": "v",
+            "x": 1.02,
+            "xanchor": "left",
+            "y": 1,
+            "yanchor": "top",
+            "font": {"size": 11 if entries > 8 else 12},
+        },
         "height": 100 + PLOT_HEIGHT + 70,  # title and subtitle + plot + axis title
         "margin": {"t": 100, "b": 70},
     }
@@ -110,31 +117,47 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
             y = c.values[kind]
             fig.add_trace(
                 go.Scatter(
-                    x=c.context, y=y / GB, name=c.strategy, legendgroup=c.strategy, showlegend=kind == "allocated",
-                    mode="lines", line={"color": c.color, "dash": dash, "width": width}, customdata=y, meta=kind,
+                    x=c.context,
+                    y=y / GB,
+                    name=c.strategy,
+                    legendgroup=c.strategy,
+                    showlegend=kind == "allocated",
+                    mode="lines",
+                    line={"color": c.color, "dash": dash, "width": width},
+                    customdata=y,
+                    meta=kind,
                     hovertemplate=f"{c.strategy}<br>context %{{x:,}}<br>{kind} %{{customdata:,.0f}} B<extra></extra>",
                 )
-            )  # fmt: skip
+            )
     if info.cache_budget is not None:
         budget = info.cache_budget
         fig.add_hline(
-            y=budget / GB, line={"color": BUDGET_COLOR, "dash": "dash", "width": 2},
-            annotation_text=f"left for cache + activations {human_bytes(budget)}", annotation_position="top left",
-        )  # fmt: skip
+            y=budget / GB,
+            line={"color": BUDGET_COLOR, "dash": "dash", "width": 2},
+            annotation_text=f"left for cache + activations {human_bytes(budget)}",
+            annotation_position="top left",
+        )
         if info.max_context:
             colors = {c.strategy: c.color for c in info.curves}
             names = list(info.max_context)
             fig.add_trace(
                 go.Scatter(
-                    x=[info.max_context[s] for s in names], y=[budget / GB] * len(names), mode="markers",
-                    name="max context in the budget", customdata=names,
+                    x=[info.max_context[s] for s in names],
+                    y=[budget / GB] * len(names),
+                    mode="markers",
+                    name="max context in the budget",
+                    customdata=names,
                     marker={"symbol": "x", "size": 11, "color": [colors[s] for s in names], "line": {"width": 1}},
                     hovertemplate="%{customdata}<br>max context %{x:,} tokens<extra></extra>",
                 )
-            )  # fmt: skip
+            )
     if info.context is not None:
-        fig.add_vline(x=info.context, line={"color": WORKLOAD_COLOR, "dash": "dot", "width": 1},
-                      annotation_text=f"context {info.context:,}", annotation_position="top right")  # fmt: skip
+        fig.add_vline(
+            x=info.context,
+            line={"color": WORKLOAD_COLOR, "dash": "dot", "width": 1},
+            annotation_text=f"context {info.context:,}",
+            annotation_position="top right",
+        )
     fig.update_layout(
         title={
             "text": "Cache memory vs context",
@@ -192,21 +215,28 @@ def _frontier_plot(info: FrontierInfo, log: bool) -> go.Figure:
     for c in info.curves:
         fig.add_trace(
             go.Scatter(
-                x=c.context, y=c.values["count"], name=c.strategy, mode="lines", line_shape="vh",
+                x=c.context,
+                y=c.values["count"],
+                name=c.strategy,
+                mode="lines",
+                line_shape="vh",
                 line={"color": c.color, "width": 2},
                 hovertemplate=f"{c.strategy}<br>context %{{x:,}}<br>{what} %{{y:,}}<extra></extra>",
             )
-        )  # fmt: skip
+        )
     if info.workload is not None:
         x, y = info.workload
         label = "your workload" if info.measure == "max_batch" else "one session"
         fig.add_trace(
             go.Scatter(
-                x=[x], y=[y], mode="markers", name=f"{label} ({y} x {x:,} tokens)",
+                x=[x],
+                y=[y],
+                mode="markers",
+                name=f"{label} ({y} x {x:,} tokens)",
                 marker={"symbol": "star", "size": 16, "color": "white", "line": {"color": WORKLOAD_COLOR, "width": 2}},
                 hovertemplate=f"{label}<br>context %{{x:,}}<br>{what} %{{y}}<extra></extra>",
             )
-        )  # fmt: skip
+        )
     fig.update_layout(
         title={
             "text": f"Fit frontier: {what} vs context",
@@ -240,7 +270,17 @@ def plan_frontier_figure(
 
 # --- tables and words ------------------------------------------------------------------------------
 
-BYTE_COLUMNS = ("allocated", "all devices", "used", "peak", "per token", "host", "activations", "headroom", "budget needed")
+BYTE_COLUMNS = (
+    "allocated",
+    "all devices",
+    "used",
+    "peak",
+    "per token",
+    "host",
+    "activations",
+    "headroom",
+    "budget needed",
+)
 
 
 def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
@@ -265,15 +305,32 @@ def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
             q = f.quality
             row.update({"mean KL": q and q.mean_kl, "top-1": q and q.top1_agreement, "measured on": q and q.model})
         if budgeted:
-            row.update({
-                "fits": "yes" if f.fits else "NO", "headroom": f.headroom_bytes, "max context": f.max_context,
-                "limited by": LIMITS.get(f.context_limit, f.context_limit), "max batch": f.max_batch,
-                "sessions": f.sessions, "budget needed": f.budget_needed,
-            })  # fmt: skip
+            row.update(
+                {
+                    "fits": "yes" if f.fits else "NO",
+                    "headroom": f.headroom_bytes,
+                    "max context": f.max_context,
+                    "limited by": LIMITS.get(f.context_limit, f.context_limit),
+                    "max batch": f.max_batch,
+                    "sessions": f.sessions,
+                    "budget needed": f.budget_needed,
+                }
+            )
         rows.append(row)
     table = pd.DataFrame(rows)
-    for col in ("allocated", "all devices", "used", "peak", "host", "activations", "headroom", "budget needed", "max context", "max batch",
-                "sessions"):  # fmt: skip
+    for col in (
+        "allocated",
+        "all devices",
+        "used",
+        "peak",
+        "host",
+        "activations",
+        "headroom",
+        "budget needed",
+        "max context",
+        "max batch",
+        "sessions",
+    ):
         if col in table:
             table[col] = table[col].astype("Int64")
     for col in ("mean KL", "top-1"):
@@ -346,13 +403,41 @@ EVIDENCE_SHARES = ("kept", "top-1", "± top-1", "retrieval")  # shares of 1: the
 
 def evidence_table(evidence: Sequence[Evidence]) -> pd.DataFrame:
     """The measured points, one row per (model, backend, strategy, context), with their 95% CIs."""
-    cols = ["strategy", "model", "backend", "context", "kept", "samples", "mean KL", "± KL", "top-1", "± top-1",
-            "Δppl", "retrieval", "kind", "files"]  # fmt: skip
+    cols = [
+        "strategy",
+        "model",
+        "backend",
+        "context",
+        "kept",
+        "samples",
+        "mean KL",
+        "± KL",
+        "top-1",
+        "± top-1",
+        "Δppl",
+        "retrieval",
+        "kind",
+        "files",
+    ]
     rows = [
-        [e.spec, e.model, e.backend, e.context, e.kept_fraction, e.samples, e.mean_kl, e.mean_kl_ci95,
-         e.top1_agreement, e.top1_ci95, e.delta_ppl, e.retrieval, e.kind, ", ".join(e.files)]
+        [
+            e.spec,
+            e.model,
+            e.backend,
+            e.context,
+            e.kept_fraction,
+            e.samples,
+            e.mean_kl,
+            e.mean_kl_ci95,
+            e.top1_agreement,
+            e.top1_ci95,
+            e.delta_ppl,
+            e.retrieval,
+            e.kind,
+            ", ".join(e.files),
+        ]
         for e in evidence
-    ]  # fmt: skip
+    ]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -386,8 +471,10 @@ def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int
     """The measured quality per strategy family against context and kept fraction, and where
     each planned (lossy) strategy sits: what the Planner's evidence chart shows."""
     mine = [e for e in evidence if e.backend == backend] or list(evidence)
-    points = [QualityPoint(_family_label(e.spec), e.spec, e.context, e.kept_fraction, e.mean_kl, e.mean_kl_ci95)
-              for e in sorted(mine, key=lambda e: (_family_label(e.spec), e.context, e.kept_fraction))]  # fmt: skip
+    points = [
+        QualityPoint(_family_label(e.spec), e.spec, e.context, e.kept_fraction, e.mean_kl, e.mean_kl_ci95)
+        for e in sorted(mine, key=lambda e: (_family_label(e.spec), e.context, e.kept_fraction))
+    ]
     from_specs = {p.family for p in points}
     targets = []
     for f in fits:
@@ -414,13 +501,20 @@ def quality_figure(info: QualityInfo) -> go.Figure:
             order = np.argsort(x, kind="stable")
             fig.add_trace(
                 go.Scatter(
-                    x=[x[i] for i in order], y=[pts[i].mean_kl for i in order], mode="lines+markers", name=fam,
-                    legendgroup=fam, showlegend=col == 1, line={"color": colors[fam]},
+                    x=[x[i] for i in order],
+                    y=[pts[i].mean_kl for i in order],
+                    mode="lines+markers",
+                    name=fam,
+                    legendgroup=fam,
+                    showlegend=col == 1,
+                    line={"color": colors[fam]},
                     error_y={"type": "data", "array": [pts[i].ci95 or 0 for i in order], "visible": True},
-                    text=[pts[i].spec for i in order], hovertemplate="%{text}<br>%{x}<br>KL %{y:.4g}<extra></extra>",
+                    text=[pts[i].spec for i in order],
+                    hovertemplate="%{text}<br>%{x}<br>KL %{y:.4g}<extra></extra>",
                 ),
-                row=1, col=col,
-            )  # fmt: skip
+                row=1,
+                col=col,
+            )
     fig.add_vline(x=info.context, line_dash="dash", line_color=WORKLOAD_COLOR, row=1, col=1)
     for fam, spec, kept in info.targets:
         fig.add_vline(x=kept, line_dash="dot", line_color=colors.get(fam, WORKLOAD_COLOR), row=1, col=2)
@@ -429,8 +523,10 @@ def quality_figure(info: QualityInfo) -> go.Figure:
     fig.update_yaxes(title_text="mean KL (nats)", rangemode="tozero")
     fig.update_layout(
         title={"text": f"Quality evidence ({info.backend}): mean KL against context and kept fraction", "x": 0},
-        height=360, margin={"t": 70, "b": 10}, legend={"orientation": "h", "y": -0.3},
-    )  # fmt: skip
+        height=360,
+        margin={"t": 70, "b": 10},
+        legend={"orientation": "h", "y": -0.3},
+    )
     return fig
 
 
@@ -450,4 +546,3 @@ def savings_text(pick: Fit, fits: Sequence[Fit]) -> str:
     if pick.max_context is not None and ref.max_context is not None and pick.max_context != ref.max_context:
         text += f"; its longest context in the budget is {pick.max_context:,} tokens instead of {ref.max_context:,}"
     return text + "."
-

@@ -47,11 +47,17 @@ def retrieval_heatmap_info(samples: pd.DataFrame) -> RetrievalHeatmapInfo:
         accuracy[s], trials[s], kept[s] = np.full(shape, np.nan), np.zeros(shape, dtype=int), np.full(shape, np.nan)
     if len(frame):
         cells = frame.assign(
-            strategy=frame["strategy"].astype(str), context=frame["context"].astype(int), depth=frame["depth"].astype(float),
+            strategy=frame["strategy"].astype(str),
+            context=frame["context"].astype(int),
+            depth=frame["depth"].astype(float),
             exact_match=pd.to_numeric(frame["exact_match"], errors="coerce"),
-            kept_fraction=pd.to_numeric(frame["kept_fraction"], errors="coerce") if "kept_fraction" in frame else np.nan,
+            kept_fraction=pd.to_numeric(frame["kept_fraction"], errors="coerce")
+            if "kept_fraction" in frame
+            else np.nan,
         ).groupby(["strategy", "depth", "context"], sort=False)
-        stats = cells.agg(accuracy=("exact_match", "mean"), trials=("exact_match", "count"), kept=("kept_fraction", "mean"))
+        stats = cells.agg(
+            accuracy=("exact_match", "mean"), trials=("exact_match", "count"), kept=("kept_fraction", "mean")
+        )
         for (s, depth, context), row in stats.iterrows():
             i, j = depths.index(depth), contexts.index(context)
             accuracy[s][i, j], trials[s][i, j], kept[s][i, j] = row["accuracy"], row["trials"], row["kept"]
@@ -76,8 +82,14 @@ def retrieval_heatmap(info: RetrievalHeatmapInfo) -> go.Figure:
     n = len(info.strategies)
     cols = min(n, PANELS_PER_ROW)
     rows = -(-n // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=info.strategies, shared_yaxes=True,
-                        horizontal_spacing=0.03, vertical_spacing=0.5 / rows)  # fmt: skip
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=info.strategies,
+        shared_yaxes=True,
+        horizontal_spacing=0.03,
+        vertical_spacing=0.5 / rows,
+    )
     x = [f"{c:,}" for c in info.contexts]  # categories: contexts are usually powers of two
     y = [f"{d:g}" for d in info.depths]
     for i, s in enumerate(info.strategies):
@@ -87,19 +99,34 @@ def retrieval_heatmap(info: RetrievalHeatmapInfo) -> go.Figure:
         custom = np.dstack([n_trials, kept])
         fig.add_trace(
             go.Heatmap(
-                z=acc, x=x, y=y, coloraxis="coloraxis", text=text, texttemplate="%{text}", customdata=custom,
-                hovertemplate=(f"{s}<br>context %{{x}} tokens<br>depth %{{y}}<br>accuracy %{{z:.0%}}"
-                               "<br>trials %{customdata[0]}<br>kept fraction %{customdata[1]:.3f}<extra></extra>"),
+                z=acc,
+                x=x,
+                y=y,
+                coloraxis="coloraxis",
+                text=text,
+                texttemplate="%{text}",
+                customdata=custom,
+                hovertemplate=(
+                    f"{s}<br>context %{{x}} tokens<br>depth %{{y}}<br>accuracy %{{z:.0%}}"
+                    "<br>trials %{customdata[0]}<br>kept fraction %{customdata[1]:.3f}<extra></extra>"
+                ),
             ),
-            row=row, col=col,
-        )  # fmt: skip
+            row=row,
+            col=col,
+        )
         fig.update_xaxes(title_text="context (tokens)", type="category", row=row, col=col)
         fig.update_yaxes(type="category", autorange="reversed", row=row, col=col)
         if col == 1:
             fig.update_yaxes(title_text="needle depth (0 = start)", row=row, col=col)
     fig.update_layout(
         title=info.title,
-        coloraxis={"colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0, "colorbar": {"title": "exact match", "tickformat": ".0%"}},
-        height=80 + 260 * rows, margin={"t": 70, "b": 10},
-    )  # fmt: skip
+        coloraxis={
+            "colorscale": COLORSCALE,
+            "cmin": 0.0,
+            "cmax": 1.0,
+            "colorbar": {"title": "exact match", "tickformat": ".0%"},
+        },
+        height=80 + 260 * rows,
+        margin={"t": 70, "b": 10},
+    )
     return fig

@@ -22,8 +22,9 @@ from .figures import empty_figure, strategy_colors
 NONE = "(no speed)"
 
 
-def speed_frontier_figure(points: Sequence[FrontierPoint], strategies: Sequence[str], *, min_tokens_per_s=None,
-                          title: str = "") -> go.Figure:  # fmt: skip
+def speed_frontier_figure(
+    points: Sequence[FrontierPoint], strategies: Sequence[str], *, min_tokens_per_s=None, title: str = ""
+) -> go.Figure:
     """Sessions (x) against decode tokens/s per session (y), one line per strategy with its
     interval as a band; sessions past what memory fits are dotted."""
     if not points:
@@ -37,24 +38,44 @@ def speed_frontier_figure(points: Sequence[FrontierPoint], strategies: Sequence[
             continue
         color = colors.get(spec, "#888")
         band = pd.concat([rows, rows.iloc[::-1]])
-        fig.add_scatter(x=band.sessions, y=list(rows.high) + list(rows.low.iloc[::-1]), fill="toself", line_width=0,
-                        fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False,
-                        legendgroup=spec)  # fmt: skip
+        fig.add_scatter(
+            x=band.sessions,
+            y=list(rows.high) + list(rows.low.iloc[::-1]),
+            fill="toself",
+            line_width=0,
+            fillcolor=color,
+            opacity=0.15,
+            hoverinfo="skip",
+            showlegend=False,
+            legendgroup=spec,
+        )
         for fits, dash in ((True, "solid"), (False, "dot")):
             part = rows[rows.fits == fits]
             if part.empty:
                 continue
-            fig.add_scatter(x=part.sessions, y=part.tokens_per_s, mode="lines+markers", name=spec if fits else None,
-                            line={"color": color, "dash": dash}, legendgroup=spec, showlegend=fits,
-                            customdata=part.aggregate_tokens_per_s,
-                            hovertemplate=f"{spec}<br>%{{x}} sessions: %{{y:.1f}} tokens/s each, "
-                            "%{customdata:,.0f} in all<extra></extra>")  # fmt: skip
+            fig.add_scatter(
+                x=part.sessions,
+                y=part.tokens_per_s,
+                mode="lines+markers",
+                name=spec if fits else None,
+                line={"color": color, "dash": dash},
+                legendgroup=spec,
+                showlegend=fits,
+                customdata=part.aggregate_tokens_per_s,
+                hovertemplate=f"{spec}<br>%{{x}} sessions: %{{y:.1f}} tokens/s each, "
+                "%{customdata:,.0f} in all<extra></extra>",
+            )
     if min_tokens_per_s is not None:
-        fig.add_hline(y=min_tokens_per_s, line_dash="dash", line_color="#888",
-                      annotation_text=f">= {min_tokens_per_s:g} tokens/s")  # fmt: skip
-    fig.update_layout(title=title or "Sessions against decode tokens/s per session", height=380,
-                      xaxis_title="concurrent sessions (dotted: past what memory fits)",
-                      yaxis_title="decode tokens/s per session", margin={"t": 50, "b": 40})  # fmt: skip
+        fig.add_hline(
+            y=min_tokens_per_s, line_dash="dash", line_color="#888", annotation_text=f">= {min_tokens_per_s:g} tokens/s"
+        )
+    fig.update_layout(
+        title=title or "Sessions against decode tokens/s per session",
+        height=380,
+        xaxis_title="concurrent sessions (dotted: past what memory fits)",
+        yaxis_title="decode tokens/s per session",
+        margin={"t": 50, "b": 40},
+    )
     return fig
 
 
@@ -62,8 +83,12 @@ def speed_section(planned) -> None:
     """The page's speed fields, table and frontier for ``planned`` (the page's Planned plan)."""
     st.subheader("Speed")
     left, right = st.columns(2)
-    name = left.selectbox("Hardware", [NONE, *hardware_names()], key="plan_hardware",
-                          help="published peaks with their sources; cpu probes this machine")  # fmt: skip
+    name = left.selectbox(
+        "Hardware",
+        [NONE, *hardware_names()],
+        key="plan_hardware",
+        help="published peaks with their sources; cpu probes this machine",
+    )
     wanted = right.number_input("Min tokens/s per session", min_value=0.0, value=None, key="plan_min_tokens_per_s")
     if name == NONE:
         st.caption("Pick a device to plan decode tokens/s and the time to first token (`--hardware NAME`).")
@@ -77,10 +102,12 @@ def speed_section(planned) -> None:
         st.error(str(e))
         return
     hw, eff = report.hardware, report.efficiency
-    st.caption(f"{hw.name}: {hw.bandwidth / 1e9:,.0f} GB/s ({'; '.join(hw.sources)}). The runtime reaches "
-               f"{eff.bandwidth_fraction:.0%} of the bandwidth, {eff.compute_fraction:.0%} of the compute, "
-               f"+{eff.overhead_s * 1e3:.2f} ms per step, interval ±{eff.spread:.0%}: {eff.source}. "
-               f"`python -m cachelib plan ... --hardware {name}` prints the same.")  # fmt: skip
+    st.caption(
+        f"{hw.name}: {hw.bandwidth / 1e9:,.0f} GB/s ({'; '.join(hw.sources)}). The runtime reaches "
+        f"{eff.bandwidth_fraction:.0%} of the bandwidth, {eff.compute_fraction:.0%} of the compute, "
+        f"+{eff.overhead_s * 1e3:.2f} ms per step, interval ±{eff.spread:.0%}: {eff.source}. "
+        f"`python -m cachelib plan ... --hardware {name}` prints the same."
+    )
     st.dataframe(pd.DataFrame(report.rows()), hide_index=True, width="stretch", key="plan_speed_table")
     for line in [s.explain() for s in report.speeds] + report.speedups:
         st.caption(line)

@@ -18,8 +18,8 @@ import streamlit as st
 from cachelib.core.units import human_bytes
 from cachelib.models import LoadedModel, available_devices, load
 from cachelib.profile import Profile, ProfileFile, load_profile, read_meta, save_profile
-from cachelib.profile.store import meta_list
 from cachelib.profile.report import ReportRun, decoder_for, report_html
+from cachelib.profile.store import meta_list
 from cachelib.profile.tables import read_table
 from cachelib.spec import Spec
 

@@ -35,7 +35,7 @@ def segments_markdown(segments) -> str:
         if not core:
             out.append(text)
             continue
-        lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()):]
+        lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
         out.append(lead + _STYLE[kind].format(md(core)) + trail)
     return "".join(out)
 
@@ -56,12 +56,16 @@ def generated_text(view: RunView, decode: Callable[[list[int]], str] | None) -> 
         )
         decode = lambda ids: " ".join(str(i) for i in ids)  # noqa: E731
     if mode == "free-running":
-        st.caption("Free-running: each strategy's own text. Highlighted: its first token that differs from the "
-                   "baseline's; greyed: what it generated from there.")  # fmt: skip
+        st.caption(
+            "Free-running: each strategy's own text. Highlighted: its first token that differs from the "
+            "baseline's; greyed: what it generated from there."
+        )
     else:
-        st.caption("Teacher-forced: every strategy was fed the baseline's tokens, so the text is the baseline's. "
-                   "Highlighted: the strategy's first greedy choice that differs, then the baseline's token it "
-                   "replaced (struck through); greyed: the rest of the baseline's text it was fed.")  # fmt: skip
+        st.caption(
+            "Teacher-forced: every strategy was fed the baseline's tokens, so the text is the baseline's. "
+            "Highlighted: the strategy's first greedy choice that differs, then the baseline's token it "
+            "replaced (struck through); greyed: the rest of the baseline's text it was fed."
+        )
     for s in streams:
         if s.strategy == view.baselines[0]:
             where = "the baseline"

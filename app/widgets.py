@@ -45,9 +45,13 @@ def model_settings() -> dict[str, Any]:
     if not backends:
         st.error("Neither MLX nor PyTorch imports here: " + "; ".join(f"{b}: {w}" for b, w in here.items()))
         st.stop()
-    backend = st.radio("Backend", backends, horizontal=True, **kept(Keys.BACKEND), help="only backends that import here")
+    backend = st.radio(
+        "Backend", backends, horizontal=True, **kept(Keys.BACKEND), help="only backends that import here"
+    )
     devices = state.devices_of(backend)
-    device = st.selectbox("Device", devices, **kept(Keys.device(backend)), help="devices this machine offers the backend")
+    device = st.selectbox(
+        "Device", devices, **kept(Keys.device(backend)), help="devices this machine offers the backend"
+    )
     choice = st.selectbox(
         "Model",
         [*model_names(), FOLDER],
@@ -70,21 +74,25 @@ def input_settings() -> RunOptions:
         prompt = st.text_area("Prompt", DEFAULT_PROMPT, **kept(Keys.PROMPT), height=90)
     else:
         text = st.text_area(
-            "Evaluation text", **kept(Keys.EVAL_TEXT), height=160,
+            "Evaluation text",
+            **kept(Keys.EVAL_TEXT),
+            height=160,
             help="every strategy is fed this text; its first tokens are the prompt",
-        )  # fmt: skip
+        )
     max_tokens = st.slider("Tokens to decode", 1, MAX_TOKENS, DEFAULT_TOKENS, **kept(Keys.MAX_TOKENS))
     one_by_one = st.checkbox(
-        "One by one", **kept(Keys.ONE_BY_ONE),
+        "One by one",
+        **kept(Keys.ONE_BY_ONE),
         help="advance every strategy by its own forward pass; by default the strategies are the rows of "
         "one batch, one forward per step (the profile's rows and bytes are the same)",
-    )  # fmt: skip
+    )
     if kind != "chat prompt":
         return RunOptions(text=text, max_tokens=max_tokens, one_by_one=one_by_one)
     free_running = st.checkbox(
-        "Free-running", **kept(Keys.FREE_RUNNING),
+        "Free-running",
+        **kept(Keys.FREE_RUNNING),
         help="each strategy feeds its own greedy tokens instead of the baseline's",
-    )  # fmt: skip
+    )
     return RunOptions(prompt=prompt, max_tokens=max_tokens, free_running=free_running, one_by_one=one_by_one)
 
 
@@ -98,16 +106,22 @@ def probe_settings() -> tuple[Probes, str | None, list[str]]:
         values = {}
         for f in fields(Probes):
             value, problem = int_field(
-                f.name, Keys.probe(f.name), lo=0, hi=MAX_TOKENS, default=getattr(base, f.name),
+                f.name,
+                Keys.probe(f.name),
+                lo=0,
+                hi=MAX_TOKENS,
+                default=getattr(base, f.name),
                 help=PROBE_HELP.get(f.name, ""),
-            )  # fmt: skip
+            )
             values[f.name] = getattr(base, f.name) if value is None else value
             problems += [problem] if problem else []
         limit = st.text_input(
-            "Memory limit", **kept(Keys.MEMORY_LIMIT), placeholder="e.g. 2GiB or 2GB (empty: none)",
+            "Memory limit",
+            **kept(Keys.MEMORY_LIMIT),
+            placeholder="e.g. 2GiB or 2GB (empty: none)",
             help="stop the run before the caches of all strategies together would pass this size; "
             "a bare number is GiB (2^30 bytes), 2GB is 2 x 10^9 bytes",
-        )  # fmt: skip
+        )
         try:
             parse_memory_limit(limit.strip() or None)
         except ValueError as e:
@@ -134,8 +148,9 @@ def allowed_text(lo: int | None, hi: int | None, empty: str | None = None) -> st
     return text + (f" (empty: {empty})" if empty else "")
 
 
-def parse_int(text: str, lo: int | None = None, hi: int | None = None, *, empty: str | None = None,
-              what: str = "value") -> int | None:  # fmt: skip
+def parse_int(
+    text: str, lo: int | None = None, hi: int | None = None, *, empty: str | None = None, what: str = "value"
+) -> int | None:
     """``text`` as the whole number it spells in digits (``1_000`` too), or None when empty and
     ``empty`` says what that means ("off", "default 4"). Anything else (``1e12``, ``2.5``,
     ``abc``, out of range) raises ValueError naming ``what`` and the allowed values: nothing is
@@ -155,9 +170,15 @@ def parse_int(text: str, lo: int | None = None, hi: int | None = None, *, empty:
 
 
 def int_field(
-    label: str, key: str, *, lo: int | None, hi: int | None, default: int | None, empty: str | None = None,
+    label: str,
+    key: str,
+    *,
+    lo: int | None,
+    hi: int | None,
+    default: int | None,
+    empty: str | None = None,
     help: str = "",
-) -> tuple[int | None, str]:  # fmt: skip
+) -> tuple[int | None, str]:
     """A whole-number field read as typed: (value, "") or (None, the problem). The problem shows
     under the field (no hovering needed); the caller keeps Run off while any field has one."""
     if key not in st.session_state:
@@ -268,18 +289,23 @@ def strategy_editor(backend: str) -> list[dict[str, Any]]:
             with head:
                 name = st.selectbox(
                     "baseline (the others are compared to it)" if i == 0 else f"strategy {i + 1}",
-                    names, **kept(Keys.strategy(row, "name")),
+                    names,
+                    **kept(Keys.strategy(row, "name")),
                     format_func=lambda n: n if backend in STRATEGIES[n].backends else f"{n} (not on {backend})",
-                )  # fmt: skip
+                )
             with buttons:
                 b1, b2 = st.columns(2)
                 b1.button(
                     "Duplicate", key=Keys.strategy(row, "dup"), on_click=_duplicate_row, args=(row,), width="stretch"
                 )
                 b2.button(
-                    "Remove", key=Keys.strategy(row, "del"), on_click=_remove_row, args=(row,),
-                    disabled=len(rows) == 1, width="stretch",
-                )  # fmt: skip
+                    "Remove",
+                    key=Keys.strategy(row, "del"),
+                    on_click=_remove_row,
+                    args=(row,),
+                    disabled=len(rows) == 1,
+                    width="stretch",
+                )
             strategy = STRATEGIES[name]
             st.caption(strategy.summary)
             knobs, bad = {}, []

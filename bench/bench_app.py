@@ -61,9 +61,20 @@ def server(profiles: Path, log: Path, weights_cache: bool, environ: dict):
     if not weights_cache:
         env["CACHELIB_WEIGHTS_CACHE"] = "0"
     cmd = [
-        sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
-        "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app/main.py",
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
@@ -152,7 +163,9 @@ def timed_run(page, meter) -> dict:
     page.locator(".st-key-run button").click()
     page.wait_for_function("() => document.querySelector('[data-testid=stProgress]')", timeout=600_000, polling=50)
     started = time.perf_counter() - clicked  # the run's progress bar is on the page (the model is loaded)
-    page.wait_for_function(f"() => document.querySelector('{RUN_CHARTS} [data-testid=stPlotlyChart]')", timeout=600_000, polling=50)
+    page.wait_for_function(
+        f"() => document.querySelector('{RUN_CHARTS} [data-testid=stPlotlyChart]')", timeout=600_000, polling=50
+    )
     chart_sent = time.perf_counter() - clicked  # the server sent the run's first chart
     page.wait_for_function(f"() => document.querySelector('{RUN_CHARTS} .js-plotly-plot')", timeout=600_000, polling=50)
     first_chart = time.perf_counter() - clicked  # ...and plotly drew it
@@ -160,9 +173,14 @@ def timed_run(page, meter) -> dict:
     ended = time.perf_counter() - clicked
     server_cpu, browser_cpu = (b - a for a, b in zip(cpu, meter()))
     return {
-        "started_s": started, "chart_sent_s": chart_sent, "first_chart_s": first_chart, "run_s": ended,
-        "server_cpu_s": server_cpu, "browser_cpu_s": browser_cpu, **caption_figures(page),
-    }  # fmt: skip
+        "started_s": started,
+        "chart_sent_s": chart_sent,
+        "first_chart_s": first_chart,
+        "run_s": ended,
+        "server_cpu_s": server_cpu,
+        "browser_cpu_s": browser_cpu,
+        **caption_figures(page),
+    }
 
 
 def recorded_steps(profiles: Path, strategies: int = STRATEGIES) -> int:
@@ -231,10 +249,15 @@ def main() -> None:
     cache_state = "off" if args.no_weights_cache else "on"
     if not args.no_weights_cache:
         hit = weights_cache.lookup(gguf.bundled_path(), "mlx", "dequantized-float32")[1] is not None
-        cache_state += ", " + ("cached weights present" if hit else "no cached weights yet: the first cold run writes them")
+        cache_state += ", " + (
+            "cached weights present" if hit else "no cached weights yet: the first cold run writes them"
+        )
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the start")
-    print(f"bench_app: {args.tokens} tokens x {STRATEGIES} strategies, bundled SmolLM2, backend mlx (the page's default); "
-          f"weights cache {cache_state}; {os.cpu_count()} CPU cores", flush=True)  # fmt: skip
+    print(
+        f"bench_app: {args.tokens} tokens x {STRATEGIES} strategies, bundled SmolLM2, backend mlx (the page's default); "
+        f"weights cache {cache_state}; {os.cpu_count()} CPU cores",
+        flush=True,
+    )
     cold, warm, stops = [], [], []
     server_env = dict(os.environ)
     os.environ.pop("LD_PRELOAD", None)  # the browser and Playwright's driver need none of the BLAS the server preloads
@@ -251,9 +274,12 @@ def main() -> None:
                 page.close()
                 if args.cold:
                     cold.append(r)
-                    print(f"cold run {i + 1}: first chart {r['first_chart_s']:.2f} s after Run (loads the model; "
-                          f"progress bar at {r['started_s']:.2f} s, chart sent at {r['chart_sent_s']:.2f} s), "
-                          f"run {r['run_s']:.1f} s, {r['steps_per_s']:.2f} steps/s", flush=True)  # fmt: skip
+                    print(
+                        f"cold run {i + 1}: first chart {r['first_chart_s']:.2f} s after Run (loads the model; "
+                        f"progress bar at {r['started_s']:.2f} s, chart sent at {r['chart_sent_s']:.2f} s), "
+                        f"run {r['run_s']:.1f} s, {r['steps_per_s']:.2f} steps/s",
+                        flush=True,
+                    )
                 if not last:
                     continue
                 for j in range(args.runs):
@@ -261,38 +287,50 @@ def main() -> None:
                     r = timed_run(page, meter)
                     page.close()
                     warm.append(r)
-                    print(f"warm run {j + 1}: first chart {r['first_chart_s']:.2f} s after Run (progress bar at "
-                          f"{r['started_s']:.2f} s, chart sent at {r['chart_sent_s']:.2f} s), run {r['run_s']:.1f} s, "
-                          f"{r['steps_per_s']:.2f} steps/s x {STRATEGIES} strategies, charts refreshed "
-                          f"{r['refreshes']} times, every {r['refresh_every_s']:.2f} s; CPU: server {r['server_cpu_s']:.1f} s, "
-                          f"browser {r['browser_cpu_s']:.1f} s; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+                    print(
+                        f"warm run {j + 1}: first chart {r['first_chart_s']:.2f} s after Run (progress bar at "
+                        f"{r['started_s']:.2f} s, chart sent at {r['chart_sent_s']:.2f} s), run {r['run_s']:.1f} s, "
+                        f"{r['steps_per_s']:.2f} steps/s x {STRATEGIES} strategies, charts refreshed "
+                        f"{r['refreshes']} times, every {r['refresh_every_s']:.2f} s; CPU: server {r['server_cpu_s']:.1f} s, "
+                        f"browser {r['browser_cpu_s']:.1f} s; load average {os.getloadavg()[0]:.1f}",
+                        flush=True,
+                    )
                 for j in range(args.stops):
                     page = open_page(browser, url, args.tokens)
                     r = stopped_run(page, profiles, args.stop_at)
                     page.close()
                     stops.append(r)
-                    print(f"stop run {j + 1}: Stop pressed at step {r['shown_at_click']} shown "
-                          f"({r['recorded_at_click']} recorded), run ended after step {r['final_steps']}: "
-                          f"{r['steps_after_shown']} steps after the step shown, {r['steps_after_click']} after the click, "
-                          f"{r['stop_s']:.2f} s", flush=True)  # fmt: skip
+                    print(
+                        f"stop run {j + 1}: Stop pressed at step {r['shown_at_click']} shown "
+                        f"({r['recorded_at_click']} recorded), run ended after step {r['final_steps']}: "
+                        f"{r['steps_after_shown']} steps after the step shown, {r['steps_after_click']} after the click, "
+                        f"{r['stop_s']:.2f} s",
+                        flush=True,
+                    )
         browser.close()
 
     print()
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     if cold:
-        print(f"cold (server started, model not loaded; weights cache {cache_state.split(',')[0]}): "
-              f"first chart {median(cold, 'first_chart_s'):.2f} s after Run (chart sent at "
-              f"{median(cold, 'chart_sent_s'):.2f} s; median of {len(cold)})")  # fmt: skip
+        print(
+            f"cold (server started, model not loaded; weights cache {cache_state.split(',')[0]}): "
+            f"first chart {median(cold, 'first_chart_s'):.2f} s after Run (chart sent at "
+            f"{median(cold, 'chart_sent_s'):.2f} s; median of {len(cold)})"
+        )
     if warm:
-        print(f"warm (model loaded), median of {len(warm)}: first chart {median(warm, 'first_chart_s'):.2f} s after Run; "
-              f"(chart sent by the server at {median(warm, 'chart_sent_s'):.2f} s); "
-              f"{median(warm, 'steps_per_s'):.2f} steps/s x {STRATEGIES} strategies; charts refreshed every "
-              f"{median(warm, 'refresh_every_s'):.2f} s; run {median(warm, 'run_s'):.1f} s; CPU: server "
-              f"{median(warm, 'server_cpu_s'):.1f} s, browser {median(warm, 'browser_cpu_s'):.1f} s")  # fmt: skip
+        print(
+            f"warm (model loaded), median of {len(warm)}: first chart {median(warm, 'first_chart_s'):.2f} s after Run; "
+            f"(chart sent by the server at {median(warm, 'chart_sent_s'):.2f} s); "
+            f"{median(warm, 'steps_per_s'):.2f} steps/s x {STRATEGIES} strategies; charts refreshed every "
+            f"{median(warm, 'refresh_every_s'):.2f} s; run {median(warm, 'run_s'):.1f} s; CPU: server "
+            f"{median(warm, 'server_cpu_s'):.1f} s, browser {median(warm, 'browser_cpu_s'):.1f} s"
+        )
     if stops:
-        print(f"Stop, median of {len(stops)}: {median(stops, 'steps_after_click'):.0f} step(s) after the click "
-              f"({median(stops, 'steps_after_shown'):.0f} after the step the page showed), ended "
-              f"{median(stops, 'stop_s'):.2f} s after the click")  # fmt: skip
+        print(
+            f"Stop, median of {len(stops)}: {median(stops, 'steps_after_click'):.0f} step(s) after the click "
+            f"({median(stops, 'steps_after_shown'):.0f} after the step the page showed), ended "
+            f"{median(stops, 'stop_s'):.2f} s after the click"
+        )
 
 
 if __name__ == "__main__":

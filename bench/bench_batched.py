@@ -153,8 +153,15 @@ def decodes(loaded, strategies: list[str], feeds: list[list[int]]) -> dict[str, 
 
     def profile(one_by_one: bool, probes: Probes | None):
         def decode(done):
-            run_profile(loaded, strategies, prompt=PROMPT, max_tokens=tokens, one_by_one=one_by_one,
-                        probes=probes, on_step=lambda e: done())  # fmt: skip
+            run_profile(
+                loaded,
+                strategies,
+                prompt=PROMPT,
+                max_tokens=tokens,
+                one_by_one=one_by_one,
+                probes=probes,
+                on_step=lambda e: done(),
+            )
 
         return decode
 
@@ -182,15 +189,19 @@ def main() -> None:
     ap.add_argument("--backend", nargs="+", default=["mlx", "torch"], choices=["mlx", "torch"])
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--strategies", type=int, nargs="+", default=[4, 8], choices=range(2, len(STRATEGIES) + 1), metavar="K")
+    ap.add_argument(
+        "--strategies", type=int, nargs="+", default=[4, 8], choices=range(2, len(STRATEGIES) + 1), metavar="K"
+    )
     args = ap.parse_args()
     for backend in args.backend:
         loaded = load("smollm2", backend)
         prompt_ids = encode_prompt(loaded.tokenizer, PROMPT)
         feeds = token_stream(loaded, prompt_ids, args.tokens)
         load_avg = " ".join(f"{x:.1f}" for x in os.getloadavg())
-        print(f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.tokens} tokens x {args.rounds} rounds, "
-              f"teacher-forced, load average at start {load_avg}")  # fmt: skip
+        print(
+            f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.tokens} tokens x {args.rounds} rounds, "
+            f"teacher-forced, load average at start {load_avg}"
+        )
         for k in args.strategies:
             strategies = STRATEGIES[:k]
             names = list(decodes(loaded, strategies, feeds))
@@ -211,24 +222,34 @@ def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) ->
         "strategy batch, probes off": ("one by one, probes off", 1),
         f"runtime, batch of {k}": ("runtime, batch 1", k),
     }
-    print(f"{'k':>3} {'mode':<28} {'median step ms':>15} {'steps/s':>8} {'speed-up':>9} {'CPU ms/step':>12} {'CPU speed-up':>13}")
+    print(
+        f"{'k':>3} {'mode':<28} {'median step ms':>15} {'steps/s':>8} {'speed-up':>9} {'CPU ms/step':>12} {'CPU speed-up':>13}"
+    )
     speedup: dict[str, tuple[float, float]] = {}
     for name, (w, c) in med.items():
         ref, times = base.get(name, (name, 1))
         speedup[name] = (times * med[ref][0] / w, times * med[ref][1] / c if c else float("nan"))
-        print(f"{k:>3} {name:<28} {w * 1e3:15.2f} {1 / w:8.2f} {speedup[name][0]:8.2f}x {c * 1e3:12.2f} {speedup[name][1]:12.2f}x")
+        print(
+            f"{k:>3} {name:<28} {w * 1e3:15.2f} {1 / w:8.2f} {speedup[name][0]:8.2f}x {c * 1e3:12.2f} {speedup[name][1]:12.2f}x"
+        )
     ceiling = speedup[f"runtime, batch of {k}"]
     for name in ("strategy batch", "strategy batch, probes off"):
         ours = speedup[name]
-        print(f"    {name}: {ours[0]:.2f}x wall, {ours[1]:.2f}x CPU against the runtime's own batching ceiling "
-              f"{ceiling[0]:.2f}x wall, {ceiling[1]:.2f}x CPU: {ours[0] / ceiling[0]:.0%} / {ours[1] / ceiling[1]:.0%} of it")  # fmt: skip
+        print(
+            f"    {name}: {ours[0]:.2f}x wall, {ours[1]:.2f}x CPU against the runtime's own batching ceiling "
+            f"{ceiling[0]:.2f}x wall, {ceiling[1]:.2f}x CPU: {ours[0] / ceiling[0]:.0%} / {ours[1] / ceiling[1]:.0%} of it"
+        )
     runtime = med[f"runtime, batch of {k}"]
     for name in ("strategy batch, probes off", "strategy batch"):
-        print(f"    {name}: a step takes {med[name][0] / runtime[0]:.2f}x the wall, {med[name][1] / runtime[1]:.2f}x the CPU "
-              f"of a step of the runtime's own batch of {k}")  # fmt: skip
+        print(
+            f"    {name}: a step takes {med[name][0] / runtime[0]:.2f}x the wall, {med[name][1] / runtime[1]:.2f}x the CPU "
+            f"of a step of the runtime's own batch of {k}"
+        )
     for mode, off in (("strategy batch", "strategy batch, probes off"), ("one by one", "one by one, probes off")):
-        print(f"    probe cost, {mode}: {(med[mode][0] - med[off][0]) * 1e3:+.1f} ms wall, "
-              f"{(med[mode][1] - med[off][1]) * 1e3:+.1f} ms CPU per step (default probes against all off)")  # fmt: skip
+        print(
+            f"    probe cost, {mode}: {(med[mode][0] - med[off][0]) * 1e3:+.1f} ms wall, "
+            f"{(med[mode][1] - med[off][1]) * 1e3:+.1f} ms CPU per step (default probes against all off)"
+        )
 
 
 if __name__ == "__main__":

@@ -29,11 +29,22 @@ def seconds(loaded, context: int, score_tokens: int, prefill_chunk: int, name: s
     start = time.perf_counter()
 
     def progress(step) -> None:  # each strategy as it finishes: a run stopped early still tells something
-        print(f"    {name} {step.done}/{step.total} {step.row['strategy']}: {step.row['seconds']:.1f} s "
-              f"(elapsed {time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"    {name} {step.done}/{step.total} {step.row['strategy']}: {step.row['seconds']:.1f} s "
+            f"(elapsed {time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
 
-    ev = evaluate(loaded, STRATEGIES, texts=[TEXT], context=context, score_tokens=score_tokens, windows=1,
-                  prefill_chunk=prefill_chunk, on_progress=progress)  # fmt: skip
+    ev = evaluate(
+        loaded,
+        STRATEGIES,
+        texts=[TEXT],
+        context=context,
+        score_tokens=score_tokens,
+        windows=1,
+        prefill_chunk=prefill_chunk,
+        on_progress=progress,
+    )
     return time.perf_counter() - start, ev
 
 
@@ -55,8 +66,10 @@ def main() -> None:
             times[name].append(t)
             print(f"  {name}: {t:.1f} s", flush=True)
     chunked, single = (statistics.median(times[k]) for k in ("chunked", "token-by-token"))
-    print(f"\n{args.backend} ({loaded.info.device}): evaluation of {len(STRATEGIES)} strategies at "
-          f"{args.context} tokens, {args.score_tokens} scored, 1 window, median of {args.runs}")  # fmt: skip
+    print(
+        f"\n{args.backend} ({loaded.info.device}): evaluation of {len(STRATEGIES)} strategies at "
+        f"{args.context} tokens, {args.score_tokens} scored, 1 window, median of {args.runs}"
+    )
     print(f"{'prefill':<26} {'seconds':>9}")
     print(f"{f'chunked ({args.prefill_chunk} per pass)':<26} {chunked:9.1f}")
     print(f"{'token by token':<26} {single:9.1f}")

@@ -91,7 +91,7 @@ def run_backend(backend: str, model: str, specs: list[str], n_prompt: int, n_tok
         if token is None:
             token = int(logits.argmax())
     for step in range(n_tokens):
-        order = specs[step % len(specs):] + specs[: step % len(specs)]
+        order = specs[step % len(specs) :] + specs[: step % len(specs)]
         next_token = token
         for s in order:
             start, start_cpu = time.perf_counter(), time.process_time()
@@ -109,12 +109,18 @@ def run_backend(backend: str, model: str, specs: list[str], n_prompt: int, n_tok
     for s in specs:
         med = statistics.median(times[s])
         views = probe.views(caches[s])
-        rows.append({
-            "backend": backend, "strategy": s, "median_step_ms": 1e3 * med, "ratio_to_standard": med / base,
-            "cpu_ratio_to_standard": statistics.median(cpu[s]) / base_cpu,
-            "median_score_ms": 1e3 * statistics.median(scoring[s]),
-            "tokens_held": max(v.tokens_held for v in views), "cache_bytes": sum(v.bytes_allocated for v in views),
-        })  # fmt: skip
+        rows.append(
+            {
+                "backend": backend,
+                "strategy": s,
+                "median_step_ms": 1e3 * med,
+                "ratio_to_standard": med / base,
+                "cpu_ratio_to_standard": statistics.median(cpu[s]) / base_cpu,
+                "median_score_ms": 1e3 * statistics.median(scoring[s]),
+                "tokens_held": max(v.tokens_held for v in views),
+                "cache_bytes": sum(v.bytes_allocated for v in views),
+            }
+        )
     return rows
 
 
@@ -147,7 +153,7 @@ def run_layers_only(methods: list[str], budget: int, n_prompt: int, n_tokens: in
         step(name, n_prompt)
     cpu = {name: [] for name in caches}
     for i in range(n_tokens):
-        for name in list(caches)[i % len(caches):] + list(caches)[: i % len(caches)]:
+        for name in list(caches)[i % len(caches) :] + list(caches)[: i % len(caches)]:
             cpu[name].append(step(name, 1))
     base = statistics.median(cpu["mlx-lm KVCache"][2:])
     print(f"MLX caches alone, {layers} layers, {n_prompt}-token prefill, {n_tokens} decode steps, budget {budget}")
@@ -194,9 +200,19 @@ def run_retrieval(backend: str, model: str, specs: list[str], context: int, dept
             exact, accuracy = score_key(predicted, trial.key)
             reference = logits if reference is None else reference
             kl = float(np.mean([compare(r, q, t)[0] for r, q, t in zip(reference, logits, trial.key)]))
-            rows.append({"backend": backend, "strategy": s, "trial": i, "exact": float(exact), "key_accuracy": accuracy,
-                         "kl": kl, "cache_bytes": sum(v.bytes_allocated for v in probe.views(cache)),
-                         "needle_position": trial.needle_start, "context": trial.context})  # fmt: skip
+            rows.append(
+                {
+                    "backend": backend,
+                    "strategy": s,
+                    "trial": i,
+                    "exact": float(exact),
+                    "key_accuracy": accuracy,
+                    "kl": kl,
+                    "cache_bytes": sum(v.bytes_allocated for v in probe.views(cache)),
+                    "needle_position": trial.needle_start,
+                    "context": trial.context,
+                }
+            )
             print(f"  trial {i} {s:<34} exact {exact:d} key-token acc {accuracy:.2f} KL {kl:.3f}", flush=True)
     return rows
 
@@ -212,7 +228,9 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--methods", default="", help="only these importance methods (comma-separated; the full cache always runs)")
+    ap.add_argument(
+        "--methods", default="", help="only these importance methods (comma-separated; the full cache always runs)"
+    )
     ap.add_argument("--retrieval", action="store_true", help="measure passkey retrieval instead of speed")
     ap.add_argument("--layers-only", action="store_true", help="time the MLX caches alone, without the model")
     ap.add_argument("--layers", type=int, default=30)
@@ -224,15 +242,19 @@ def main() -> None:
     if args.retrieval:
         budgets = [int(b) for b in args.budgets.split(",")]
         specs = ["standard"] + [s for b in budgets for s in retrieval_specs(b)]
-        print(f"model {args.model}, passkey at depth {args.depth} of {args.context} tokens, question prefilled, {args.trials} trial(s)")
+        print(
+            f"model {args.model}, passkey at depth {args.depth} of {args.context} tokens, question prefilled, {args.trials} trial(s)"
+        )
         for backend in args.backends.split(","):
             rows = run_retrieval(backend.strip(), args.model, specs, args.context, args.depth, args.trials)
             print(f"{'backend':<7} {'strategy':<34} {'exact':>6} {'key acc':>8} {'KL nats':>8} {'cache bytes':>12}")
             for s in specs:
                 mine = [r for r in rows if r["strategy"] == s]
                 mean = lambda k: sum(r[k] for r in mine) / len(mine)  # noqa: E731
-                print(f"{backend:<7} {s:<34} {mean('exact'):>6.2f} {mean('key_accuracy'):>8.2f} {mean('kl'):>8.3f} "
-                      f"{int(mean('cache_bytes')):>12,}")
+                print(
+                    f"{backend:<7} {s:<34} {mean('exact'):>6.2f} {mean('key_accuracy'):>8.2f} {mean('kl'):>8.3f} "
+                    f"{int(mean('cache_bytes')):>12,}"
+                )
         return
     if args.layers_only:
         methods = [m.strip() for m in (args.methods or "knorm,tova,h2o").split(",")]
@@ -243,11 +265,15 @@ def main() -> None:
         methods = {m.strip() for m in args.methods.split(",")}
         specs = [s for s in specs if s == "standard" or s.split(":")[0] in methods]
     print(f"model {args.model}, prompt {args.prompt_tokens} tokens, {args.tokens} decode steps, budget {args.budget}")
-    print(f"{'backend':<7} {'strategy':<34} {'median step ms':>14} {'x standard':>10} {'CPU x std':>9} {'score ms':>9} {'held':>6} {'cache bytes':>12}")
+    print(
+        f"{'backend':<7} {'strategy':<34} {'median step ms':>14} {'x standard':>10} {'CPU x std':>9} {'score ms':>9} {'held':>6} {'cache bytes':>12}"
+    )
     for backend in args.backends.split(","):
         for r in run_backend(backend.strip(), args.model, specs, args.prompt_tokens, args.tokens):
-            print(f"{r['backend']:<7} {r['strategy']:<34} {r['median_step_ms']:>14.2f} {r['ratio_to_standard']:>10.2f} {r['cpu_ratio_to_standard']:>9.2f} "
-                  f"{r['median_score_ms']:>9.2f} {r['tokens_held']:>6} {r['cache_bytes']:>12,}")
+            print(
+                f"{r['backend']:<7} {r['strategy']:<34} {r['median_step_ms']:>14.2f} {r['ratio_to_standard']:>10.2f} {r['cpu_ratio_to_standard']:>9.2f} "
+                f"{r['median_score_ms']:>9.2f} {r['tokens_held']:>6} {r['cache_bytes']:>12,}"
+            )
 
 
 if __name__ == "__main__":

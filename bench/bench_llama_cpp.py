@@ -49,10 +49,18 @@ LOG_LINE = re.compile(
 
 # the tiny Gemma-2: its Hugging Face config (what the planner reads) and the GGUF written from it
 TINY_GEMMA2 = {
-    "model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 128,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "vocab_size": 49152,
-}  # fmt: skip
+    "model_type": "gemma2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "sliding_window": 128,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 49152,
+}
 
 
 @dataclass(frozen=True)
@@ -159,8 +167,19 @@ def model_path(model: str, workdir: Path) -> Path:
 
 def run_llama_cpp(case: Case, workdir: Path) -> tuple[list[KvLine], str]:
     """llama.cpp's KV lines for ``case`` (empty when it refused the context) and its log."""
-    args = [str(TOOL), str(model_path(case.model, workdir)), str(case.n_ctx), case.kv, case.kv, str(case.slots),
-            case.fa, str(int(case.swa_full)), str(int(case.unified)), str(case.ubatch), "2048"]  # fmt: skip
+    args = [
+        str(TOOL),
+        str(model_path(case.model, workdir)),
+        str(case.n_ctx),
+        case.kv,
+        case.kv,
+        str(case.slots),
+        case.fa,
+        str(int(case.swa_full)),
+        str(int(case.unified)),
+        str(case.ubatch),
+        "2048",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=300)
     log = out.stdout + out.stderr
     lines = [KvLine(m[1], int(m[2]), int(m[3]), int(m[4]), int(m[5]), m[7], m[9]) for m in LOG_LINE.finditer(log)]
@@ -188,9 +207,16 @@ def planner_lines(case: Case) -> list[KvLine]:
     from cachelib.plan.runtimes import device_arch
 
     arch = planner_arch(case.model)
-    d = Deployment.make("llama.cpp", max_model_len=case.n_ctx, kv_format=None if case.kv == "f16" else case.kv,
-                        slots=case.slots, kv_unified=case.unified, swa_full=case.swa_full, flash_attn=case.fa,
-                        ubatch=case.ubatch)  # fmt: skip
+    d = Deployment.make(
+        "llama.cpp",
+        max_model_len=case.n_ctx,
+        kv_format=None if case.kv == "f16" else case.kv,
+        slots=case.slots,
+        kv_unified=case.unified,
+        swa_full=case.swa_full,
+        flash_attn=case.fa,
+        ubatch=case.ubatch,
+    )
     acc = account(arch, "standard", context=1, deployment=d)
     dev = device_arch(arch, d)
     streams = 1 if case.unified else case.slots
@@ -219,21 +245,28 @@ def grid(quick: bool = False) -> list[Case]:
     kvs = ("f16", "q8_0", "q4_0")
     slot_sets = ((1, False), (4, False), (4, True))
     cases = []
-    for n_ctx in ((1000, 8192) if quick else (300, 1000, 4096, 8192)):
+    for n_ctx in (1000, 8192) if quick else (300, 1000, 4096, 8192):
         for kv in kvs:
             for slots, unified in slot_sets:
                 cases.append(Case("smollm2", n_ctx, kv, slots, unified))
-    for n_ctx in ((1000, 4096) if quick else (300, 1000, 4096, 8192)):
+    for n_ctx in (1000, 4096) if quick else (300, 1000, 4096, 8192):
         for kv in kvs:
             for slots, unified in slot_sets:
                 for swa_full in (False, True):
                     cases.append(Case("gemma2-tiny", n_ctx, kv, slots, unified, swa_full))
-    cases += [Case("gemma2-tiny", 4096, "q8_0", 4, True, fa="off"), Case("smollm2", 4096, "f16", 2, fa="off"),
-              Case("gemma2-tiny", 2048, "f16", 4, True, ubatch=256)]
+    cases += [
+        Case("gemma2-tiny", 4096, "q8_0", 4, True, fa="off"),
+        Case("smollm2", 4096, "f16", 2, fa="off"),
+        Case("gemma2-tiny", 2048, "f16", 4, True, ubatch=256),
+    ]
     if quick:  # the test keeps one of each kind of case
         keep = [c for c in cases if c.model == "smollm2" and c.n_ctx == 1000 and c.kv == "f16"]
-        keep += [Case("smollm2", 8192, "q8_0", 1), Case("gemma2-tiny", 4096, "q4_0", 4, True),
-                 Case("gemma2-tiny", 1000, "q4_0", 4), Case("gemma2-tiny", 1000, "f16", 1, swa_full=True)]
+        keep += [
+            Case("smollm2", 8192, "q8_0", 1),
+            Case("gemma2-tiny", 4096, "q4_0", 4, True),
+            Case("gemma2-tiny", 1000, "q4_0", 4),
+            Case("gemma2-tiny", 1000, "f16", 1, swa_full=True),
+        ]
         keep += [c for c in cases if c.fa == "off" or c.ubatch != 512]
         cases = keep
     return cases
@@ -249,8 +282,13 @@ def compare(case: Case, workdir: Path) -> dict:
     llama_refused = not llama
     if llama_refused and "requires" not in log and "refus" not in log:
         raise RuntimeError(f"llama.cpp made no KV cache for {case.flags()}:\n{log[-2000:]}")
-    return {"case": case, "llama": llama, "planned": planned, "refusal": refusal,
-            "equal": llama == planned and (refusal is None) == (not llama_refused)}  # fmt: skip
+    return {
+        "case": case,
+        "llama": llama,
+        "planned": planned,
+        "refusal": refusal,
+        "equal": llama == planned and (refusal is None) == (not llama_refused),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

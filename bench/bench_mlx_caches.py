@@ -58,8 +58,10 @@ def main() -> None:
     runner = Runner(loaded)
     prompt = encode_prompt(loaded.tokenizer, PROMPT)
     layers = len(loaded.model.layers)
-    print(f"{loaded.info.name} on {loaded.info.device} ({loaded.info.weight_format}); "
-          f"prompt {len(prompt)} tokens, {args.tokens} decoded tokens per cache, interleaved per step\n")
+    print(
+        f"{loaded.info.name} on {loaded.info.device} ({loaded.info.weight_format}); "
+        f"prompt {len(prompt)} tokens, {args.tokens} decoded tokens per cache, interleaved per step\n"
+    )
     print(f"{'cache':<28}{'ours tok/s':>12}{'mlx-lm tok/s':>14}{'ratio':>8}")
     for setting in args.settings:
         times, cache = bench_setting(runner, prompt, *SETTINGS[setting], args.tokens, layers)
@@ -71,8 +73,11 @@ def main() -> None:
             ours.introspect(cache)
         per_call = (time.perf_counter() - start) / reps
         step = statistics.median(times["ours"])
-        print(f"{'':<28}introspect() of all {layers} layers: {per_call * 1e6:.0f} us "
-              f"({100 * per_call / step:.2f}% of a decode step)", flush=True)
+        print(
+            f"{'':<28}introspect() of all {layers} layers: {per_call * 1e6:.0f} us "
+            f"({100 * per_call / step:.2f}% of a decode step)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -71,7 +71,9 @@ def cold_load(backend: str) -> dict:
 def cold_loads(backends: list[str], runs: int) -> None:
     from cachelib.models.home import cache_dir
 
-    print(f"cold load of the bundled model, fresh process each (imports included), median of {runs}; {os.cpu_count()} CPU cores")
+    print(
+        f"cold load of the bundled model, fresh process each (imports included), median of {runs}; {os.cpu_count()} CPU cores"
+    )
     print(f"{'backend':<7} {'cache off s':>11} {'first s':>8} {'second s':>9}  weights")
     for backend in backends:
         times: dict[str, list[float]] = {"off": [], "first": [], "second": []}
@@ -86,8 +88,11 @@ def cold_loads(backends: list[str], runs: int) -> None:
                     r = json.loads(out.strip().splitlines()[-1])
                     times[kind].append(r["seconds"])
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{backend:<7} {med['off']:11.2f} {med['first']:8.2f} {med['second']:9.2f}  {r['weights']} "
-              f"(second/off = {med['second'] / med['off']:.2f})", flush=True)  # fmt: skip
+        print(
+            f"{backend:<7} {med['off']:11.2f} {med['first']:8.2f} {med['second']:9.2f}  {r['weights']} "
+            f"(second/off = {med['second'] / med['off']:.2f})",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -110,12 +115,25 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.backend[0], args.runs, args.tokens, args.weights)))
         return
-    print(f"{'backend':<7} {'device':<6} {'prefill tok/s':>14} {'decode tok/s':>13} {'RSS MiB':>8} {'load s':>7}  weights")
+    print(
+        f"{'backend':<7} {'device':<6} {'prefill tok/s':>14} {'decode tok/s':>13} {'RSS MiB':>8} {'load s':>7}  weights"
+    )
     for backend in args.backend:
         if backend == "torch" and args.weights == "quantized":
             continue
-        cmd = [sys.executable, __file__, "--child", "--backend", backend, "--runs", str(args.runs),
-               "--tokens", str(args.tokens), "--weights", args.weights]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--backend",
+            backend,
+            "--runs",
+            str(args.runs),
+            "--tokens",
+            str(args.tokens),
+            "--weights",
+            args.weights,
+        ]
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
         print(
             f"{r['backend']:<7} {r['device']:<6} {r['prefill_tok_s']:14.1f} {r['decode_tok_s']:13.1f} "

@@ -30,8 +30,17 @@ TARGET = 0.10
 
 def _request(spec: str, context: int, prompt: int, chunk: int, weights: int, backend: str, device: str) -> PlanRequest:
     # cachelib's own loop (every position's logits); bench/bench_runtime_peak.py checks mlx-lm's generate_step
-    return PlanRequest([spec], context=context, prefill=prompt, prefill_chunk=chunk, dtype="float32",
-                       weights_bytes=weights, backend=backend, device=device, runtime="cachelib")  # fmt: skip
+    return PlanRequest(
+        [spec],
+        context=context,
+        prefill=prompt,
+        prefill_chunk=chunk,
+        dtype="float32",
+        weights_bytes=weights,
+        backend=backend,
+        device=device,
+        runtime="cachelib",
+    )
 
 
 def predicted(arch, spec: str, context: int, prompt: int, chunk: int, weights: int, backend="mlx", device="cpu"):
@@ -79,7 +88,9 @@ def measure_torch_cuda(loaded, spec: str, prompt: int, chunk: int, decode: int, 
     cache = make_cache(model, parse_spec(spec))
     torch.cuda.reset_peak_memory_stats()
     with torch.inference_mode():
-        steps = [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(i, i + 1) for i in range(prompt, prompt + decode)]
+        steps = [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [
+            (i, i + 1) for i in range(prompt, prompt + decode)
+        ]
         for start, end in steps:
             x = torch.tensor(ids[None, start:end], device=loaded.info.device)
             out = model(input_ids=x, past_key_values=cache, use_cache=True).logits
@@ -104,7 +115,9 @@ def _torch_rows(models: list[str], contexts: list[int], chunk: int, decode: int)
                 measured = measure_torch_cuda(loaded, spec, prompt, chunk, decode)
                 err = (total - measured) / measured
                 errors.append(abs(err))
-                print(f"{loaded.info.name + ' (cuda)':<22} {spec:<30} {prompt:>6} {total:>12,} {measured:>12,} {err:>+7.1%}")
+                print(
+                    f"{loaded.info.name + ' (cuda)':<22} {spec:<30} {prompt:>6} {total:>12,} {measured:>12,} {err:>+7.1%}"
+                )
     return errors
 
 
@@ -122,13 +135,19 @@ def main(argv: list[str] | None = None) -> int:
 
     mx.set_default_device(mx.cpu)
     contexts = [int(c) for c in args.contexts.split(",")]
-    print(f"MLX {mx.__version__} on the CPU, float32; prompt in {args.chunk}-token chunks, then {args.decode} decode "
-          "steps; predicted = weights + cache peak + activations (cachelib.plan.device)")  # fmt: skip
-    print(f"{'model':<22} {'strategy':<30} {'prompt':>6} {'predicted':>12} {'measured':>12} {'error':>7} "
-          f"{'beyond weights: pred':>21} {'meas':>11} {'error':>7}")  # fmt: skip
+    print(
+        f"MLX {mx.__version__} on the CPU, float32; prompt in {args.chunk}-token chunks, then {args.decode} decode "
+        "steps; predicted = weights + cache peak + activations (cachelib.plan.device)"
+    )
+    print(
+        f"{'model':<22} {'strategy':<30} {'prompt':>6} {'predicted':>12} {'measured':>12} {'error':>7} "
+        f"{'beyond weights: pred':>21} {'meas':>11} {'error':>7}"
+    )
     errors, beyond_errors = [], []
     for name in args.models.split(","):
-        loaded = load(name, "mlx", device="cpu", dtype="float32", weights="dequantized" if name == "smollm2" else "auto")
+        loaded = load(
+            name, "mlx", device="cpu", dtype="float32", weights="dequantized" if name == "smollm2" else "auto"
+        )
         arch = arch_from_model_info(loaded.info) if name == "smollm2" else preset(name)
         weights = int(loaded.info.weight_bytes)  # the loaded arrays' bytes; smollm2's count equals params x 4
         for spec in STRATEGIES:
@@ -140,12 +159,16 @@ def main(argv: list[str] | None = None) -> int:
                 beyond_err = (cache + act - (measured - weights)) / (measured - weights)
                 errors.append(abs(err))
                 beyond_errors.append(abs(beyond_err))
-                print(f"{loaded.info.name:<22} {spec:<30} {prompt:>6} {total:>12,} {measured:>12,} {err:>+7.1%} "
-                      f"{cache + act:>21,} {measured - weights:>11,} {beyond_err:>+7.1%}")  # fmt: skip
+                print(
+                    f"{loaded.info.name:<22} {spec:<30} {prompt:>6} {total:>12,} {measured:>12,} {err:>+7.1%} "
+                    f"{cache + act:>21,} {measured - weights:>11,} {beyond_err:>+7.1%}"
+                )
         del loaded
-    print(f"whole-process peak: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
-          f"(target {TARGET:.0%}); beyond the weights: median {statistics.median(beyond_errors):.1%}, "
-          f"worst {max(beyond_errors):.1%}")  # fmt: skip
+    print(
+        f"whole-process peak: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%} "
+        f"(target {TARGET:.0%}); beyond the weights: median {statistics.median(beyond_errors):.1%}, "
+        f"worst {max(beyond_errors):.1%}"
+    )
     try:
         import torch
 

@@ -29,8 +29,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "app")]
-PLAN = ["plan", "--model", "llama-3.1-8b", "--context", "32768", "--runtime", "mlx-lm", "--budget", "24",
-        "--max-kl", "0.1", "--min-agreement", "0.9"]  # fmt: skip
+PLAN = [
+    "plan",
+    "--model",
+    "llama-3.1-8b",
+    "--context",
+    "32768",
+    "--runtime",
+    "mlx-lm",
+    "--budget",
+    "24",
+    "--max-kl",
+    "0.1",
+    "--min-agreement",
+    "0.9",
+]
 
 
 def _timed(argv: list[str], env: dict) -> float:
@@ -41,9 +54,8 @@ def _timed(argv: list[str], env: dict) -> float:
 
 def page(runs: int) -> tuple[float, float]:
     """Median seconds of a re-render after a budget change, and of one with nothing changed."""
-    from streamlit.testing.v1 import AppTest
-
     from app_helpers import MAIN
+    from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(MAIN), default_timeout=120)
     at.run()

@@ -23,7 +23,6 @@ import statistics
 import time
 
 import numpy as np
-
 from bench_batched import PROMPT, RoundRobin  # one round robin for every interleaved bench
 
 from cachelib.models import load
@@ -64,20 +63,25 @@ def main() -> None:
     ap.add_argument("--backend", nargs="+", default=["mlx", "torch"], choices=["mlx", "torch"])
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--strategies", type=int, nargs="+", default=[3, 8], metavar="K",
-                    choices=range(1, len(STRATEGIES) + 1))  # fmt: skip
+    ap.add_argument(
+        "--strategies", type=int, nargs="+", default=[3, 8], metavar="K", choices=range(1, len(STRATEGIES) + 1)
+    )
     ap.add_argument("--configs", nargs="+", default=["probes off", "default probes"], choices=list(CONFIGS))
     args = ap.parse_args()
     configs = ["probes off"] + [c for c in args.configs if c != "probes off"]  # the reference first
     for backend in args.backend:
         loaded = load("smollm2", backend)
         load_avg = " ".join(f"{x:.1f}" for x in os.getloadavg())
-        print(f"\n{backend} ({loaded.info.device}), {args.tokens} tokens x {args.rounds} rounds, "
-              "interleaved step by step, "
-              f"load average at start {load_avg}")  # fmt: skip
-        print(f"{'k':>3} {'configuration':<24} {'median step ms':>15} {'CPU ms':>8} {'overhead':>9} "
-              f"{'CPU overhead':>13} "
-              f"{'median step ratio':>18}")  # fmt: skip
+        print(
+            f"\n{backend} ({loaded.info.device}), {args.tokens} tokens x {args.rounds} rounds, "
+            "interleaved step by step, "
+            f"load average at start {load_avg}"
+        )
+        print(
+            f"{'k':>3} {'configuration':<24} {'median step ms':>15} {'CPU ms':>8} {'overhead':>9} "
+            f"{'CPU overhead':>13} "
+            f"{'median step ratio':>18}"
+        )
         for k in args.strategies:
             strategies = STRATEGIES[:k]
             RoundRobin(configs).run(decodes(loaded, strategies, configs, 4))  # warm-up
@@ -89,8 +93,10 @@ def main() -> None:
                     cpu[name] += [c for _, c in steps[1:]]
             report(k, wall, cpu)
             quality = quality_seconds(loaded.info.vocab_size, k)
-            print(f"    the quality probe alone: {quality * 1e3:.2f} ms a step with {k} rows (one baseline, {k - 1} "
-                  f"comparisons), {quality / statistics.median(wall['probes off']):.1%} of the probes-off step")  # fmt: skip
+            print(
+                f"    the quality probe alone: {quality * 1e3:.2f} ms a step with {k} rows (one baseline, {k - 1} "
+                f"comparisons), {quality / statistics.median(wall['probes off']):.1%} of the probes-off step"
+            )
 
 
 def quality_seconds(vocab: int, k: int, repeats: int = 50) -> float:
@@ -114,8 +120,10 @@ def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) ->
     for name in wall:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
         paired = statistics.median(a / b for a, b in zip(wall[name], wall["probes off"]))  # same step, same round
-        print(f"{k:>3} {name:<24} {w * 1e3:15.2f} {c * 1e3:8.2f} {w / ref_wall - 1:+9.1%} {c / ref_cpu - 1:+13.1%} "
-              f"{paired - 1:+18.1%}")  # fmt: skip
+        print(
+            f"{k:>3} {name:<24} {w * 1e3:15.2f} {c * 1e3:8.2f} {w / ref_wall - 1:+9.1%} {c / ref_cpu - 1:+13.1%} "
+            f"{paired - 1:+18.1%}"
+        )
 
 
 if __name__ == "__main__":

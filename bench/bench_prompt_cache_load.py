@@ -52,8 +52,9 @@ def main() -> None:
         ways = {
             "mx.load (reference)": lambda: list(mx.load(path, return_metadata=True)[0].values()),
             "read_safetensors": lambda: list(read_safetensors(path)[0].values()),
-            "load_prompt_cache": lambda: [a for c in ours.load_prompt_cache(path) for a in c.state
-                                          if isinstance(a, mx.array)],  # fmt: skip
+            "load_prompt_cache": lambda: [
+                a for c in ours.load_prompt_cache(path) for a in c.state if isinstance(a, mx.array)
+            ],
         }
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.runs):  # interleaved, so a busy moment hits every way alike
@@ -64,8 +65,10 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t0)
                 del arrays
         reference = statistics.median(times["mx.load (reference)"])
-        print(f"prompt cache: {args.layers} layers x (1, {args.heads}, {args.tokens}, 64) float32 K and V, "
-              f"{size / 1e6:.1f} MB; median of {args.runs} runs")  # fmt: skip
+        print(
+            f"prompt cache: {args.layers} layers x (1, {args.heads}, {args.tokens}, 64) float32 K and V, "
+            f"{size / 1e6:.1f} MB; median of {args.runs} runs"
+        )
         for name, values in times.items():
             median = statistics.median(values)
             print(f"  {name:<22} {median * 1000:8.1f} ms   {median / reference:5.2f}x mx.load")

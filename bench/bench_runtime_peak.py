@@ -63,24 +63,37 @@ def measure(prompt: int, step: int, flags: dict, seed: int = 0) -> dict:
     else:  # make_prompt_cache's ring for a model without its own make_cache (llama's has one)
         cache = [RotatingKVCache(max_size=flags["max_kv_size"], keep=4) for _ in model.layers]
     rest = {k: v for k, v in flags.items() if k != "max_kv_size"}
-    tokens = [t for t, _ in generate_step(ids, model, max_tokens=DECODE, prompt_cache=cache,
-                                          prefill_step_size=step, **rest)]  # fmt: skip
+    tokens = [
+        t for t, _ in generate_step(ids, model, max_tokens=DECODE, prompt_cache=cache, prefill_step_size=step, **rest)
+    ]
     mx.synchronize()
-    return {"peak": int(mx.get_peak_memory()), "weights": int(loaded.info.weight_bytes), "tokens": len(tokens),
-            "cache": sum(int(c.nbytes) for c in cache)}  # fmt: skip
+    return {
+        "peak": int(mx.get_peak_memory()),
+        "weights": int(loaded.info.weight_bytes),
+        "tokens": len(tokens),
+        "cache": sum(int(c.nbytes) for c in cache),
+    }
 
 
 def planned(prompt: int, step: int, flags: dict, weights: int) -> tuple[object, str]:
     """The planner's fit for the same run, and the ``plan`` command that prints it."""
+    from cachelib.models import load
     from cachelib.plan import PlanRequest, arch_from_model_info, plan
     from cachelib.plan.runtimes import mlx_lm_spec
-    from cachelib.models import load
 
     info = load("smollm2", "mlx", device="cpu", dtype="float32", weights="dequantized").info
     arch = arch_from_model_info(info)
     spec = mlx_lm_spec(None, **flags)  # the flags' cache on a model without its own make_cache
-    request = PlanRequest([spec], context=prompt + DECODE, prefill=prompt, prefill_chunk=step, dtype="float32",
-                          weights_bytes=weights, runtime="mlx-lm", device="cpu")  # fmt: skip
+    request = PlanRequest(
+        [spec],
+        context=prompt + DECODE,
+        prefill=prompt,
+        prefill_chunk=step,
+        dtype="float32",
+        weights_bytes=weights,
+        runtime="mlx-lm",
+        device="cpu",
+    )
     return plan(arch, request)[0], " ".join(request.to_argv("smollm2"))
 
 
@@ -106,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
     import mlx_lm
 
-    print(f"mlx-lm {mlx_lm.__version__} generate_step on MLX {mx.__version__} (CPU), bundled SmolLM2 float32, "
-          f"{DECODE} generated tokens; peak = mx.get_peak_memory(), weights included; one subprocess per case")  # fmt: skip
-    print(f"{'prompt':>6} {'step':>5} {'flags':<16} {'measured':>12} {'planned':>12} {'ratio':>6} "
-          f"{'beyond: meas':>13} {'planned':>12} {'ratio':>6}")  # fmt: skip
+    print(
+        f"mlx-lm {mlx_lm.__version__} generate_step on MLX {mx.__version__} (CPU), bundled SmolLM2 float32, "
+        f"{DECODE} generated tokens; peak = mx.get_peak_memory(), weights included; one subprocess per case"
+    )
+    print(
+        f"{'prompt':>6} {'step':>5} {'flags':<16} {'measured':>12} {'planned':>12} {'ratio':>6} "
+        f"{'beyond: meas':>13} {'planned':>12} {'ratio':>6}"
+    )
     worst_total = worst_beyond = 0.0
     commands = []
     for prompt in map(int, args.prompts.split(",")):
@@ -122,10 +139,14 @@ def main(argv: list[str] | None = None) -> int:
                 r, rb = total / m["peak"], beyond_p / beyond_m
                 worst_total, worst_beyond = max(worst_total, abs(r - 1)), max(worst_beyond, abs(rb - 1))
                 commands.append(command)
-                print(f"{prompt:>6} {step:>5} {flag:<16} {m['peak']:>12,} {total:>12,} {r:>6.3f} "
-                      f"{beyond_m:>13,} {beyond_p:>12,} {rb:>6.3f}")  # fmt: skip
-    print(f"worst: whole peak {worst_total:.1%} (target {TOTAL_TARGET:.0%}), beyond the weights {worst_beyond:.1%} "
-          f"(target {BEYOND_TARGET:.0%})")  # fmt: skip
+                print(
+                    f"{prompt:>6} {step:>5} {flag:<16} {m['peak']:>12,} {total:>12,} {r:>6.3f} "
+                    f"{beyond_m:>13,} {beyond_p:>12,} {rb:>6.3f}"
+                )
+    print(
+        f"worst: whole peak {worst_total:.1%} (target {TOTAL_TARGET:.0%}), beyond the weights {worst_beyond:.1%} "
+        f"(target {BEYOND_TARGET:.0%})"
+    )
     print("planned with, e.g.: " + commands[-1])
     return 0 if worst_total <= TOTAL_TARGET and worst_beyond <= BEYOND_TARGET else 1
 

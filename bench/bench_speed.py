@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -54,6 +54,7 @@ def _forward(loaded, backend: str, cache):
         def forward(ids):
             with torch.inference_mode():
                 model(input_ids=torch.from_numpy(ids), past_key_values=cache, use_cache=True)
+
     return forward
 
 
@@ -97,8 +98,18 @@ def _with_params(loaded, backend: str, arch):
     return replace(arch, num_params=int(count), config={**arch.config, "tie_word_embeddings": tied})
 
 
-def run_group(loaded, backend: str, arch, spec: str, batch: int, contexts: list[int], chunk: int, steps: int,
-              direct: dict[int, bool], seed: int = 0):  # fmt: skip
+def run_group(
+    loaded,
+    backend: str,
+    arch,
+    spec: str,
+    batch: int,
+    contexts: list[int],
+    chunk: int,
+    steps: int,
+    direct: dict[int, bool],
+    seed: int = 0,
+):
     """Real runs of one strategy and batch at each context, their decode steps interleaved.
 
     Each context's cache is prefilled through the model (timed, a probe just before) or filled
@@ -146,13 +157,20 @@ def main() -> None:
     ap.add_argument("--calibrate", default="256,2048", help="contexts the fit uses (the rest are checked)")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--max-batch-context", type=int, default=2048, help="batch > 1 only up to this context (RAM, time)")
-    ap.add_argument("--max-prefill", type=int, default=1024,
-                    help="prefill through the model up to this context; longer caches are filled through their own "
-                    "update with random K/V (the decode step is timed the same; its prefill is not)")  # fmt: skip
+    ap.add_argument(
+        "--max-prefill",
+        type=int,
+        default=1024,
+        help="prefill through the model up to this context; longer caches are filled through their own "
+        "update with random K/V (the decode step is timed the same; its prefill is not)",
+    )
     ap.add_argument("--prefill-batches", action="store_true", help="prefill batch > 1 through the model too")
-    ap.add_argument("--prefill-strategies", nargs="+", default=["standard"],
-                    help="strategies whose prompt goes through the model (the others' caches are filled "
-                    "directly)")  # fmt: skip
+    ap.add_argument(
+        "--prefill-strategies",
+        nargs="+",
+        default=["standard"],
+        help="strategies whose prompt goes through the model (the others' caches are filled directly)",
+    )
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--save", action="store_true", help=f"keep each backend's standard fit in {PROBE_CACHE}")
@@ -161,9 +179,11 @@ def main() -> None:
     calib = {int(c) for c in args.calibrate.split(",")}
     batches = [int(b) for b in args.batches.split(",")]
     hw = probe_cpu(refresh=True)
-    print(f"this CPU: {hw.note}; probed {hw.bandwidth / 1e9:.2f} GB/s copy bandwidth, "
-          f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; a prefill is predicted with a probe "
-          "taken just before it, decode steps with the median of one probe per round")  # fmt: skip
+    print(
+        f"this CPU: {hw.note}; probed {hw.bandwidth / 1e9:.2f} GB/s copy bandwidth, "
+        f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; a prefill is predicted with a probe "
+        "taken just before it, decode steps with the median of one probe per round"
+    )
     print("the machine is shared with other jobs: timings are noisy\n")
     saved: dict[str, dict] = {}
     summary = []
@@ -176,15 +196,25 @@ def main() -> None:
             measured = {}
             for b in batches:
                 cs = [c for c in contexts if b == 1 or c <= args.max_batch_context]
-                direct = {c: c > args.max_prefill or b > 1 and not args.prefill_batches
-                          or spec not in args.prefill_strategies for c in cs}  # fmt: skip
+                direct = {
+                    c: c > args.max_prefill or b > 1 and not args.prefill_batches or spec not in args.prefill_strategies
+                    for c in cs
+                }
                 got, probe = run_group(loaded, backend, arch, spec, b, cs, args.chunk, args.steps, direct)
                 for c, (pre, p_pre, step) in got.items():
                     measured[(b, c)] = (pre, step, p_pre, probe)
 
             def model_for(b, c, probe, eff):
-                r = PlanRequest([spec], context=c, batch=b, backend=backend, dtype="float32", prefill_chunk=args.chunk,
-                                weights_bytes=weights, device="cpu")  # fmt: skip
+                r = PlanRequest(
+                    [spec],
+                    context=c,
+                    batch=b,
+                    backend=backend,
+                    dtype="float32",
+                    prefill_chunk=args.chunk,
+                    weights_bytes=weights,
+                    device="cpu",
+                )
                 return SpeedModel(arch, r, cpu_hardware(*probe, "probed before the case"), eff=eff)
 
             # Fit on the calibration contexts against the whole peaks probed at the time, then predict every case.
@@ -209,10 +239,14 @@ def main() -> None:
             eff = replace(eff, compute_fraction=(lo * hi) ** 0.5 if pre_cases else 1.0)
             if spec == "standard":
                 saved[runtime_key(None, backend)] = eff.__dict__
-            print(f"{backend} {spec}: fitted f_bw {eff.bandwidth_fraction:.2f}, f_c {eff.compute_fraction:.2f}, "
-                  f"overhead {eff.overhead_s * 1e3:.2f} ms, {eff.pair_s * 1e9:.2f} ns per attention pair")  # fmt: skip
-            print(f"  {'batch':>5} {'context':>7} {'set':>5} {'GB/s':>5} {'GF/s':>5} {'step ms pred':>12} {'meas':>8} "
-                  f"{'err':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7}")  # fmt: skip
+            print(
+                f"{backend} {spec}: fitted f_bw {eff.bandwidth_fraction:.2f}, f_c {eff.compute_fraction:.2f}, "
+                f"overhead {eff.overhead_s * 1e3:.2f} ms, {eff.pair_s * 1e9:.2f} ns per attention pair"
+            )
+            print(
+                f"  {'batch':>5} {'context':>7} {'set':>5} {'GB/s':>5} {'GF/s':>5} {'step ms pred':>12} {'meas':>8} "
+                f"{'err':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7}"
+            )
             preds = {}
             for (b, c), (p, s, p_pre, p_dec) in measured.items():
                 t = model_for(b, c, p_dec, eff).decode(spec, b)[0]
@@ -222,8 +256,11 @@ def main() -> None:
                 e_s = t / s - 1
                 e_p = None if p is None else tp / p - 1
                 pcol = f"{tp:>14.3f} {p:>8.3f} {e_p:>+7.1%}" if p is not None else f"{'(filled directly)':>31}"
-                print(f"  {b:>5} {c:>7} {which:>5} {p_dec[0] / 1e9:>5.2f} {p_dec[1] / 1e9:>5.1f} {t * 1e3:>12.2f} "
-                      f"{s * 1e3:>8.2f} {e_s:>+7.1%} {pcol}", flush=True)  # fmt: skip
+                print(
+                    f"  {b:>5} {c:>7} {which:>5} {p_dec[0] / 1e9:>5.2f} {p_dec[1] / 1e9:>5.1f} {t * 1e3:>12.2f} "
+                    f"{s * 1e3:>8.2f} {e_s:>+7.1%} {pcol}",
+                    flush=True,
+                )
                 if which == "check":
                     summary.append((backend, spec, b, c, e_s, e_p))
             for b in batches:
@@ -232,8 +269,10 @@ def main() -> None:
                     lo, hi = cs[0], cs[-1]
                     ms = measured[(b, hi)][1] / measured[(b, lo)][1]
                     ps = preds[(b, hi)] / preds[(b, lo)]
-                    print(f"  batch {b}: slowdown {lo}->{hi}: predicted x{ps:.2f}, measured x{ms:.2f} "
-                          f"({ps / ms - 1:+.1%})")  # fmt: skip
+                    print(
+                        f"  batch {b}: slowdown {lo}->{hi}: predicted x{ps:.2f}, measured x{ms:.2f} "
+                        f"({ps / ms - 1:+.1%})"
+                    )
                     summary.append((backend, spec, b, f"slowdown {lo}->{hi}", ps / ms - 1, None))
             print(flush=True)
         del loaded

@@ -148,19 +148,26 @@ def main() -> None:
     loaded = load(args.model, "torch")
     model, config = loaded.model, loaded.model.config
     prompt_ids = encode_prompt(loaded.tokenizer, PROMPT)
-    print(f"model {loaded.info.name}, {loaded.info.device}, {loaded.info.dtype}; prompt {len(prompt_ids)} tokens; "
-          f"torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(
+        f"model {loaded.info.name}, {loaded.info.device}, {loaded.info.dtype}; prompt {len(prompt_ids)} tokens; "
+        f"torch threads {torch.get_num_threads()}"
+    )
 
     if "updates" in cases:
         n = args.dynamic_tokens
         size = len(prompt_ids) + n
-        results = run_updates(config, len(prompt_ids), n, {
-            "transformers DynamicLayer": tf.DynamicLayer,
-            "cachelib DynamicLayer": ct.DynamicLayer,
-            "cachelib KVCacheLayer": ct.KVCacheLayer,
-            "transformers StaticLayer": lambda: tf.StaticLayer(size),
-            "cachelib StaticLayer": lambda: ct.StaticLayer(size),
-        })  # fmt: skip
+        results = run_updates(
+            config,
+            len(prompt_ids),
+            n,
+            {
+                "transformers DynamicLayer": tf.DynamicLayer,
+                "cachelib DynamicLayer": ct.DynamicLayer,
+                "cachelib KVCacheLayer": ct.KVCacheLayer,
+                "transformers StaticLayer": lambda: tf.StaticLayer(size),
+                "cachelib StaticLayer": lambda: ct.StaticLayer(size),
+            },
+        )
         print(f"\n== cache updates alone, all {config.num_hidden_layers} layers, {n} decode steps")
         print(f"{'layers':44s} {'median ms':>10s} {'last10% ms':>11s}")
         for name, r in results.items():
@@ -172,8 +179,11 @@ def main() -> None:
             "transformers StaticCache": tf.StaticCache(config, max_cache_len=size),
             "cachelib StaticCache": ct.StaticCache(config, max_cache_len=size),
         }
-        report(f"static, {args.static_tokens} decoded tokens (target >= 1.0x)",
-               run_case(model, prompt_ids, caches, args.static_tokens), "transformers StaticCache")  # fmt: skip
+        report(
+            f"static, {args.static_tokens} decoded tokens (target >= 1.0x)",
+            run_case(model, prompt_ids, caches, args.static_tokens),
+            "transformers StaticCache",
+        )
         del caches
         gc.collect()
 
@@ -183,8 +193,11 @@ def main() -> None:
             "cachelib KVCache (step growth, standard)": ct.KVCache(config=config),
             "cachelib DynamicCache (concatenates)": ct.DynamicCache(config=config),
         }
-        report(f"dynamic, {args.dynamic_tokens} decoded tokens (target >= 1.2x for the step-grown KVCache)",
-               run_case(model, prompt_ids, caches, args.dynamic_tokens), "transformers DynamicCache (concatenates)")  # fmt: skip
+        report(
+            f"dynamic, {args.dynamic_tokens} decoded tokens (target >= 1.2x for the step-grown KVCache)",
+            run_case(model, prompt_ids, caches, args.dynamic_tokens),
+            "transformers DynamicCache (concatenates)",
+        )
         del caches
         gc.collect()
 
@@ -196,18 +209,28 @@ def main() -> None:
             "cachelib QuantizedKVCache 4-bit + introspect": ct.QuantizedKVCache(64, 4, config=config),
             "cachelib QuantizedCache (KIVI) 4-bit g64 r128": ct.QuantizedCache(config, nbits=4, q_group_size=64),
         }
-        results = run_case(model, prompt_ids, caches, args.quant_tokens,
-                           introspect={"cachelib QuantizedKVCache 4-bit + introspect"})  # fmt: skip
+        results = run_case(
+            model, prompt_ids, caches, args.quant_tokens, introspect={"cachelib QuantizedKVCache 4-bit + introspect"}
+        )
         report(f"quantized, {args.quant_tokens} decoded tokens", results, "transformers DynamicCache (float32)")
         missing = [p for p in ("optimum.quanto", "hqq") if importlib.util.find_spec(p.split(".")[0]) is None]
         if missing:
-            print(f"transformers' 4-bit backends are not installable here ({', '.join(missing)} missing): "
-                  "no quanto/HQQ row.")  # fmt: skip
+            print(
+                f"transformers' 4-bit backends are not installable here ({', '.join(missing)} missing): "
+                "no quanto/HQQ row."
+            )
         tokens = len(prompt_ids) + args.quant_tokens - 1
-        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
-        print(f"reference: float32 K/V of {tokens} tokens = {4 * per_token * tokens:,d} bytes; "
-              f"4-bit g64 codes+scales+biases = {per_token * tokens // 2 + per_token * tokens // 64 * 2 * 4:,d} bytes "
-              "(+ unused slots of the last 256-token step for QuantizedKVCache)")  # fmt: skip
+        per_token = (
+            2
+            * config.num_hidden_layers
+            * config.num_key_value_heads
+            * (config.hidden_size // config.num_attention_heads)
+        )
+        print(
+            f"reference: float32 K/V of {tokens} tokens = {4 * per_token * tokens:,d} bytes; "
+            f"4-bit g64 codes+scales+biases = {per_token * tokens // 2 + per_token * tokens // 64 * 2 * 4:,d} bytes "
+            "(+ unused slots of the last 256-token step for QuantizedKVCache)"
+        )
 
 
 if __name__ == "__main__":

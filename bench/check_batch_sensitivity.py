@@ -103,13 +103,23 @@ def measure(loaded, steps: int) -> dict[str, dict[str, float]]:
             a = runner.step(alone, f)
             with nudged(loaded):
                 n = runner.step(nudge, f)
-            got = {"batch": batch_logits[i][row], "1 row": runner.step_rows(one, [f])[0], "2 rows": runner.step_rows(two, [f, f])[0], "1 ulp": n}
+            got = {
+                "batch": batch_logits[i][row],
+                "1 row": runner.step_rows(one, [f])[0],
+                "2 rows": runner.step_rows(two, [f, f])[0],
+                "1 ulp": n,
+            }
             target = int(np.argmax(a))
             for k, v in got.items():
                 worst[k] = max(worst[k], compare(a, v, target)[0])
             own_alone.append(compare(full[i], a, None)[0])
             own_batch.append(compare(full[i], batch_logits[i][row], None)[0])
-        out[spec] = {**worst, "vs full": max(own_alone), "mean vs full, batch": float(np.mean(own_batch)), "mean vs full, alone": float(np.mean(own_alone))}
+        out[spec] = {
+            **worst,
+            "vs full": max(own_alone),
+            "mean vs full, batch": float(np.mean(own_batch)),
+            "mean vs full, alone": float(np.mean(own_alone)),
+        }
     return out
 
 
@@ -121,7 +131,9 @@ def main() -> None:
     cols = ["batch", "1 row", "2 rows", "1 ulp", "vs full", "mean vs full, batch", "mean vs full, alone"]
     for backend in args.backend:
         loaded = load("smollm2", backend)
-        print(f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.steps} teacher-forced steps; worst per-step KL (nats) against the strategy run alone")
+        print(
+            f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.steps} teacher-forced steps; worst per-step KL (nats) against the strategy run alone"
+        )
         print(f"{'strategy':<34}" + "".join(f"{c:>21}" for c in cols))
         for spec, row in measure(loaded, args.steps).items():
             print(f"{spec:<34}" + "".join(f"{row[c]:>21.3g}" for c in cols), flush=True)

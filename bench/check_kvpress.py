@@ -104,13 +104,17 @@ def reference(out: Path) -> None:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "seed": SEED,
-        "cases": [dict(zip(("name", "batch", "kv_heads", "heads", "tokens", "dim", "window", "kernel", "ratio"), c))
-                  for c in CASES],  # fmt: skip
+        "cases": [
+            dict(zip(("name", "batch", "kv_heads", "heads", "tokens", "dim", "window", "kernel", "ratio"), c))
+            for c in CASES
+        ],
     }
     arrays["meta"] = np.array(json.dumps(meta))
     np.savez_compressed(out, **arrays)
-    print(f"kvpress {meta['kvpress']} (transformers {meta['transformers']}, torch {meta['torch']}): "
-          f"{len(CASES)} cases x {len(METHODS)} presses -> {out}")  # fmt: skip
+    print(
+        f"kvpress {meta['kvpress']} (transformers {meta['transformers']}, torch {meta['torch']}): "
+        f"{len(CASES)} cases x {len(METHODS)} presses -> {out}"
+    )
 
 
 def _ours(method: str, keys, queries, window: int, kernel: int):
@@ -149,12 +153,26 @@ def compare(npz: Path) -> list[dict]:
             kept = np.sort(torch.from_numpy(ours).topk(n_kept, dim=-1).indices.numpy(), axis=-1)
             ref_kept = data[f"{name}/{method}/kept"]
             same = (kept == ref_kept).all(axis=-1)
-            overlap = np.mean([len(np.intersect1d(a, b)) / n_kept for a, b in
-                               zip(kept.reshape(-1, n_kept), ref_kept.reshape(-1, n_kept))])  # fmt: skip
-            rows.append({"case": name, "method": method, "tokens": tokens, "kept": n_kept, "max_abs_diff": diff,
-                         "scale": float(np.abs(ref[..., :scored]).max()), "rows_identical": int(same.sum()),
-                         "rows": int(same.size), "overlap": float(overlap),
-                         "ok": diff <= RTOL * float(np.abs(ref[..., :scored]).max()) and bool(same.all())})  # fmt: skip
+            overlap = np.mean(
+                [
+                    len(np.intersect1d(a, b)) / n_kept
+                    for a, b in zip(kept.reshape(-1, n_kept), ref_kept.reshape(-1, n_kept))
+                ]
+            )
+            rows.append(
+                {
+                    "case": name,
+                    "method": method,
+                    "tokens": tokens,
+                    "kept": n_kept,
+                    "max_abs_diff": diff,
+                    "scale": float(np.abs(ref[..., :scored]).max()),
+                    "rows_identical": int(same.sum()),
+                    "rows": int(same.size),
+                    "overlap": float(overlap),
+                    "ok": diff <= RTOL * float(np.abs(ref[..., :scored]).max()) and bool(same.all()),
+                }
+            )
     return rows
 
 
@@ -182,12 +200,18 @@ def main() -> int:
             print(f"kvpress half: {time.perf_counter() - start:.1f} s")
         meta = json.loads(str(np.load(npz)["meta"]))
         rows = compare(npz)
-    print(f"\nours (cachelib.torch.importance.score_keys) vs kvpress {meta['kvpress']} "
-          f"(transformers {meta['transformers']}), seed {meta['seed']}, float32")  # fmt: skip
-    print(f"{'case':<24} {'method':<7} {'kept':>9} {'max |diff|':>11} {'max |score|':>12} {'top-k same':>11} {'overlap':>8}")
+    print(
+        f"\nours (cachelib.torch.importance.score_keys) vs kvpress {meta['kvpress']} "
+        f"(transformers {meta['transformers']}), seed {meta['seed']}, float32"
+    )
+    print(
+        f"{'case':<24} {'method':<7} {'kept':>9} {'max |diff|':>11} {'max |score|':>12} {'top-k same':>11} {'overlap':>8}"
+    )
     for r in rows:
-        print(f"{r['case']:<24} {r['method']:<7} {r['kept']:>4}/{r['tokens']:<4} {r['max_abs_diff']:11.2e} "
-              f"{r['scale']:12.3e} {r['rows_identical']:>5}/{r['rows']:<5} {r['overlap']:8.3f}")  # fmt: skip
+        print(
+            f"{r['case']:<24} {r['method']:<7} {r['kept']:>4}/{r['tokens']:<4} {r['max_abs_diff']:11.2e} "
+            f"{r['scale']:12.3e} {r['rows_identical']:>5}/{r['rows']:<5} {r['overlap']:8.3f}"
+        )
     bad = [f"{r['case']}/{r['method']}" for r in rows if not r["ok"]]
     print("\nall agree" if not bad else f"\ndiffer: {', '.join(bad)}")
     return 1 if bad else 0

@@ -128,7 +128,9 @@ class Runner:
         with torch.inference_mode():
             x = torch.tensor(ids, dtype=torch.long, device=self._device)
             mask = rows.attention_mask(x.shape[1], x.device)
-            out = self.loaded.model(input_ids=x, cache=rows, attention_mask=mask, use_cache=True, logits_to_keep=1).logits[:, -1]
+            out = self.loaded.model(
+                input_ids=x, cache=rows, attention_mask=mask, use_cache=True, logits_to_keep=1
+            ).logits[:, -1]
         return out.float().cpu().numpy()
 
     def advance_rows(self, rows, ids: list[list[int]]) -> None:

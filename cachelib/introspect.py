@@ -103,10 +103,7 @@ class CacheView:
             return np.asarray(self.head_positions[0], dtype=np.int64)
         if self.layout == "linear":
             if self.left_padding:
-                rows = [
-                    linear_slot_positions(self.write_index, self.capacity, start=-pad)
-                    for pad in self.left_padding
-                ]
+                rows = [linear_slot_positions(self.write_index, self.capacity, start=-pad) for pad in self.left_padding]
                 return np.maximum(np.stack(rows), -1)
             return linear_slot_positions(self.tokens_held, self.capacity, self.start_position)
         return np.full((self.capacity,), -1, dtype=np.int64)

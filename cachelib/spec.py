@@ -135,8 +135,9 @@ class Strategy:
         """The backend's builder function (imported on first use)."""
         name = self.builder_name(backend)
         if name is None:
-            raise SpecError(f"strategy {self.name!r} is not available on {backend}; it runs on: "
-                            + ", ".join(self.backends))
+            raise SpecError(
+                f"strategy {self.name!r} is not available on {backend}; it runs on: " + ", ".join(self.backends)
+            )
         return _resolve(name)
 
     def knob(self, name: str) -> Knob:
@@ -184,8 +185,13 @@ def _check_ring(spec: Spec) -> None:
 
 
 def _budget() -> Knob:
-    return Knob("budget", "tokens each full-attention layer keeps (a budget above the context evicts nothing)",
-                required=True, min=1, max=INDEX_MAX)
+    return Knob(
+        "budget",
+        "tokens each full-attention layer keeps (a budget above the context evicts nothing)",
+        required=True,
+        min=1,
+        max=INDEX_MAX,
+    )
 
 
 def _check_budget(spec: Spec, knob: str) -> None:
@@ -193,7 +199,8 @@ def _check_budget(spec: Spec, knob: str) -> None:
     if inner >= budget:
         raise SpecError(
             f"{spec.name}: budget={budget} must be greater than {knob}={inner} (those tokens are always kept); "
-            f"allowed budget: {inner + 1}..{INDEX_MAX}, or a {knob} of at most {budget - 1}", "budget"
+            f"allowed budget: {inner + 1}..{INDEX_MAX}, or a {knob} of at most {budget - 1}",
+            "budget",
         )
 
 
@@ -220,12 +227,14 @@ def _check_pyramid(spec: Spec) -> None:
         raise SpecError(
             f"pyramidkv: budget={budget} gives the top layer budget/beta = {budget / beta:g} tokens, fewer than "
             f"window={window} (every layer keeps its observation window); allowed budget: "
-            f"{window * beta}..{max_budget(beta)}, or a beta of at most {max(1, budget // window)}", "budget"
+            f"{window * beta}..{max_budget(beta)}, or a beta of at most {max(1, budget // window)}",
+            "budget",
         )
     if budget > max_budget(beta):
         raise SpecError(
             f"pyramidkv: budget={budget} gives the bottom layer 2*budget - budget/beta tokens, past {INDEX_MAX}; "
-            f"allowed budget: {window * beta}..{max_budget(beta)}", "budget"
+            f"allowed budget: {window * beta}..{max_budget(beta)}",
+            "budget",
         )
 
 
@@ -312,7 +321,13 @@ STRATEGIES: dict[str, Strategy] = {
             (
                 _bits("bits", "bits per element (mlx-lm --kv-bits)", 8),
                 _GROUP,
-                Knob("start", "keep full precision for the first `start` tokens (--quantized-kv-start)", 0, min=0, max=INDEX_MAX),
+                Knob(
+                    "start",
+                    "keep full precision for the first `start` tokens (--quantized-kv-start)",
+                    0,
+                    min=0,
+                    max=INDEX_MAX,
+                ),
                 _KEY_BITS,
                 _VALUE_BITS,
             ),
@@ -411,10 +426,19 @@ STRATEGIES: dict[str, Strategy] = {
             "keeps `budget` prompt tokens chosen once by an observation window's attention (SnapKV)",
             (
                 *_snapkv_knobs(_budget().help),
-                Knob("adaptive", "1: Ada-KV: the layer's KV heads share budget x heads unevenly, by score", 0,
-                     choices=(0, 1)),
-                Knob("safeguard", "with adaptive=1: percent of budget every head keeps by its own scores", 20,
-                     min=0, max=100),
+                Knob(
+                    "adaptive",
+                    "1: Ada-KV: the layer's KV heads share budget x heads unevenly, by score",
+                    0,
+                    choices=(0, 1),
+                ),
+                Knob(
+                    "safeguard",
+                    "with adaptive=1: percent of budget every head keeps by its own scores",
+                    20,
+                    min=0,
+                    max=100,
+                ),
             ),
             plan=_snapkv_layer,
             mlx="cachelib.mlx.importance:build_importance",
@@ -427,8 +451,13 @@ STRATEGIES: dict[str, Strategy] = {
             "SnapKV with per-layer budgets shrinking with depth, averaging `budget` (PyramidKV)",
             (
                 *_snapkv_knobs("mean tokens per full-attention layer; the bottom layer keeps the most"),
-                Knob("beta", "the top layer keeps budget/beta tokens, the bottom 2*budget - budget/beta", 20,
-                     min=1, max=INDEX_MAX),
+                Knob(
+                    "beta",
+                    "the top layer keeps budget/beta tokens, the bottom 2*budget - budget/beta",
+                    20,
+                    min=1,
+                    max=INDEX_MAX,
+                ),
             ),
             plan=_pyramid_layer,
             mlx="cachelib.mlx.importance:build_importance",
@@ -533,8 +562,7 @@ class Spec:
             raise SpecError(f"unknown backend {backend!r}; supported: {', '.join(BACKENDS)}")
         if not self.supports(backend):
             raise SpecError(
-                f"strategy {self.name!r} is not available on {backend}; "
-                f"it runs on: {', '.join(self.strategy.backends)}"
+                f"strategy {self.name!r} is not available on {backend}; it runs on: {', '.join(self.strategy.backends)}"
             )
         if backend == "torch":
             for knob, b in (("key_bits", self.key_bits), ("value_bits", self.value_bits)):

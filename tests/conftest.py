@@ -123,7 +123,9 @@ def kept_positions(load_model):
     probes = Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0)
 
     def get(name: str, backend: str, strategies: list[str], prompt: str, max_tokens: int):
-        profile = run_profile(load_model(name, backend), strategies, prompt=prompt, max_tokens=max_tokens, probes=probes)
+        profile = run_profile(
+            load_model(name, backend), strategies, prompt=prompt, max_tokens=max_tokens, probes=probes
+        )
         assert profile.complete, profile.meta["reason"]
         slots = profile.frame("slots")
         slots = slots[slots["head"].notna()]

@@ -21,8 +21,9 @@ PROBE = (
 
 def _plan(cache: Path) -> tuple[str, set[str]]:
     env = {**os.environ, "CACHELIB_CACHE_DIR": str(cache)}
-    done = subprocess.run([sys.executable, "-c", PROBE, *PLAN], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *PLAN], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     out, _, modules = done.stdout.rpartition("MODULES ")
     return out, set(modules.split())
@@ -34,6 +35,13 @@ def test_plan_imports_neither_pandas_once_the_evidence_is_cached_nor_other_subco
     warm, again = _plan(tmp_path)
     assert warm == cold and warm.startswith("answer: standard (no cache flag) on mlx-lm")
     assert not {m for m in again if m == "pandas" or m.startswith("pandas.")}
-    others = {"cachelib.cli.evaluate", "cachelib.cli.report", "cachelib.cli.retrieval", "cachelib.sweep",
-              "cachelib.profile.run", "cachelib.profile.store", "cachelib.profile.report"}  # fmt: skip
+    others = {
+        "cachelib.cli.evaluate",
+        "cachelib.cli.report",
+        "cachelib.cli.retrieval",
+        "cachelib.sweep",
+        "cachelib.profile.run",
+        "cachelib.profile.store",
+        "cachelib.profile.report",
+    }
     assert not others & again

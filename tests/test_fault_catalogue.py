@@ -81,8 +81,13 @@ def world(tmp_path, tiny_profile):
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory, load_model) -> Path:
     path = tmp_path_factory.mktemp("existing") / "existing.csv"
-    run_profile(load_model(MODEL, "mlx"), ["standard", "rotating:max_size=8,keep=2"], prompt="an existing run",
-                max_tokens=6, out=path)  # fmt: skip
+    run_profile(
+        load_model(MODEL, "mlx"),
+        ["standard", "rotating:max_size=8,keep=2"],
+        prompt="an existing run",
+        max_tokens=6,
+        out=path,
+    )
     return path
 
 
@@ -112,8 +117,17 @@ class Case:
 
 
 def _profile(*extra: str, out: str = "{w}/profiles/new.csv", prompt: bool = True) -> tuple[str, ...]:
-    return ("profile", "--model", MODEL, *(("--prompt", "hi") if prompt else ()), "--max-tokens", "2",
-            "--out", out, *extra)  # fmt: skip
+    return (
+        "profile",
+        "--model",
+        MODEL,
+        *(("--prompt", "hi") if prompt else ()),
+        "--max-tokens",
+        "2",
+        "--out",
+        out,
+        *extra,
+    )
 
 
 def _in(w: Path, argv: tuple[str, ...]) -> list[str]:
@@ -131,12 +145,32 @@ BEFORE_LOAD = [
     Case(4, "--out is a folder named x.csv", _profile(out="{w}/x.csv"), "x.csv", "is a folder"),
     Case(4, "--out under a file", _profile(out="{w}/afile/run.csv"), "afile/run.csv", "a file stands where"),
     Case(4, "--out in /proc", _profile(out="/proc/run.csv"), "/proc/run.csv", "cannot write"),
-    Case(4, "--out with a name over the file system's limit", _profile(out="{w}/" + LONG_NAME), LONG_NAME[-40:], "too long"),
+    Case(
+        4,
+        "--out with a name over the file system's limit",
+        _profile(out="{w}/" + LONG_NAME),
+        LONG_NAME[-40:],
+        "too long",
+    ),
     Case(4, "--out not a .csv", _profile(out="{w}/run.txt"), "run.txt", "use a .csv name"),
     # 6. specs that pass the grammar but no backend can index
-    Case(6, "rotating:max_size=10**12", _profile("--strategy", "rotating:max_size=1000000000000"), "max_size", "<= 2147483647"),
-    Case(6, "rotating:max_size=10**29", _profile("--strategy", "rotating:max_size=" + "1" + "0" * 29), "max_size", "int32"),
-    Case(6, "static:max_len=10**12", _profile("--strategy", "static:max_len=1000000000000"), "max_len", "<= 2147483647"),
+    Case(
+        6,
+        "rotating:max_size=10**12",
+        _profile("--strategy", "rotating:max_size=1000000000000"),
+        "max_size",
+        "<= 2147483647",
+    ),
+    Case(
+        6,
+        "rotating:max_size=10**29",
+        _profile("--strategy", "rotating:max_size=" + "1" + "0" * 29),
+        "max_size",
+        "int32",
+    ),
+    Case(
+        6, "static:max_len=10**12", _profile("--strategy", "static:max_len=1000000000000"), "max_len", "<= 2147483647"
+    ),
     Case(6, "--max-kv-size 10**12", _profile("--max-kv-size", "1000000000000"), "--max-kv-size", "<= 2,147,483,647"),
     # 7. non-finite and out-of-range numbers, every numeric option
     Case(7, "--memory-limit inf", _profile("--memory-limit", "inf"), "--memory-limit", "finite"),
@@ -144,11 +178,19 @@ BEFORE_LOAD = [
     Case(7, "--memory-limit 0", _profile("--memory-limit", "0"), "--memory-limit", "> 0"),
     Case(7, "--max-tokens 0", _profile("--max-tokens", "0"), "--max-tokens", ">= 1"),
     Case(7, "--sample-every nan", _profile("--sample-every", "nan"), "--sample-every", "integer"),
-    Case(7, "--quantized-kv-start -1", _profile("--kv-bits", "4", "--quantized-kv-start", "-1"), "--quantized-kv-start", ">= 0"),
+    Case(
+        7,
+        "--quantized-kv-start -1",
+        _profile("--kv-bits", "4", "--quantized-kv-start", "-1"),
+        "--quantized-kv-start",
+        ">= 0",
+    ),
     Case(7, "--kv-bits 7", _profile("--kv-bits", "7"), "--kv-bits", "choose from"),
     Case(7, "plan --budget inf", _plan("--budget", "inf"), "--budget", "finite"),
     Case(7, "plan --budget nan", _plan("--budget", "nan"), "--budget", "finite"),
-    Case(7, "plan --weights-memory inf", _plan("--budget", "10", "--weights-memory", "inf"), "--weights-memory", "finite"),
+    Case(
+        7, "plan --weights-memory inf", _plan("--budget", "10", "--weights-memory", "inf"), "--weights-memory", "finite"
+    ),
     Case(7, "plan --reserve -1", _plan("--reserve", "-1"), "--reserve", ">= 0"),
     Case(7, "plan --weights-dtype inf", _plan("--weights-dtype", "inf"), "--weights-dtype", "must be > 0 and <= 64"),
     Case(7, "plan --prefill-chunk 0", _plan("--prefill-chunk", "0"), "--prefill-chunk", ">= 1"),
@@ -157,35 +199,75 @@ BEFORE_LOAD = [
     Case(7, "plan --max-kl nan", _plan("--max-kl", "nan"), "--max-kl", "finite"),
     Case(7, "plan --max-kl -1", _plan("--max-kl", "-1"), "--max-kl", ">= 0"),
     Case(7, "plan --min-agreement 2", _plan("--min-agreement", "2"), "--min-agreement", "<= 1"),
-    Case(19, "--memory-limit 1e300 (overflowed to a float infinity once)", _profile("--memory-limit", "1e300"),
-         "--memory-limit", "from 0 to 1,152,921,504,606,846,976 bytes"),
+    Case(
+        19,
+        "--memory-limit 1e300 (overflowed to a float infinity once)",
+        _profile("--memory-limit", "1e300"),
+        "--memory-limit",
+        "from 0 to 1,152,921,504,606,846,976 bytes",
+    ),
     Case(19, "plan --budget 1e300", _plan("--budget", "1e300"), "--budget", "from 0 to"),
     Case(19, "plan --budget 1e300GB", _plan("--budget", "1e300GB"), "--budget", "from 0 to"),
-    Case(19, "plan --weights-memory 1e300", _plan("--budget", "1", "--weights-memory", "1e300"), "--weights-memory",
-         "from 0 to"),
+    Case(
+        19,
+        "plan --weights-memory 1e300",
+        _plan("--budget", "1", "--weights-memory", "1e300"),
+        "--weights-memory",
+        "from 0 to",
+    ),
     Case(19, "plan --reserve 1e300", _plan("--reserve", "1e300"), "--reserve", "from 0 to"),
     Case(7, "sweep --workers 0", ("sweep", "{w}/grid.toml", "--workers", "0"), "--workers", ">= 1"),
     # 8. text input
-    Case(8, "--text-file /dev/zero", _profile("--text-file", "/dev/zero", prompt=False), "/dev/zero", "a character device"),
+    Case(
+        8,
+        "--text-file /dev/zero",
+        _profile("--text-file", "/dev/zero", prompt=False),
+        "/dev/zero",
+        "a character device",
+    ),
     Case(8, "--text-file over 50 MB", _profile("--text-file", "{w}/big.txt", prompt=False), "big.txt", "50 MB"),
-    Case(19, "--text-file a named pipe", _profile("--text-file", "{w}/pipe.txt", prompt=False), "pipe.txt", "named pipe"),
+    Case(
+        19, "--text-file a named pipe", _profile("--text-file", "{w}/pipe.txt", prompt=False), "pipe.txt", "named pipe"
+    ),
     Case(8, "--text-file in Latin-1", _profile("--text-file", "{w}/latin1.txt", prompt=False), "latin1.txt", "UTF-8"),
     Case(8, "--text-file binary", _profile("--text-file", "{w}/binary.dat", prompt=False), "binary.dat", "UTF-8"),
-    Case(8, "--text-file missing", _profile("--text-file", "{w}/missing.txt", prompt=False), "missing.txt", "No such file"),
-]  # fmt: skip
+    Case(
+        8,
+        "--text-file missing",
+        _profile("--text-file", "{w}/missing.txt", prompt=False),
+        "missing.txt",
+        "No such file",
+    ),
+]
 
 if not os.path.exists("/proc/self"):  # not Linux: no /proc to refuse
     BEFORE_LOAD = [c for c in BEFORE_LOAD if "/proc" not in c.what]
 
 # 9. model folders: broken safetensors, pickle weights only (refused by the loader, so after "loading" starts)
 MODEL_FOLDERS = [
-    Case(9, "a 0-byte model.safetensors", _profile("--model", "{w}/empty-model"), "empty-model/model.safetensors", "empty"),
-    Case(9, "random bytes as model.safetensors", _profile("--model", "{w}/random-model"),
-         "random-model/model.safetensors", "not a usable safetensors file"),
+    Case(
+        9,
+        "a 0-byte model.safetensors",
+        _profile("--model", "{w}/empty-model"),
+        "empty-model/model.safetensors",
+        "empty",
+    ),
+    Case(
+        9,
+        "random bytes as model.safetensors",
+        _profile("--model", "{w}/random-model"),
+        "random-model/model.safetensors",
+        "not a usable safetensors file",
+    ),
     Case(9, "only pytorch_model.bin", _profile("--model", "{w}/pickle-model"), "pytorch_model.bin", "never pickle"),
-    Case(9, "only pytorch_model.bin, torch", _profile("--model", "{w}/pickle-model", "--backend", "torch"),
-         "pytorch_model.bin", "never pickle"),
-]  # fmt: skip
+    Case(
+        9,
+        "only pytorch_model.bin, torch",
+        _profile("--model", "{w}/pickle-model", "--backend", "torch"),
+        "pytorch_model.bin",
+        "never pickle",
+    ),
+]
 
 
 def _bad_inputs(w: Path) -> None:
@@ -308,7 +390,10 @@ def test_6_the_default_guard_stops_a_run_that_outgrows_the_prediction(load_model
         (lambda: parse_memory_limit(float("inf")), "memory_limit"),
         (lambda: parse_memory_limit(float("nan")), "memory_limit"),
         (lambda: parse_memory_limit(-1), "memory_limit"),
-        (lambda: __import__("cachelib.plan.request", fromlist=["x"]).memory_bytes("--budget", float("inf")), "--budget"),
+        (
+            lambda: __import__("cachelib.plan.request", fromlist=["x"]).memory_bytes("--budget", float("inf")),
+            "--budget",
+        ),
         (lambda: _request(budget_bytes=float("inf")), "budget_bytes"),
         (lambda: _request(weights_bytes=float("nan")), "weights_bytes"),
         (lambda: _request(max_kl=float("nan")), "--max-kl"),
@@ -410,8 +495,14 @@ def masked_profile(tmp_path_factory, load_model) -> Path:
     from cachelib.profile import Probes
 
     path = tmp_path_factory.mktemp("masked") / "masked.csv"
-    run_profile(load_model(MODEL, "mlx"), ["standard", "rotating:max_size=8,keep=2"], prompt="hello there",
-                max_tokens=6, probes=Probes(masks=1), out=path)  # fmt: skip
+    run_profile(
+        load_model(MODEL, "mlx"),
+        ["standard", "rotating:max_size=8,keep=2"],
+        prompt="hello there",
+        max_tokens=6,
+        probes=Probes(masks=1),
+        out=path,
+    )
     return path
 
 
@@ -462,9 +553,28 @@ def test_12_values_read_back_exactly_and_a_profile_round_trips(masked_profile, t
 
 @pytest.mark.parametrize(
     "text",
-    ["=HYPERLINK(\"http://x\",\"y\")", "+1+2", "-2+3", "@SUM(A1)", "\tx", "\rx", "'quoted", "''", "'", "plain", "",
-     "-0.5", "+3", "-inf", "1e5", "=", "-", "- item", "a=b"],
-)  # fmt: skip
+    [
+        '=HYPERLINK("http://x","y")',
+        "+1+2",
+        "-2+3",
+        "@SUM(A1)",
+        "\tx",
+        "\rx",
+        "'quoted",
+        "''",
+        "'",
+        "plain",
+        "",
+        "-0.5",
+        "+3",
+        "-inf",
+        "1e5",
+        "=",
+        "-",
+        "- item",
+        "a=b",
+    ],
+)
 def test_14_cells_are_neutralised_and_come_back_exactly(text):
     escaped = escape_cell(text)
     assert unescape_cell(escaped) == text
@@ -500,13 +610,38 @@ def test_14_plan_csv_neutralises_a_folder_name_and_keeps_numbers(tmp_path, capsy
 
     folder = tmp_path / '=HYPERLINK("evil.example","y")'
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 100, "intermediate_size": 128,
-    }))  # fmt: skip
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "head_dim": 32,
+                "vocab_size": 100,
+                "intermediate_size": 128,
+            }
+        )
+    )
     out = tmp_path / "plan.csv"
-    code, err, _ = run_cli(["plan", "--model", str(folder / "config.json"), "--context", "1000", "--budget", "0.0011GB",
-                            "--weights-memory", "0.001GB", "--no-default-evidence", "--csv", str(out)], capsys)  # fmt: skip
+    code, err, _ = run_cli(
+        [
+            "plan",
+            "--model",
+            str(folder / "config.json"),
+            "--context",
+            "1000",
+            "--budget",
+            "0.0011GB",
+            "--weights-memory",
+            "0.001GB",
+            "--no-default-evidence",
+            "--csv",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     row = next(csv.DictReader(out.open(newline="")))
     assert row["model"] == "'" + folder.name
@@ -558,11 +693,27 @@ def test_11_15_the_profiles_page_escapes_prompts_and_shows_one_error_per_bad_fil
 def _start(out: Path, prompt: str, max_tokens: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "cachelib", "profile", "--model", MODEL, "--prompt", prompt,
-         "--max-tokens", str(max_tokens), "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "cachelib",
+            "profile",
+            "--model",
+            MODEL,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            str(max_tokens),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even where the test runner ignores Ctrl-C
-    )  # fmt: skip
+    )
 
 
 def _wait_for_steps(folder: Path, n: int, timeout: float = 240) -> Path:
@@ -697,8 +848,8 @@ DONE_BUT_BROKEN = [
 @pytest.mark.parametrize("item, what, content, says", DONE_BUT_BROKEN, ids=[c[1] for c in DONE_BUT_BROKEN])
 def test_5_a_done_row_whose_profile_does_not_open_is_run_again(item, what, content, says, tmp_path):
     from cachelib.sweep import plan_sweep
-    from cachelib.sweep.index import pending_row, write_index
     from cachelib.sweep.grid import parse_grid
+    from cachelib.sweep.index import pending_row, write_index
 
     grid = tmp_path / "grid.toml"
     grid.write_text(SWEEP_GRID, encoding="utf-8")
@@ -722,13 +873,28 @@ def test_5_a_done_row_whose_profile_does_not_open_is_run_again(item, what, conte
 def test_10_plan_at_a_huge_context_answers_in_seconds_and_warns_of_the_models_limit(context, capsys, tmp_path):
     before = snapshot(tmp_path)
     started = time.monotonic()
-    code, err, out = run_cli(["plan", "--model", "llama-3.1-8b", "--context", str(context), "--prefill-chunk", "2048",
-                              "--budget", "24", "--no-default-evidence"], capsys)  # fmt: skip
+    code, err, out = run_cli(
+        [
+            "plan",
+            "--model",
+            "llama-3.1-8b",
+            "--context",
+            str(context),
+            "--prefill-chunk",
+            "2048",
+            "--budget",
+            "24",
+            "--no-default-evidence",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert time.monotonic() - started < 20
-    assert err == [f"warning: context {context:,} is past llama-3.1-8b's limit of 131,072 tokens "
-                   "(max_position_embeddings): the bytes are what the cache would hold, but the model was not "
-                   "built to attend that far"]  # fmt: skip
+    assert err == [
+        f"warning: context {context:,} is past llama-3.1-8b's limit of 131,072 tokens "
+        "(max_position_embeddings): the bytes are what the cache would hold, but the model was not "
+        "built to attend that far"
+    ]
     assert not unchanged(before, snapshot(tmp_path))
 
 
@@ -816,13 +982,29 @@ def test_16_no_socket_of_a_local_sweep_cluster_listens_beyond_loopback(tmp_path)
 # 17. transformers' behaviours our torch layers keep: over-crops empty, refusals are its classes too
 
 TORCH_REFUSALS = [
-    (17, "crop of a full sliding window without past recording", "DynamicSlidingWindowLayer", (3,), 4, -1, RuntimeError,
-     "activate_past_recording"),
+    (
+        17,
+        "crop of a full sliding window without past recording",
+        "DynamicSlidingWindowLayer",
+        (3,),
+        4,
+        -1,
+        RuntimeError,
+        "activate_past_recording",
+    ),
     (17, "crop(+1) of a static layer", "StaticLayer", (8,), 2, 1, RuntimeError, "must be <= 0"),
     (17, "writing past a static layer", "StaticLayer", (4,), 3, None, IndexError, "do not fit in max_cache_len=4"),
-    (17, "crop of a recurrent state without past recording", "LinearAttentionLayer", (), 0, -1, RuntimeError,
-     "activate_past_recording"),
-]  # fmt: skip
+    (
+        17,
+        "crop of a recurrent state without past recording",
+        "LinearAttentionLayer",
+        (),
+        0,
+        -1,
+        RuntimeError,
+        "activate_past_recording",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -848,8 +1030,16 @@ def test_17_a_refusal_is_our_value_error_and_the_class_transformers_raises(
     assert name in str(refused.value) and says in str(refused.value)
 
 
-@pytest.mark.parametrize("name, args", [("DynamicLayer", ()), ("StaticLayer", (8,)), ("QuantizedLayer", ()),
-                                        ("KVCacheLayer", ()), ("DynamicSlidingWindowLayer", (16,))])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("DynamicLayer", ()),
+        ("StaticLayer", (8,)),
+        ("QuantizedLayer", ()),
+        ("KVCacheLayer", ()),
+        ("DynamicSlidingWindowLayer", (16,)),
+    ],
+)
 def test_17_cropping_more_than_is_held_empties_the_layer(name, args):
     import torch
 
@@ -882,7 +1072,9 @@ def test_18_a_batch_file_mlx_lm_writes_loads_with_a_warning_and_an_unusable_one_
     with pytest.warns(UserWarning, match=r"one-padding.safetensors.*layer 0 \(BatchKVCache\).*for 2 batch rows"):
         [loaded] = ours.load_prompt_cache(str(usable))
     assert loaded.left_padding.tolist() == [1, 1]
-    with pytest.raises(ValueError, match=r"two-for-three.safetensors.*layer 0 \(BatchKVCache\).*left_padding has 2 entries"):
+    with pytest.raises(
+        ValueError, match=r"two-for-three.safetensors.*layer 0 \(BatchKVCache\).*left_padding has 2 entries"
+    ):
         ours.load_prompt_cache(str(unusable))
     assert not unchanged(before, snapshot(tmp_path))
 
@@ -916,8 +1108,9 @@ def test_19_evaluate_and_retrieval_refuse_caches_that_cannot_fit_before_the_mode
     monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
     extra = ["--score-tokens", "4", "--windows", "1"] if command == "evaluate" else ["--trials", "1"]
     out = tmp_path / "e.csv"
-    code, err, _ = run_cli([command, "--model", model, "--context", "256", *extra, "--strategy", spec,
-                            "--out", str(out)], capsys)  # fmt: skip
+    code, err, _ = run_cli(
+        [command, "--model", model, "--context", "256", *extra, "--strategy", spec, "--out", str(out)], capsys
+    )
     assert code == 2 and len(err) == 1, err
     assert says in err[0] and spec in err[0] and "7.20 GB it may use" in err[0], err[0]
     assert list(tmp_path.iterdir()) == []
@@ -936,10 +1129,28 @@ def _limited(gib: float):
 def test_19_the_limit_is_the_lower_of_available_memory_and_rlimit_as(tmp_path):
     """Under ``ulimit -v`` MLX segfaults when an allocation is refused: the guard must count it."""
     run = subprocess.run(
-        [sys.executable, "-m", "cachelib", "evaluate", "--model", "tiny-llama", "--context", "256", "--score-tokens",
-         "4", "--windows", "1", "--strategy", "static:max_len=2000000"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, preexec_fn=_limited(3),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cachelib",
+            "evaluate",
+            "--model",
+            "tiny-llama",
+            "--context",
+            "256",
+            "--score-tokens",
+            "4",
+            "--windows",
+            "1",
+            "--strategy",
+            "static:max_len=2000000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        preexec_fn=_limited(3),
+    )
     err = [line for line in run.stderr.splitlines() if line.strip()]
     assert run.returncode == 2 and len(err) == 1, run.stderr[-2000:]
     assert "would need 4.10 GB" in err[0] and "RLIMIT_AS (ulimit -v)" in err[0], err[0]
@@ -979,11 +1190,14 @@ HUGE_SIZES = [
     ("parse_memory(10**400)", lambda: parse_memory(10**400, "x"), "x must be a size from 0 to"),
     ("parse_memory_limit('1e300')", lambda: parse_memory_limit("1e300"), "memory_limit must be a size from"),
     ("parse_memory_limit(1e300)", lambda: parse_memory_limit(1e300), "memory_limit must be a size from"),
-    ("PlanRequest(budget_bytes=10**30)", lambda: _request(budget_bytes=10**30),
-     "budget_bytes must be a whole number of bytes from 0 to"),
+    (
+        "PlanRequest(budget_bytes=10**30)",
+        lambda: _request(budget_bytes=10**30),
+        "budget_bytes must be a whole number of bytes from 0 to",
+    ),
     ("PlanRequest(reserve_bytes=1e300)", lambda: _request(reserve_bytes=1e300), "reserve_bytes must be a whole number"),
     ("a 400-digit size quotes 100 characters", lambda: parse_memory("9" * 400, "x"), "9" * 90 + "..."),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("what, make, says", HUGE_SIZES, ids=[c[0] for c in HUGE_SIZES])
@@ -1013,22 +1227,44 @@ READER_CASES = [
     Case(19, "evaluate --text a socket", (*EVAL, "--text", "{w}/s.sock"), "s.sock", "is a socket"),
     Case(19, "sweep /dev/zero", ("sweep", "/dev/zero"), "/dev/zero", "a character device"),
     Case(19, "sweep a named pipe", ("sweep", "{w}/pipe.txt"), "pipe.txt", "named pipe"),
-    Case(19, "a grid nested 100,000 deep", ("sweep", "{w}/deep.toml"), "deep.toml", "nests arrays or tables 100,000 deep"),
-    Case(19, "a grid's texts = ['/dev/zero']", ("sweep", "{w}/zero-texts.toml"), "zero-texts.toml:4", "a character device"),
+    Case(
+        19, "a grid nested 100,000 deep", ("sweep", "{w}/deep.toml"), "deep.toml", "nests arrays or tables 100,000 deep"
+    ),
+    Case(
+        19,
+        "a grid's texts = ['/dev/zero']",
+        ("sweep", "{w}/zero-texts.toml"),
+        "zero-texts.toml:4",
+        "a character device",
+    ),
     Case(19, "a grid's texts = [a named pipe]", ("sweep", "{w}/pipe-texts.toml"), "pipe-texts.toml:4", "named pipe"),
-    Case(19, "plan --model a config of 10^12 layers", ("plan", "--model", "{w}/huge.json", "--context", "100"),
-         "huge.json", "num_hidden_layers must be a positive integer (1 to 100,000)"),
-    Case(19, "plan --model a config nested 100,000 deep", ("plan", "--model", "{w}/deep.json", "--context", "100"),
-         "deep.json", "nests arrays or tables 100,000 deep"),
-    Case(19, "plan --model /dev/zero", ("plan", "--model", "/dev/zero", "--context", "100"), "/dev/zero",
-         "a character device"),
+    Case(
+        19,
+        "plan --model a config of 10^12 layers",
+        ("plan", "--model", "{w}/huge.json", "--context", "100"),
+        "huge.json",
+        "num_hidden_layers must be a positive integer (1 to 100,000)",
+    ),
+    Case(
+        19,
+        "plan --model a config nested 100,000 deep",
+        ("plan", "--model", "{w}/deep.json", "--context", "100"),
+        "deep.json",
+        "nests arrays or tables 100,000 deep",
+    ),
+    Case(
+        19,
+        "plan --model /dev/zero",
+        ("plan", "--model", "/dev/zero", "--context", "100"),
+        "/dev/zero",
+        "a character device",
+    ),
     Case(19, "report a named pipe", ("report", "{w}/pipe.txt", "--out", "{w}/r.html"), "pipe.txt", "named pipe"),
-]  # fmt: skip
+]
 
 
 def _reader_inputs(w: Path) -> None:
     import json
-
     import socket
 
     os.mkfifo(w / "pipe.txt")
@@ -1038,8 +1274,17 @@ def _reader_inputs(w: Path) -> None:
     (w / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (w / "zero-texts.toml").write_text(GRID_HEAD + 'texts = ["/dev/zero"]\n')
     (w / "pipe-texts.toml").write_text(GRID_HEAD + 'texts = ["pipe.txt"]\n')
-    (w / "huge.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 10**12, "hidden_size": 64,
-                                             "num_attention_heads": 2, "vocab_size": 100}))  # fmt: skip
+    (w / "huge.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 10**12,
+                "hidden_size": 64,
+                "num_attention_heads": 2,
+                "vocab_size": 100,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("case", READER_CASES, ids=lambda c: f"{c.item}-{c.what}")
@@ -1064,20 +1309,26 @@ def test_19_an_evidence_folder_with_a_dev_zero_symlink_a_pipe_and_bad_rows_still
     first = frame.index[frame["kind"] == "sample"][0]
     neginf = frame.assign(mean_kl=frame["mean_kl"].where(frame.index != first, "-inf"))
     neginf.to_csv(folder / "neginf.csv", index=False)
-    frame.assign(strategy=frame["strategy"].where(frame.index != first, "bogus:x=1")).to_csv(folder / "bogus.csv",
-                                                                                             index=False)  # fmt: skip
+    frame.assign(strategy=frame["strategy"].where(frame.index != first, "bogus:x=1")).to_csv(
+        folder / "bogus.csv", index=False
+    )
     (folder / "good.csv").write_bytes(source.read_bytes())
     (folder / "zero.csv").symlink_to("/dev/zero")
     os.mkfifo(folder / "pipe.csv")
     started = time.monotonic()
-    code, err, out = run_cli(["plan", "--model", "smollm2", "--context", "1000", "--no-default-evidence", "--evidence",
-                              str(folder)], capsys)  # fmt: skip
+    code, err, out = run_cli(
+        ["plan", "--model", "smollm2", "--context", "1000", "--no-default-evidence", "--evidence", str(folder)], capsys
+    )
     assert code == 0, err
     assert time.monotonic() - started < 30
     said = "\n".join(err)
-    for name, why in (("zero.csv", "a character device"), ("pipe.csv", "named pipe"),
-                      ("neginf.csv", "mean_kl -inf is not a finite number"), ("bogus.csv", "unknown strategy 'bogus'")):
-        assert f"{folder / name}: skipped, " in said and why in said, (name, said)  # fmt: skip
+    for name, why in (
+        ("zero.csv", "a character device"),
+        ("pipe.csv", "named pipe"),
+        ("neginf.csv", "mean_kl -inf is not a finite number"),
+        ("bogus.csv", "unknown strategy 'bogus'"),
+    ):
+        assert f"{folder / name}: skipped, " in said and why in said, (name, said)
     assert "from 1 file(s)" in out, out  # good.csv alone
 
 
@@ -1114,8 +1365,12 @@ def _prompt_cache(path: Path, cls: str, edit=None) -> Path:
     import cachelib.mlx as ours
     from cachelib.mlx.safetensors import read_safetensors
 
-    makers = {"KVCache": ours.KVCache, "ConcatenateKVCache": ours.ConcatenateKVCache,
-              "StaticKVCache": lambda: ours.StaticKVCache(16), "ChunkedKVCache": lambda: ours.ChunkedKVCache(8)}
+    makers = {
+        "KVCache": ours.KVCache,
+        "ConcatenateKVCache": ours.ConcatenateKVCache,
+        "StaticKVCache": lambda: ours.StaticKVCache(16),
+        "ChunkedKVCache": lambda: ours.ChunkedKVCache(8),
+    }
     cache = makers[cls]()
     k = mx.zeros((1, 2, 3, 8))
     cache.update_and_fetch(k, k)
@@ -1162,11 +1417,16 @@ def test_19_prompt_cache_keys_of_the_wrong_rank_are_one_value_error_naming_file_
     assert "low.safetensors" in said and f"layer 0 ({cls})" in said and "4-D" in said, said
 
 
-@pytest.mark.parametrize("kind, value, says", [("string", [2**40], "not a Unicode code point"),
-                                               ("string", [float("inf")], "1-D integer array"),
-                                               ("scalar", float("inf"), "finite number"),
-                                               ("scalar", [1, 2], "must hold one number"),
-                                               ("none", [1.0], "must be an empty array")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, value, says",
+    [
+        ("string", [2**40], "not a Unicode code point"),
+        ("string", [float("inf")], "1-D integer array"),
+        ("scalar", float("inf"), "finite number"),
+        ("scalar", [1, 2], "must hold one number"),
+        ("none", [1.0], "must be an empty array"),
+    ],
+)
 def test_19_a_prompt_cache_leaf_of_2_40_or_inf_is_a_value_error(kind, value, says, tmp_path):
     from cachelib.mlx import load_prompt_cache
 
@@ -1197,8 +1457,9 @@ def test_19_a_crafted_52_byte_gguf_a_pipe_and_other_formats_are_value_errors_not
                 print(name, "ValueError", str(e).replace(chr(10), " "))
         """
     )
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     lines = run.stdout.splitlines()
     assert len(lines) == 5 and all(line.split()[1] == "ValueError" for line in lines), lines
@@ -1214,8 +1475,11 @@ def test_19_a_sweep_point_that_cannot_fit_is_refused_before_its_caches_exist(kin
 
     monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 8 * 10**9)
     head = 'name = "big"\nmodels = ["tiny-llama"]\ndevices = ["cpu"]\nstrategies = ["static:max_len=20000000"]\n'
-    body = 'prompts = ["hi"]\nmax_tokens = 2\n' if kind == "profile" else (
-        'contexts = [64]\nscore_tokens = 2\nwindows = 1\n')  # fmt: skip
+    body = (
+        'prompts = ["hi"]\nmax_tokens = 2\n'
+        if kind == "profile"
+        else ("contexts = [64]\nscore_tokens = 2\nwindows = 1\n")
+    )
     [point] = parse_grid(head + body, tmp_path / "grid.toml").points()
     with pytest.raises(ValueError, match=r"would need 40\.96 GB .*more than the 7\.20 GB"):
         run_point(point)
@@ -1234,8 +1498,11 @@ def test_19_a_model_folder_of_a_million_layers_is_refused_before_it_loads(comman
         (folder / f.name).write_bytes(f.read_bytes())
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10**6}))
-    argv = {"profile": ["--prompt", "hi", "--out", str(tmp_path / "p.csv")], "evaluate": ["--context", "8"],
-            "retrieval": ["--context", "64"]}[command]  # fmt: skip
+    argv = {
+        "profile": ["--prompt", "hi", "--out", str(tmp_path / "p.csv")],
+        "evaluate": ["--context", "8"],
+        "retrieval": ["--context", "64"],
+    }[command]
     code, err, _ = run_cli([command, "--model", str(folder), *argv], capsys)
     assert code == 2 and len(err) == 1, err
     assert "deep-model" in err[0] and "num_hidden_layers must be a positive integer (1 to 100,000)" in err[0], err[0]

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = 1000
 
 CHILD = textwrap.dedent(
-    r'''
+    r"""
     import json, random, struct, sys
     from pathlib import Path
 
@@ -151,15 +151,18 @@ CHILD = textwrap.dedent(
         if key == "other":
             print(json.dumps({"bad": outcome, "i": i, "base": base}), flush=True)
     print(json.dumps({"summary": found}), flush=True)
-    '''
+    """
 )
 
 
 def test_1000_mutated_prompt_cache_files_get_only_value_errors(tmp_path):
     run = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path), "33", str(MUTANTS)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     if run.returncode != 0:  # a crash: the last mutant announced did it
         last = next((line for line in reversed(lines) if "i" in line and "file" in line), None)

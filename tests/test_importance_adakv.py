@@ -23,8 +23,10 @@ from cachelib.torch import hooks as torch_hooks
 from cachelib.torch.factory import make_cache as torch_make_cache
 from cachelib.torch.importance import ImportanceLayer
 
-PROMPT = ("Summarise the rules of chess in a few short sentences, please, and then list the pieces "
-          "with how each of them moves on the board.")
+PROMPT = (
+    "Summarise the rules of chess in a few short sentences, please, and then list the pieces "
+    "with how each of them moves on the board."
+)
 ADAPTIVE = "snapkv:budget=12,window=2,adaptive=1,safeguard=20"
 EVEN = "snapkv:budget=12,window=2,adaptive=1,safeguard=100"  # every head its budget: plain SnapKV
 PLAIN = "snapkv:budget=12,window=2"
@@ -41,7 +43,7 @@ def test_heads_share_the_budget_each_keeping_its_window_and_safeguard(seed):
     for b in range(B):
         for h in range(H):
             kept = slots[b, h, : counts[b, h]]
-            assert (slots[b, h, counts[b, h]:] == -1).all() and (np.diff(kept) > 0).all()
+            assert (slots[b, h, counts[b, h] :] == -1).all() and (np.diff(kept) > 0).all()
             assert {T - 2, T - 1} <= set(kept.tolist())  # the window
     # the heads' extra slots are the row's best scores left after each head's safe ones
     b = 0
@@ -59,13 +61,16 @@ def test_a_full_safeguard_is_plain_snapkv_selection():
     assert counts.tolist() == [[7, 7, 7]]
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("snapkv:budget=32,safeguard=10", "give adaptive=1"),
-    ("snapkv:budget=32,adaptive=1,safeguard=101", "must be <= 100"),
-    ("snapkv:budget=32,adaptive=1,safeguard=-1", "must be >= 0"),
-    ("snapkv:budget=32,adaptive=2", "allowed: 0, 1"),
-    ("snapkv:budget=8,adaptive=1", "allowed budget: 17.."),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("snapkv:budget=32,safeguard=10", "give adaptive=1"),
+        ("snapkv:budget=32,adaptive=1,safeguard=101", "must be <= 100"),
+        ("snapkv:budget=32,adaptive=1,safeguard=-1", "must be >= 0"),
+        ("snapkv:budget=32,adaptive=2", "allowed: 0, 1"),
+        ("snapkv:budget=8,adaptive=1", "allowed budget: 17.."),
+    ],
+)
 def test_bad_adaptive_knobs_name_the_allowed_range(text, fragment):
     with pytest.raises(SpecError, match=fragment.replace(".", r"\.")):
         parse_spec(text)

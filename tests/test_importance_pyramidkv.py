@@ -24,8 +24,10 @@ PYRAMIDS = ["pyramidkv:budget=12,window=2,beta=4", "pyramidkv:budget=10,window=3
 RING_PROBES = Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0)
 
 
-@pytest.mark.parametrize("budget,window,beta,layers", [(256, 16, 16, 30), (320, 16, 20, 30), (100, 4, 3, 7),
-                                                       (17, 4, 4, 2), (12, 2, 4, 4), (9, 9, 1, 5), (1000, 1, 7, 1)])
+@pytest.mark.parametrize(
+    "budget,window,beta,layers",
+    [(256, 16, 16, 30), (320, 16, 20, 30), (100, 4, 3, 7), (17, 4, 4, 2), (12, 2, 4, 4), (9, 9, 1, 5), (1000, 1, 7, 1)],
+)
 def test_budgets_are_a_shrinking_sequence_of_integers_averaging_the_budget(budget, window, beta, layers):
     b = pyramid_budgets(budget, window, beta, layers)
     assert len(b) == layers and all(isinstance(x, int) for x in b)
@@ -49,17 +51,20 @@ def test_the_layer_policy_follows_the_layer_index():
         policy_of(spec, 4, 4)
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("pyramidkv:budget=0", "must be >= 1"),
-    ("pyramidkv:budget=-3", "must be >= 1"),
-    ("pyramidkv:budget=256", "allowed budget: 320.."),  # default window 16, beta 20: top layer 12.8 < 16
-    ("pyramidkv:budget=30,window=8,beta=4", "allowed budget: 32..") ,
-    ("pyramidkv:budget=30,window=8,beta=4", "beta of at most 3"),
-    ("pyramidkv:budget=64,beta=0", "must be >= 1"),
-    ("pyramidkv:budget=2000000000,window=1,beta=2", "allowed budget: 2..1431655764"),
-    ("pyramidkv:budget=64,window=4,kernel=2", "allowed: 1, 3, 5"),
-    ("pyramidkv", "is required"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("pyramidkv:budget=0", "must be >= 1"),
+        ("pyramidkv:budget=-3", "must be >= 1"),
+        ("pyramidkv:budget=256", "allowed budget: 320.."),  # default window 16, beta 20: top layer 12.8 < 16
+        ("pyramidkv:budget=30,window=8,beta=4", "allowed budget: 32.."),
+        ("pyramidkv:budget=30,window=8,beta=4", "beta of at most 3"),
+        ("pyramidkv:budget=64,beta=0", "must be >= 1"),
+        ("pyramidkv:budget=2000000000,window=1,beta=2", "allowed budget: 2..1431655764"),
+        ("pyramidkv:budget=64,window=4,kernel=2", "allowed: 1, 3, 5"),
+        ("pyramidkv", "is required"),
+    ],
+)
 def test_bad_knobs_name_the_allowed_range(text, fragment):
     with pytest.raises(SpecError, match=fragment.replace(".", r"\.")):
         parse_spec(text)
@@ -198,8 +203,9 @@ def test_budgets_are_kvpress_pyramidkv_budgets_where_its_prompt_cap_does_not_bin
 
     # (q_len, compression_ratio, window, beta, layers): kept = q_len * (1 - ratio) is an integer
     cases = [(1024, 0.75, 16, 16, 30), (1024, 0.6875, 8, 20, 7), (4096, 0.875, 16, 20, 32), (2000, 0.9, 4, 5, 12)]
-    run = subprocess.run([str(KVPRESS_PYTHON), "-c", KVPRESS_BUDGETS, json.dumps(cases)],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    run = subprocess.run(
+        [str(KVPRESS_PYTHON), "-c", KVPRESS_BUDGETS, json.dumps(cases)], capture_output=True, text=True, check=True
+    )
     theirs = json.loads(run.stdout.strip().splitlines()[-1])
     for (q_len, ratio, window, beta, layers), budgets in zip(cases, theirs):
         ours = pyramid_budgets(round(q_len * (1 - ratio)), window, beta, layers)

@@ -155,15 +155,18 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_walker_sees_imports_in_functions_relative_ones_submodules_by_name_and_package_inits(tmp_path):
-    root = _tree(tmp_path, {
-        "pkg/__init__.py": "from .low import thing\n",
-        "pkg/low.py": "thing = 1\n",
-        "pkg/sub/__init__.py": "",
-        "pkg/sub/a.py": "from .. import low\nfrom ..sub import b\nimport json\n",
-        "pkg/sub/b.py": "def f():\n    from pkg.sub.a import x  # hidden in a function\n",
-        "pkg/top.py": "import pkg.sub\nfrom pkg.low import thing\n",
-        "other/use.py": "import pkg.sub.a\n",
-    })  # fmt: skip
+    root = _tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .low import thing\n",
+            "pkg/low.py": "thing = 1\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/a.py": "from .. import low\nfrom ..sub import b\nimport json\n",
+            "pkg/sub/b.py": "def f():\n    from pkg.sub.a import x  # hidden in a function\n",
+            "pkg/top.py": "import pkg.sub\nfrom pkg.low import thing\n",
+            "other/use.py": "import pkg.sub.a\n",
+        },
+    )
     graph = {m: {i.target for i in imports} for m, imports in import_graph(root, ("pkg", "other")).items()}
     assert graph["pkg"] == {"pkg.low"}
     assert graph["pkg.sub.a"] == {"pkg", "pkg.low", "pkg.sub", "pkg.sub.b"}  # json is not ours
@@ -175,8 +178,9 @@ def test_the_walker_sees_imports_in_functions_relative_ones_submodules_by_name_a
     assert "pkg" not in edges["pkg.top"]  # its own package is running already
     assert cycles(edges) == [["pkg.sub.a", "pkg.sub.b"]]
     assert _one_loop(["pkg.sub.a", "pkg.sub.b"], edges) == [
-        "pkg.sub.a -> pkg.sub.b (pkg/sub/a.py:2)", "pkg.sub.b -> pkg.sub.a (pkg/sub/b.py:2)"
-    ]  # fmt: skip
+        "pkg.sub.a -> pkg.sub.b (pkg/sub/a.py:2)",
+        "pkg.sub.b -> pkg.sub.a (pkg/sub/b.py:2)",
+    ]
 
 
 def test_no_import_cycles():
@@ -193,8 +197,30 @@ FORBIDDEN = [
     ("cachelib.plan", ("cachelib.profile", "cachelib.sweep", "cachelib.cli", "app")),
     ("cachelib.profile", ("cachelib.sweep", "cachelib.cli", "app")),
     # the strategy table and the introspection record sit just above core: both backends read them
-    ("cachelib.spec", ("cachelib.mlx", "cachelib.torch", "cachelib.plan", "cachelib.profile", "cachelib.sweep", "cachelib.cli", "app")),
-    ("cachelib.introspect", ("cachelib.mlx", "cachelib.torch", "cachelib.plan", "cachelib.profile", "cachelib.sweep", "cachelib.cli", "app")),
+    (
+        "cachelib.spec",
+        (
+            "cachelib.mlx",
+            "cachelib.torch",
+            "cachelib.plan",
+            "cachelib.profile",
+            "cachelib.sweep",
+            "cachelib.cli",
+            "app",
+        ),
+    ),
+    (
+        "cachelib.introspect",
+        (
+            "cachelib.mlx",
+            "cachelib.torch",
+            "cachelib.plan",
+            "cachelib.profile",
+            "cachelib.sweep",
+            "cachelib.cli",
+            "app",
+        ),
+    ),
     ("cachelib", ("app",)),
 ]
 
@@ -207,7 +233,11 @@ def test_imports_run_down_the_layers():
     wrong = []
     for m, imports in import_graph().items():
         for imp in imports:
-            if _under(m, "cachelib.core") and _under(imp.target, "cachelib") and not _under(imp.target, "cachelib.core"):
+            if (
+                _under(m, "cachelib.core")
+                and _under(imp.target, "cachelib")
+                and not _under(imp.target, "cachelib.core")
+            ):
                 wrong.append(f"{m} imports {imp.target} ({imp.where}): cachelib.core imports nothing else of cachelib")
             for importer, banned in FORBIDDEN:
                 if _under(m, importer) and any(_under(imp.target, b) for b in banned):

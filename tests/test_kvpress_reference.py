@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SIDE_PYTHON = ROOT / ".venv-kvpress" / "bin" / "python"
 
 pytestmark = pytest.mark.skipif(
-    not SIDE_PYTHON.exists(), reason="no .venv-kvpress: run `bash scripts/kvpress_env.sh` to create kvpress's environment"
+    not SIDE_PYTHON.exists(),
+    reason="no .venv-kvpress: run `bash scripts/kvpress_env.sh` to create kvpress's environment",
 )
 
 

@@ -105,7 +105,9 @@ def test_unsupported_architecture_is_refused_with_the_supported_list(tmp_path, b
     config = json.loads((folder / "config.json").read_text())
     config["model_type"] = "flux_capacitor"
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=rf"architecture 'flux_capacitor' is not supported on {backend}; supported \(\d+\): .*llama"):
+    with pytest.raises(
+        ValueError, match=rf"architecture 'flux_capacitor' is not supported on {backend}; supported \(\d+\): .*llama"
+    ):
         load(str(folder), backend)
 
 

@@ -43,9 +43,15 @@ def write_tiny_gguf(path, seed=0, hidden=64, layers=2, heads=2, kv_heads=1, ffn=
     for i in range(layers):
         tensor(f"blk.{i}.attn_norm.weight", (hidden,))
         tensor(f"blk.{i}.ffn_norm.weight", (hidden,))
-        for part, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
-                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)),
-                            ("ffn_down", (hidden, ffn))]:  # fmt: skip
+        for part, shape in [
+            ("attn_q", (hidden, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, hidden)),
+            ("ffn_gate", (ffn, hidden)),
+            ("ffn_up", (ffn, hidden)),
+            ("ffn_down", (hidden, ffn)),
+        ]:
             tensor(f"blk.{i}.{part}.weight", shape, Q.Q4_1)
     tensor("output_norm.weight", (hidden,))
     w.write_header_to_file()

@@ -57,9 +57,12 @@ def _toggle_play() -> None:
 
 playing = bool(st.session_state.get(Keys.INSP_PLAYING)) and len(steps) > 1
 st.button(
-    "⏸ Pause" if playing else "▶ Play", key=Keys.INSP_PLAY, on_click=_toggle_play, disabled=len(steps) < 2,
+    "⏸ Pause" if playing else "▶ Play",
+    key=Keys.INSP_PLAY,
+    on_click=_toggle_play,
+    disabled=len(steps) < 2,
     help=f"advance one step every {PLAY_SECONDS} s",
-)  # fmt: skip
+)
 
 
 def step_panel() -> None:
@@ -107,9 +110,12 @@ def step_panel() -> None:
 
     st.subheader("What the cache holds over the run")
     span = st.select_slider(
-        "Rows in the block", [16, 32, 64, 128, 256], value=inspector_charts.RUN_SPAN, **kept(Keys.INSP_SPAN),
+        "Rows in the block",
+        [16, 32, 64, 128, 256],
+        value=inspector_charts.RUN_SPAN,
+        **kept(Keys.INSP_SPAN),
         help="how many recorded decode steps the block shows, ending at the chosen one",
-    )  # fmt: skip
+    )
     tables = (view.steps, view.layers, view.slots, view.masks)
     fig = inspector_charts.mask_run_figure(*tables, strategy, layer, step, span)
     chart(fig, "insp_mask_run")
@@ -141,10 +147,15 @@ def step_panel() -> None:
 
     st.subheader("Quantization error")
     column = st.radio(
-        "Error of", list(charts.ERROR_COLUMNS), **kept(Keys.INSP_ERROR), horizontal=True,
+        "Error of",
+        list(charts.ERROR_COLUMNS),
+        **kept(Keys.INSP_ERROR),
+        horizontal=True,
         format_func=lambda c: charts.ERROR_COLUMNS[c],
-    )  # fmt: skip
-    quantized = (view.layers["strategy"] == strategy) & view.layers[["key_rel_rms", "value_rel_rms"]].notna().any(axis=1)
+    )
+    quantized = (view.layers["strategy"] == strategy) & view.layers[["key_rel_rms", "value_rel_rms"]].notna().any(
+        axis=1
+    )
     if not quantized.any():  # one line, not two empty frames
         st.caption(f"{md(strategy)}: {charts.NO_QUANT_ERROR}.")
         return

@@ -62,16 +62,22 @@ def load_model(name: str, backend: str, device: str):
         return state.loaded_model(name, backend, device)
     with st.status(f"Loading {name} on {backend}/{device}…", expanded=True) as box:
         bar = st.progress(0.0, text="starting")
-        loaded = state.loaded_model(name, backend, device, progress=lambda stage, f: bar.progress(min(f, 1.0), text=stage))
+        loaded = state.loaded_model(
+            name, backend, device, progress=lambda stage, f: bar.progress(min(f, 1.0), text=stage)
+        )
         box.update(label=f"Loaded {name} in {loaded.info.load_seconds:.1f} s", state="complete", expanded=False)
     return loaded
 
 
 run_col, note_col = st.columns([1, 5], vertical_alignment="center")
 clicked = run_col.button(
-    "Run", type="primary", key=Keys.RUN, disabled=running or bool(problems), width="stretch",
+    "Run",
+    type="primary",
+    key=Keys.RUN,
+    disabled=running or bool(problems),
+    width="stretch",
     help="off while a field is marked in red" if problems else None,
-)  # fmt: skip
+)
 if problems:  # each is shown beside its field; this says why Run is off
     where = "field is" if len(problems) == 1 else f"{len(problems)} fields are"
     note_col.caption(f":red[Run is off until the {where} fixed (marked in red above or in the sidebar).]")
@@ -127,9 +133,12 @@ if running:
     # browser's element is replaced under the pointer), and a full rerun interrupts the fragment.
     stopping = run.stop_event.is_set()
     st.button(
-        "Stopping…" if stopping else "Stop", key=Keys.STOP, on_click=run.stop, disabled=stopping,
+        "Stopping…" if stopping else "Stop",
+        key=Keys.STOP,
+        on_click=run.stop,
+        disabled=stopping,
         help="stop after the current step; keeps what was recorded",
-    )  # fmt: skip
+    )
     # The charts are drawn before the progress bar (into the box below it), so that a full rerun
     # draws them first and the progress bar, seeing them drawn, asks for no rerun of its own.
     progress_box, charts_box = st.container(), st.container()

@@ -15,21 +15,32 @@ import pandas as pd
 import streamlit as st
 
 from app import plan_charts, state
-from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
 from app.plain import md
+from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
 from app.widgets import int_field
-from cachelib.core.units import DTYPE_BYTES, human_gib as human_bytes
+from cachelib.cli.plan import SESSIONS_TEXT
+from cachelib.core.units import DTYPE_BYTES
+from cachelib.core.units import human_gib as human_bytes
 from cachelib.plan import (
-    Arch, Fit, PlanRequest, PlanResult, Quality, chart_range, context_grid, frontier_curves, memory_bytes,
-    memory_curves, plan_request, preset_names, resolve_model,
-)  # fmt: skip
+    Arch,
+    Fit,
+    PlanRequest,
+    PlanResult,
+    chart_range,
+    context_grid,
+    frontier_curves,
+    memory_bytes,
+    memory_curves,
+    plan_request,
+    preset_names,
+    resolve_model,
+)
 from cachelib.plan.answer import Answer, build_answer, default_strategies
 from cachelib.plan.device import WEIGHT_FORMATS
 from cachelib.plan.request import DEVICES, SOLVE, request_defaults
 from cachelib.plan.runtimes import RUNTIMES, describe_layout, resolve_runtime, runtime_names
-from cachelib.cli.plan import SESSIONS_TEXT
 from cachelib.profile.evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence
 from cachelib.spec import STRATEGIES
 
@@ -38,29 +49,61 @@ COMMITTED = "committed evidence (assets/evidence)"
 REQUEST = request_defaults()  # the CLI's defaults: one source (cachelib.plan.request.PlanRequest's fields)
 GiB = 2**30
 # the example the page opens with (the CLI has no default for these: it asks for them)
-EXAMPLE: dict[str, Any] = {"plan_model": "llama-3.1-8b", "plan_context": 32768, "plan_budget": 24.0,
-                           "plan_runtime": "mlx-lm"}  # fmt: skip
+EXAMPLE: dict[str, Any] = {
+    "plan_model": "llama-3.1-8b",
+    "plan_context": 32768,
+    "plan_budget": 24.0,
+    "plan_runtime": "mlx-lm",
+}
 DEFAULTS: dict[str, Any] = {  # widget key -> first value
-    **EXAMPLE, "plan_config": "", "plan_backend": REQUEST["backend"], "plan_dtype": REQUEST["dtype"],
-    "plan_batch": REQUEST["batch"], "plan_prefill": REQUEST["prefill"], "plan_prefill_chunk": REQUEST["prefill_chunk"],
-    "plan_strategies": "", "plan_tp": REQUEST["tp"], "plan_pp": REQUEST["pp"],
-    "plan_kv_format": REQUEST["kv_format"] or "dtype", "plan_device": REQUEST["device"],
-    "plan_weights": None, "plan_weights_dtype": REQUEST["weights_dtype"] or "published",
-    "plan_reserve": REQUEST["reserve_bytes"] / GiB, "plan_sessions": REQUEST["sessions"],
-    "plan_solve": REQUEST["solve"] or "nothing", "plan_max_kl": REQUEST["max_kl"],
-    "plan_min_agreement": REQUEST["min_agreement"], "plan_suggest": REQUEST["suggest"],
-    "plan_most_sessions": REQUEST["most_sessions"], "plan_range": None, "plan_log": False,
-    "plan_measure": "max_batch", "plan_evidence": [COMMITTED], "plan_shown": None, "plan_show_evidence": False,
-}  # fmt: skip
-OPTIONAL = {"plan_prefill_chunk", "plan_budget", "plan_weights", "plan_max_kl", "plan_min_agreement",
-            "plan_sessions"}  # empty: none  # fmt: skip
+    **EXAMPLE,
+    "plan_config": "",
+    "plan_backend": REQUEST["backend"],
+    "plan_dtype": REQUEST["dtype"],
+    "plan_batch": REQUEST["batch"],
+    "plan_prefill": REQUEST["prefill"],
+    "plan_prefill_chunk": REQUEST["prefill_chunk"],
+    "plan_strategies": "",
+    "plan_tp": REQUEST["tp"],
+    "plan_pp": REQUEST["pp"],
+    "plan_kv_format": REQUEST["kv_format"] or "dtype",
+    "plan_device": REQUEST["device"],
+    "plan_weights": None,
+    "plan_weights_dtype": REQUEST["weights_dtype"] or "published",
+    "plan_reserve": REQUEST["reserve_bytes"] / GiB,
+    "plan_sessions": REQUEST["sessions"],
+    "plan_solve": REQUEST["solve"] or "nothing",
+    "plan_max_kl": REQUEST["max_kl"],
+    "plan_min_agreement": REQUEST["min_agreement"],
+    "plan_suggest": REQUEST["suggest"],
+    "plan_most_sessions": REQUEST["most_sessions"],
+    "plan_range": None,
+    "plan_log": False,
+    "plan_measure": "max_batch",
+    "plan_evidence": [COMMITTED],
+    "plan_shown": None,
+    "plan_show_evidence": False,
+}
+OPTIONAL = {
+    "plan_prefill_chunk",
+    "plan_budget",
+    "plan_weights",
+    "plan_max_kl",
+    "plan_min_agreement",
+    "plan_sessions",
+}  # empty: none
 # whole-number fields, read as typed (app.widgets.int_field) with the CLI's lower bounds:
 # key -> (least value, what an empty field means; None: it must be given)
 INTEGERS: dict[str, tuple[int, str | None]] = {
-    "plan_context": (1, None), "plan_sessions": (1, "any"), "plan_batch": (1, None), "plan_tp": (1, None),
-    "plan_pp": (1, None), "plan_prefill": (0, "the whole context"), "plan_prefill_chunk": (1, "the runtime's"),
+    "plan_context": (1, None),
+    "plan_sessions": (1, "any"),
+    "plan_batch": (1, None),
+    "plan_tp": (1, None),
+    "plan_pp": (1, None),
+    "plan_prefill": (0, "the whole context"),
+    "plan_prefill_chunk": (1, "the runtime's"),
     "plan_range": (1, "2 x context, at most the model's"),
-}  # fmt: skip
+}
 SHOWN_AT_ONCE = 6  # from this many strategies on, the charts draw those picked in "strategies shown"
 
 
@@ -138,18 +181,29 @@ def request_of(v: dict[str, Any]) -> tuple[str, Arch, PlanRequest]:
     runtime, backend = resolve_runtime(v["plan_runtime"], v["plan_backend"])
     listed = plan_charts.parse_strategies(v["plan_strategies"]) or list(default_strategies(runtime, arch, backend))
     request = PlanRequest(  # GiB read into bytes here, at the edge, as the CLI reads its flags
-        listed, context=int(v["plan_context"]),
-        batch=int(v["plan_batch"]), backend=backend, dtype=v["plan_dtype"], prefill=v["plan_prefill"],
-        prefill_chunk=v["plan_prefill_chunk"], weights_bytes=memory_bytes("weights (GiB)", v["plan_weights"]),
+        listed,
+        context=int(v["plan_context"]),
+        batch=int(v["plan_batch"]),
+        backend=backend,
+        dtype=v["plan_dtype"],
+        prefill=v["plan_prefill"],
+        prefill_chunk=v["plan_prefill_chunk"],
+        weights_bytes=memory_bytes("weights (GiB)", v["plan_weights"]),
         budget_bytes=memory_bytes("budget (GiB)", v["plan_budget"]),
         reserve_bytes=memory_bytes("reserve (GiB)", v["plan_reserve"]) or 0,
         weights_dtype=None if v["plan_weights_dtype"] == "published" else v["plan_weights_dtype"],
-        runtime=runtime, tp=int(v["plan_tp"]), pp=int(v["plan_pp"]),
-        kv_format=None if v["plan_kv_format"] == "dtype" else v["plan_kv_format"], device=v["plan_device"],
-        sessions=v["plan_sessions"], solve=None if v["plan_solve"] == "nothing" else v["plan_solve"],
-        max_kl=v["plan_max_kl"], min_agreement=v["plan_min_agreement"], suggest=bool(v["plan_suggest"]),
+        runtime=runtime,
+        tp=int(v["plan_tp"]),
+        pp=int(v["plan_pp"]),
+        kv_format=None if v["plan_kv_format"] == "dtype" else v["plan_kv_format"],
+        device=v["plan_device"],
+        sessions=v["plan_sessions"],
+        solve=None if v["plan_solve"] == "nothing" else v["plan_solve"],
+        max_kl=v["plan_max_kl"],
+        min_agreement=v["plan_min_agreement"],
+        suggest=bool(v["plan_suggest"]),
         most_sessions=bool(v["plan_most_sessions"]),
-    )  # fmt: skip
+    )
     return model, arch, request
 
 
@@ -205,9 +259,13 @@ def inputs() -> tuple[dict[str, Any], list[str]]:
             st.text_input("config.json", key="plan_config", placeholder="/path/to/config.json or its folder")
         if st.session_state["plan_runtime"] not in RUNTIMES:  # "none" from before cachelib's loop had a name
             st.session_state["plan_runtime"] = "cachelib"
-        st.selectbox("Runtime", runtime_names(), key="plan_runtime",
-                     help="the runtime you deploy on: the answer is written in its own flags; cachelib: cachelib's "
-                     "caches in your own code (its profiler loop), on the backend picked below")  # fmt: skip
+        st.selectbox(
+            "Runtime",
+            runtime_names(),
+            key="plan_runtime",
+            help="the runtime you deploy on: the answer is written in its own flags; cachelib: cachelib's "
+            "caches in your own code (its profiler loop), on the backend picked below",
+        )
         runtime = RUNTIMES[st.session_state["plan_runtime"]]
         if len(runtime.backends) > 1:  # cachelib's loop runs on both; any other runtime implies its backend
             rules = "the cache library whose allocation rules apply (they differ)"
@@ -229,20 +287,34 @@ def inputs() -> tuple[dict[str, Any], list[str]]:
         if st.session_state.get("plan_kv_format") not in formats:  # another runtime's format (fp8 -> llama.cpp)
             st.session_state["plan_kv_format"] = "dtype"
         if len(formats) > 1:
-            st.selectbox("KV format", formats, key="plan_kv_format",
-                         help="the runtime's KV storage (vllm --kv-cache-dtype, llama.cpp -ctk/-ctv); dtype: the "
-                         "K/V dtype")  # fmt: skip
+            st.selectbox(
+                "KV format",
+                formats,
+                key="plan_kv_format",
+                help="the runtime's KV storage (vllm --kv-cache-dtype, llama.cpp -ctk/-ctv); dtype: the K/V dtype",
+            )
         st.selectbox("K/V dtype", list(DTYPE_BYTES), key="plan_dtype")
 
         st.subheader("Workload")
         _integer("Context (tokens)", "plan_context", "tokens the cache holds at the end of a run", found, problems)
         left, right = st.columns(2)
-        _integer("Sessions", "plan_sessions", "concurrent sessions of the context the answer must serve; empty: "
-                 "as many as fit", found, problems, where=left)  # fmt: skip
+        _integer(
+            "Sessions",
+            "plan_sessions",
+            "concurrent sessions of the context the answer must serve; empty: as many as fit",
+            found,
+            problems,
+            where=left,
+        )
         _integer("Batch", "plan_batch", "sequences per run", found, problems, where=right)
-        st.radio("Solve for", ["nothing", *SOLVE], key="plan_solve", horizontal=True,
-                 help="the largest max_kv_size (mlx-lm's --max-kv-size ring) or the most KV bits that fit the sessions "
-                 "in the budget; both are shown side by side with their quality")  # fmt: skip
+        st.radio(
+            "Solve for",
+            ["nothing", *SOLVE],
+            key="plan_solve",
+            horizontal=True,
+            help="the largest max_kv_size (mlx-lm's --max-kv-size ring) or the most KV bits that fit the sessions "
+            "in the budget; both are shown side by side with their quality",
+        )
         with st.expander("Prompt feeding"):
             rest = "the rest of the context is decoded one token at a time"
             _integer("Prompt tokens", "plan_prefill", rest, found, problems)
@@ -255,35 +327,68 @@ def inputs() -> tuple[dict[str, Any], list[str]]:
             "Empty: the runtime's standard set. The first is the reference savings are counted against."
         )
         listed = ", ".join(default_strategies(runtime.name))
-        st.text_area("One spec per line", key="plan_strategies", height=110, help=grammar,
-                     placeholder=f"the runtime's standard set: {listed}")  # fmt: skip
-        st.checkbox("Suggest from the evidence", key="plan_suggest",
-                    help="also plan what the evidence measured, its rings and windows scaled to this context "
-                    "(rounded up to sizes you would type)")  # fmt: skip
-        st.checkbox("Most sessions first", key="plan_most_sessions",
-                    help="recommend the strategy serving the most sessions that meets the thresholds, lossy or not; "
-                    "otherwise a lossless one whenever it serves the request")  # fmt: skip
+        st.text_area(
+            "One spec per line",
+            key="plan_strategies",
+            height=110,
+            help=grammar,
+            placeholder=f"the runtime's standard set: {listed}",
+        )
+        st.checkbox(
+            "Suggest from the evidence",
+            key="plan_suggest",
+            help="also plan what the evidence measured, its rings and windows scaled to this context "
+            "(rounded up to sizes you would type)",
+        )
+        st.checkbox(
+            "Most sessions first",
+            key="plan_most_sessions",
+            help="recommend the strategy serving the most sessions that meets the thresholds, lossy or not; "
+            "otherwise a lossless one whenever it serves the request",
+        )
 
         st.subheader("Memory")
-        budget = ("one device's memory for weights + cache + activations + runtime overhead + reserve, in GiB "
-                  "(2^30 bytes: a \"24 GB\" GPU holds 24 GiB)")
+        budget = (
+            "one device's memory for weights + cache + activations + runtime overhead + reserve, in GiB "
+            '(2^30 bytes: a "24 GB" GPU holds 24 GiB)'
+        )
         _number("Budget (GiB)", "plan_budget", budget, min_value=0.0, step=1.0, placeholder="none")
         weights = "the weights one device holds, as measured, in GiB; empty: counted from the parameters"
         _number("Weights (GiB)", "plan_weights", weights, min_value=0.0, step=0.5, placeholder="params x precision")
-        st.selectbox("Weights dtype", ["published", *WEIGHT_FORMATS], key="plan_weights_dtype",
-                     help="precision the weights are counted at; published: the checkpoint's config.json dtype")  # fmt: skip
-        _number("Reserve (GiB)", "plan_reserve", "kept free on each device beyond what is counted", min_value=0.0, step=0.5)
-        st.radio("Forward runs on", list(DEVICES), key="plan_device", horizontal=True,
-                 help="on the cpu MLX materialises the attention scores, which the activations then count")  # fmt: skip
+        st.selectbox(
+            "Weights dtype",
+            ["published", *WEIGHT_FORMATS],
+            key="plan_weights_dtype",
+            help="precision the weights are counted at; published: the checkpoint's config.json dtype",
+        )
+        _number(
+            "Reserve (GiB)", "plan_reserve", "kept free on each device beyond what is counted", min_value=0.0, step=0.5
+        )
+        st.radio(
+            "Forward runs on",
+            list(DEVICES),
+            key="plan_device",
+            horizontal=True,
+            help="on the cpu MLX materialises the attention scores, which the activations then count",
+        )
 
         st.subheader("Quality")
         kl = "the upper bound of the measured KL(full cache ‖ strategy)'s 95% interval must be at most this"
         _number("Max mean KL (nats)", "plan_max_kl", kl, min_value=0.0, step=0.01, format="%.4f", placeholder="none")
         agree = "the lower bound of the top-1 agreement's 95% interval must be at least this (0..1)"
-        _number("Min top-1 agreement", "plan_min_agreement", agree, min_value=0.0, max_value=1.0, step=0.01,
-                placeholder="none")  # fmt: skip
-        picked = "what judges each strategy: the committed evaluations of the bundled model, and any evaluation, " \
+        _number(
+            "Min top-1 agreement",
+            "plan_min_agreement",
+            agree,
+            min_value=0.0,
+            max_value=1.0,
+            step=0.01,
+            placeholder="none",
+        )
+        picked = (
+            "what judges each strategy: the committed evaluations of the bundled model, and any evaluation, "
             "sweep or profile under the profiles folder you add; nothing counts unless picked"
+        )
         st.multiselect("Evidence", evidence_choices(), key="plan_evidence", help=picked)
     values = {k: st.session_state[k] for k in DEFAULTS if k in st.session_state}
     return {**values, **found}, problems
@@ -307,15 +412,19 @@ def answer_block(p: Planned) -> None:
         if a.side_by_side:
             st.markdown("side by side, the same sessions:  \n" + "  \n".join(md(line) for line in a.side_by_side))
         if a.in_code:
-            st.markdown("with cachelib's caches in your code (not options of the runtime):  \n"
-                        + "  \n".join(md(line) for line in a.in_code))  # fmt: skip
+            st.markdown(
+                "with cachelib's caches in your code (not options of the runtime):  \n"
+                + "  \n".join(md(line) for line in a.in_code)
+            )
     with st.expander("How the answer was reached"):
         st.text("\n".join(a.steps))
     for warning in p.evidence.warnings:
         st.warning(md(warning))  # names a file
     if not p.evidence.points:
-        st.caption("No evidence picked: only lossless strategies can be judged. Pick evidence in the sidebar, or "
-                   "measure with `python -m cachelib evaluate`.")  # fmt: skip
+        st.caption(
+            "No evidence picked: only lossless strategies can be judged. Pick evidence in the sidebar, or "
+            "measure with `python -m cachelib evaluate`."
+        )
     if p.result.added:
         st.caption(f"Also planned, suggested by the evidence: {len(p.result.added)} strategies.")
     if p.result.skipped:
@@ -358,10 +467,15 @@ def header(p: Planned) -> None:
 def counted(p: Planned) -> None:
     """What "fits" counts on one device, term by term, for the first strategy."""
     first = p.result.fits[0]
-    with st.expander(f"What \"fits\" counts, per device, for {first.spec}"):
-        st.dataframe(pd.DataFrame([{"term": name, "bytes": human_bytes(n), "from": note}
-                                   for name, n, note in first.device.terms()]),
-                     hide_index=True, width="stretch", key="plan_terms")  # fmt: skip
+    with st.expander(f'What "fits" counts, per device, for {first.spec}'):
+        st.dataframe(
+            pd.DataFrame(
+                [{"term": name, "bytes": human_bytes(n), "from": note} for name, n, note in first.device.terms()]
+            ),
+            hide_index=True,
+            width="stretch",
+            key="plan_terms",
+        )
 
 
 def shown_strategies(p: Planned) -> list[str]:
@@ -375,8 +489,12 @@ def shown_strategies(p: Planned) -> list[str]:
     saved = st.session_state.get("plan_shown")
     if not saved or not set(saved) <= set(names):
         st.session_state["plan_shown"] = first
-    return st.multiselect("Strategies shown", names, key="plan_shown",
-                          help="the charts draw these; the table lists every strategy planned")  # fmt: skip
+    return st.multiselect(
+        "Strategies shown",
+        names,
+        key="plan_shown",
+        help="the charts draw these; the table lists every strategy planned",
+    )
 
 
 def charts(p: Planned) -> None:
@@ -386,28 +504,44 @@ def charts(p: Planned) -> None:
     problems: list[str] = []
     _integer("Charts up to (tokens)", "plan_range", "the end of both charts' context axis", found, problems, where=a)
     b.checkbox("Log scales", key="plan_log", help="contexts from 1 token on a log axis; bytes on a log axis too")
-    c.radio("Frontier of", list(plan_charts.FRONTIER_MEASURES), key="plan_measure", horizontal=True,
-            format_func=lambda m: plan_charts.FRONTIER_MEASURES[m])  # fmt: skip
+    c.radio(
+        "Frontier of",
+        list(plan_charts.FRONTIER_MEASURES),
+        key="plan_measure",
+        horizontal=True,
+        format_func=lambda m: plan_charts.FRONTIER_MEASURES[m],
+    )
     if problems:
         return  # the field says why; no chart is drawn to a range it does not show
     v = p.values
     log, measure = st.session_state["plan_log"], st.session_state["plan_measure"]
     request = p.result.request
     # the curves draw only the strategies shown, and never depend on the thresholds
-    charted = replace(request, strategies=tuple(names) or request.strategies[:1], max_kl=None, min_agreement=None,
-                      sessions=None, solve=None, suggest=False)  # fmt: skip
+    charted = replace(
+        request,
+        strategies=tuple(names) or request.strategies[:1],
+        max_kl=None,
+        min_agreement=None,
+        sessions=None,
+        solve=None,
+        suggest=False,
+    )
     context = request.context
-    grid = tuple(context_grid(
-        context, found["plan_range"] or chart_range(context, p.arch.max_position_embeddings), log=log
-    ))  # fmt: skip
+    grid = tuple(
+        context_grid(context, found["plan_range"] or chart_range(context, p.arch.max_position_embeddings), log=log)
+    )
     shown = [f for f in p.fits if f.spec in names]
     bytes_only = replace(charted, budget_bytes=None, reserve_bytes=0, weights_bytes=None)  # a budget change keeps them
     left, right = st.columns(2)
     with left:
         fig = plan_charts.plan_memory_figure(
-            _memory_curves(p.arch, bytes_only, grid), names, cache_budget=p.result.cache_budget, context=context,
-            fits=shown, log=log,
-        )  # fmt: skip
+            _memory_curves(p.arch, bytes_only, grid),
+            names,
+            cache_budget=p.result.cache_budget,
+            context=context,
+            fits=shown,
+            log=log,
+        )
         st.plotly_chart(fig, key="plan_memory", config=PLOTLY_CONFIG)
     with right:
         frontier = pd.DataFrame() if p.result.cache_budget is None else _frontier_curves(p.arch, charted, grid)
@@ -429,12 +563,16 @@ def evidence(p: Planned) -> None:
         if not p.evidence.points:
             st.caption("No measured KL or agreement in the evidence picked.")
             return
-        info = plan_charts.quality_info(p.evidence.points, p.fits, p.values["plan_context"],
-                                        p.result.request.backend)  # fmt: skip
+        info = plan_charts.quality_info(p.evidence.points, p.fits, p.values["plan_context"], p.result.request.backend)
         st.plotly_chart(plan_charts.quality_figure(info), key="plan_quality", config=PLOTLY_CONFIG)
         shares = {c: st.column_config.NumberColumn(format="percent") for c in plan_charts.EVIDENCE_SHARES}
-        st.dataframe(plan_charts.evidence_table(p.evidence.points), hide_index=True, width="stretch",
-                     key="plan_evidence_table", column_config=shares)  # fmt: skip
+        st.dataframe(
+            plan_charts.evidence_table(p.evidence.points),
+            hide_index=True,
+            width="stretch",
+            key="plan_evidence_table",
+            column_config=shares,
+        )
 
 
 st.title("Planner")

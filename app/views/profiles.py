@@ -21,15 +21,22 @@ def downloads(name: str, source, views: dict, key: str) -> None:
     a, b, c = st.columns(3)
     for col, fmt in ((a, "csv"), (b, "parquet")):
         col.download_button(
-            f"Download {'CSV' if fmt == 'csv' else 'Parquet'}", data=lambda fmt=fmt: state.export_bytes(source, fmt, name),
-            file_name=f"{name.replace('/', '-')}.{fmt}", mime=state.EXPORT_FORMATS[fmt], key=f"{key}_{fmt}",
+            f"Download {'CSV' if fmt == 'csv' else 'Parquet'}",
+            data=lambda fmt=fmt: state.export_bytes(source, fmt, name),
+            file_name=f"{name.replace('/', '-')}.{fmt}",
+            mime=state.EXPORT_FORMATS[fmt],
+            key=f"{key}_{fmt}",
             width="stretch",
-        )  # fmt: skip
+        )
     c.download_button(
-        "HTML report", data=lambda: state.report_bytes(views), file_name=f"{name.replace('/', '-')}-report.html",
-        mime="text/html", key=f"{key}_report", width="stretch",
+        "HTML report",
+        data=lambda: state.report_bytes(views),
+        file_name=f"{name.replace('/', '-')}-report.html",
+        mime="text/html",
+        key=f"{key}_report",
+        width="stretch",
         help="the summary table and the figures in one file that opens offline (plotly.js inlined)",
-    )  # fmt: skip
+    )
 
 
 # --- the current run ---------------------------------------------------------------------------
@@ -121,10 +128,13 @@ if views:
         downloads(name, sources[name], {name: v}, f"download_{i}")
     if len(views) > 1:
         st.download_button(
-            "HTML report of the comparison", data=lambda: state.report_bytes(views),
-            file_name="comparison-report.html", mime="text/html", key=Keys.DOWNLOAD_REPORT,
+            "HTML report of the comparison",
+            data=lambda: state.report_bytes(views),
+            file_name="comparison-report.html",
+            mime="text/html",
+            key=Keys.DOWNLOAD_REPORT,
             help="every loaded profile's summary and the figures in one file that opens offline",
-        )  # fmt: skip
+        )
     panels.charts_grid(state.combined(views), key="compare")
     for name, v in views.items():
         with st.expander(f"Generated text · {md(name)}"):

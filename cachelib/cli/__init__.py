@@ -15,8 +15,8 @@ import importlib
 import json
 import signal
 import sys
-import warnings
 import threading
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -29,14 +29,18 @@ SUBCOMMANDS = (
     ("profile", "run a model with several cache strategies and record a profile", None),
     ("profiles", "list the profiles in a folder, incomplete ones and unclosed partial files included", None),
     ("plan", "exact KV bytes, what fits in a budget, and the quality price", "cachelib.cli.plan"),
-    ("evaluate", "long-context quality (KL, top-1, perplexity) of strategies vs the full cache",
-     "cachelib.cli.evaluate"),
+    (
+        "evaluate",
+        "long-context quality (KL, top-1, perplexity) of strategies vs the full cache",
+        "cachelib.cli.evaluate",
+    ),
     ("retrieval", "needle-in-a-haystack accuracy of strategies over contexts x depths", "cachelib.cli.retrieval"),
     ("report", "a comparison of profiles as one self-contained HTML file (opens offline)", "cachelib.cli.report"),
     ("sweep", "run a grid of profiles (TOML) locally or on a Dask cluster", "cachelib.sweep.cli"),
     ("strategies", "list cache strategies and their knobs", None),
     ("models", "list the models and devices available here", None),
 )
+
 
 class CliError(Exception):
     """A one-line user error: printed without a traceback, exit code 2."""
@@ -90,8 +94,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     others keep their help line), so only its module is imported."""
     parser = _Parser(prog="cachelib", description="See inside KV caches: profile, compare and plan cache strategies.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    here = {"profile": (_add_profile_arguments, _profile), "profiles": (_add_profiles_arguments, _profiles),
-            "strategies": (None, _strategies), "models": (None, _models)}  # fmt: skip
+    here = {
+        "profile": (_add_profile_arguments, _profile),
+        "profiles": (_add_profiles_arguments, _profiles),
+        "strategies": (None, _strategies),
+        "models": (None, _models),
+    }
     for name, help, module in SUBCOMMANDS:
         p = sub.add_parser(name, help=help)
         if command is not None and command != name:
@@ -129,28 +137,42 @@ def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="a chat prompt; the baseline decodes greedily from it")
     src.add_argument("--text-file", type=Path, help="an evaluation text; every strategy is fed its tokens")
-    p.add_argument("--max-tokens", type=int_range(1, INDEX_MAX), default=64, help="steps to run (the prefill is step 0)")
+    p.add_argument(
+        "--max-tokens", type=int_range(1, INDEX_MAX), default=64, help="steps to run (the prefill is step 0)"
+    )
     p.add_argument("--free-running", action="store_true", help="each strategy feeds its own greedy tokens")
     p.add_argument(
-        "--one-by-one", action="store_true",
+        "--one-by-one",
+        action="store_true",
         help="advance every strategy by its own forward pass (default: the strategies are the rows of one batch)",
-    )  # fmt: skip
-    p.add_argument("--sample-every", type=positive_int, default=None, help="sample masks and quantization error every K steps")
+    )
+    p.add_argument(
+        "--sample-every", type=positive_int, default=None, help="sample masks and quantization error every K steps"
+    )
     p.add_argument("--probes", default="", help="probe periods, e.g. memory=1,masks=0 ('none' for all off)")
     p.add_argument(
-        "--memory-limit", type=positive_memory_size, default=None, metavar="SIZE",
+        "--memory-limit",
+        type=positive_memory_size,
+        default=None,
+        metavar="SIZE",
         help="stop before the caches pass this size (default: 90%% of the memory available at the start; "
         f"without it a run predicted to need more is refused); {SIZE_HELP}",
-    )  # fmt: skip
+    )
     p.add_argument("--out", type=Path, default=None, help="profile CSV to write (default: profiles/<time>-<model>.csv)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
     mlx = p.add_argument_group("mlx-lm shorthands (add one strategy after the baseline)")
     mlx.add_argument("--max-kv-size", type=int_range(1, INDEX_MAX), default=None, help="= rotating:max_size=N,keep=4")
     mlx.add_argument(
-        "--kv-bits", type=int, choices=QUANT_BITS, default=None, help="= quantized:bits=B (with --max-kv-size: a quantized ring)"
+        "--kv-bits",
+        type=int,
+        choices=QUANT_BITS,
+        default=None,
+        help="= quantized:bits=B (with --max-kv-size: a quantized ring)",
     )
     mlx.add_argument("--kv-group-size", type=int, choices=GROUP_SIZES, default=64, help="group size for --kv-bits")
-    mlx.add_argument("--quantized-kv-start", type=int_range(0, INDEX_MAX), default=0, help="quantize after this many tokens")
+    mlx.add_argument(
+        "--quantized-kv-start", type=int_range(0, INDEX_MAX), default=0, help="quantize after this many tokens"
+    )
 
 
 def _profile(args) -> int:
@@ -210,8 +232,11 @@ def _where_written(profile, out: Path) -> str:
     status = profile.status if profile.complete else f"{profile.status}: {profile.meta.get('reason', '')}"
     line = f"profile: {profile.path} ({status})"
     if profile.path is not None and Path(profile.path) != Path(out):
-        why = ("another run wrote it while this one ran" if profile.complete
-               else "an incomplete run never replaces a profile")  # fmt: skip
+        why = (
+            "another run wrote it while this one ran"
+            if profile.complete
+            else "an incomplete run never replaces a profile"
+        )
         line += f"; {out} was kept as it is ({why})"
     return line
 
@@ -252,8 +277,15 @@ def _profiles(args) -> int:
         except (ValueError, OSError) as e:
             rows.append((f.name, "not a profile", "", "", str(e)))
             continue
-        rows.append((f.name, m.get("status", ""), m.get("model", ""), ", ".join(meta_list(m.get("strategies", ""))),
-                     m.get("reason", "")))  # fmt: skip
+        rows.append(
+            (
+                f.name,
+                m.get("status", ""),
+                m.get("model", ""),
+                ", ".join(meta_list(m.get("strategies", ""))),
+                m.get("reason", ""),
+            )
+        )
     width = max(len(r[0]) for r in rows)
     for name, status, model, strategies, reason in rows:
         line = f"{name:<{width}}  {status:<13} {model} {strategies}".rstrip()
@@ -282,11 +314,17 @@ def format_summary(summary) -> str:
     """One line per strategy: peak cache bytes allocated, bytes per token held, memory saved
     against the full cache in the run's dtype (:mod:`cachelib.profile.summary`), mean KL,
     top-1 agreement, tokens/s; then what "saved" was measured against."""
-    lines = [f"{'strategy':<44} {'peak alloc':>12} {'B/token':>8} {'saved':>6} {'mean KL':>10} {'top-1':>7} {'tok/s':>8}"]
+    lines = [
+        f"{'strategy':<44} {'peak alloc':>12} {'B/token':>8} {'saved':>6} {'mean KL':>10} {'top-1':>7} {'tok/s':>8}"
+    ]
     for _, r in summary.iterrows():
         peak = f"{r['peak_bytes_allocated'] / 2**20:,.2f} MiB" if r["peak_bytes_allocated"] is not None else "-"
         per_token = f"{r['bytes_per_token']:,.0f}" if r["bytes_per_token"] is not None else "-"
-        saved = f"{r['memory_saved']:.0%}" if r["memory_saved"] is not None and r["memory_saved"] == r["memory_saved"] else "-"
+        saved = (
+            f"{r['memory_saved']:.0%}"
+            if r["memory_saved"] is not None and r["memory_saved"] == r["memory_saved"]
+            else "-"
+        )
         kl = f"{r['mean_kl']:.4g}" if r["mean_kl"] is not None else "-"
         agree = f"{r['top1_agreement']:.1%}" if r["top1_agreement"] is not None else "-"
         tps = f"{r['decode_tokens_per_second']:.1f}" if r["decode_tokens_per_second"] is not None else "-"

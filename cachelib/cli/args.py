@@ -28,7 +28,9 @@ def _range_text(lo, hi, lo_open: bool = False) -> str:
     return " and ".join(parts)
 
 
-def finite_float(min: float | None = None, max: float | None = None, *, min_open: bool = False) -> Callable[[str], float]:
+def finite_float(
+    min: float | None = None, max: float | None = None, *, min_open: bool = False
+) -> Callable[[str], float]:
     """An argparse type: a finite number within [``min``, ``max``] (``min_open``: above ``min``)."""
     allowed = _range_text(min, max, min_open)
 

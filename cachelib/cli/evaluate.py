@@ -32,25 +32,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
     p.add_argument("--device", default=None, help="cpu, metal/gpu (MLX), cuda[:N] or mps (torch); default: best")
     p.add_argument(
-        "--strategy", action="append", default=[], metavar="SPEC",
+        "--strategy",
+        action="append",
+        default=[],
+        metavar="SPEC",
         help="a cache strategy, e.g. rotating:max_size=256,keep=4 (repeat; the first is the full-cache "
         "reference when it is lossless, else standard is added in front)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--context", action="append", type=positive_int, required=True, metavar="N",
+        "--context",
+        action="append",
+        type=positive_int,
+        required=True,
+        metavar="N",
         help="tokens prefilled before scoring (repeat for several contexts, all in one output file)",
-    )  # fmt: skip
-    p.add_argument("--score-tokens", type=positive_int, default=DEFAULT_SCORE_TOKENS, metavar="M",
-                   help=f"tokens scored teacher-forced after the prefill (default {DEFAULT_SCORE_TOKENS})")  # fmt: skip
-    p.add_argument("--windows", type=positive_int, default=DEFAULT_WINDOWS, metavar="W",
-                   help=f"evenly spaced windows per text (default {DEFAULT_WINDOWS})")  # fmt: skip
-    p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_CHUNK, metavar="K",
-                   help=f"tokens per prefill forward pass (default {DEFAULT_PREFILL_CHUNK}, mlx-lm's)")  # fmt: skip
-    p.add_argument("--text", action="append", type=Path, default=None, metavar="FILE",
-                   help="an evaluation text (repeat; default: every assets/corpus/*.txt)")  # fmt: skip
+    )
+    p.add_argument(
+        "--score-tokens",
+        type=positive_int,
+        default=DEFAULT_SCORE_TOKENS,
+        metavar="M",
+        help=f"tokens scored teacher-forced after the prefill (default {DEFAULT_SCORE_TOKENS})",
+    )
+    p.add_argument(
+        "--windows",
+        type=positive_int,
+        default=DEFAULT_WINDOWS,
+        metavar="W",
+        help=f"evenly spaced windows per text (default {DEFAULT_WINDOWS})",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=DEFAULT_PREFILL_CHUNK,
+        metavar="K",
+        help=f"tokens per prefill forward pass (default {DEFAULT_PREFILL_CHUNK}, mlx-lm's)",
+    )
+    p.add_argument(
+        "--text",
+        action="append",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="an evaluation text (repeat; default: every assets/corpus/*.txt)",
+    )
     p.add_argument("--out", type=Path, default=None, metavar="FILE.csv", help="write the evaluation here (CSV)")
-    p.add_argument("--one-by-one", action="store_true",
-                   help="one strategy's cache at a time (default: a window's strategies are the rows of one batch)")  # fmt: skip
+    p.add_argument(
+        "--one-by-one",
+        action="store_true",
+        help="one strategy's cache at a time (default: a window's strategies are the rows of one batch)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,8 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE", help="profile files (.csv or .parquet)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE.html", help="the report to write")
     p.add_argument("--title", default=None, help="the page title (default: the profiles' names)")
-    p.add_argument("--text", action="store_true",
-                   help="add each strategy's generated text (needs the profile's tokenizer on this machine)")  # fmt: skip
+    p.add_argument(
+        "--text",
+        action="store_true",
+        help="add each strategy's generated text (needs the profile's tokenizer on this machine)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,11 +38,16 @@ def run(args: argparse.Namespace) -> int:
         decode = [decoder_for(p.meta) for p in profiles]
         for profile, d in zip(profiles, decode):
             if d is None:
-                print(f"note: no tokenizer for {profile.meta.get('model', '?')} here; its text is left out", file=sys.stderr)
+                print(
+                    f"note: no tokenizer for {profile.meta.get('model', '?')} here; its text is left out",
+                    file=sys.stderr,
+                )
     page = report_html(profiles, names, title=args.title, decode=decode)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, args.out)
-    print(f"report: {args.out} ({len(profiles)} profile{'s' if len(profiles) > 1 else ''}, {len(page) / 2**20:.1f} MiB)")
+    print(
+        f"report: {args.out} ({len(profiles)} profile{'s' if len(profiles) > 1 else ''}, {len(page) / 2**20:.1f} MiB)"
+    )
     return 0

@@ -27,22 +27,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), a preset, or a model folder")
     p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
     p.add_argument("--device", default=None, help="cpu, metal/gpu (MLX), cuda[:N] or mps (torch); default: best")
-    p.add_argument("--strategy", action="append", default=[], metavar="SPEC",
-                   help="a cache strategy (repeat), e.g. rotating:max_size=256,keep=4")  # fmt: skip
-    p.add_argument("--context", action="append", type=positive_int, required=True, metavar="N",
-                   help="tokens of each trial, prompt, question and key included (repeat)")  # fmt: skip
-    p.add_argument("--depth", action="append", type=finite_float(0.0, 1.0), metavar="D",
-                   help="where the needle sits, 0 (start) .. 1 (end) (repeat; default 0.1 0.5 0.9)")  # fmt: skip
+    p.add_argument(
+        "--strategy",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a cache strategy (repeat), e.g. rotating:max_size=256,keep=4",
+    )
+    p.add_argument(
+        "--context",
+        action="append",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="tokens of each trial, prompt, question and key included (repeat)",
+    )
+    p.add_argument(
+        "--depth",
+        action="append",
+        type=finite_float(0.0, 1.0),
+        metavar="D",
+        help="where the needle sits, 0 (start) .. 1 (end) (repeat; default 0.1 0.5 0.9)",
+    )
     p.add_argument("--trials", type=positive_int, default=4, help="trials per context x depth (default 4)")
     p.add_argument("--task", choices=TASKS, default="passkey", help="passkey (default) or copy")
     p.add_argument("--prefill-chunk", type=positive_int, default=DEFAULT_PREFILL_CHUNK, metavar="K")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, metavar="FILE.csv", help="write the rows here (CSV)")
-    p.add_argument("--question", choices=QUESTION_MODES, default="prompt",
-                   help="prompt (default): the question is prefilled with the prompt, as a served request is; "
-                        "decode: it is teacher-forced after the prefill (a compress-once cache chooses before it)")  # fmt: skip
-    p.add_argument("--one-by-one", action="store_true",
-                   help="one strategy's cache at a time (default: a trial's strategies are the rows of one batch)")  # fmt: skip
+    p.add_argument(
+        "--question",
+        choices=QUESTION_MODES,
+        default="prompt",
+        help="prompt (default): the question is prefilled with the prompt, as a served request is; "
+        "decode: it is teacher-forced after the prefill (a compress-once cache chooses before it)",
+    )
+    p.add_argument(
+        "--one-by-one",
+        action="store_true",
+        help="one strategy's cache at a time (default: a trial's strategies are the rows of one batch)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,10 +81,20 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         found = retrieval(
-            args.model, args.strategy or ["standard"], contexts=args.context, depths=args.depth or [0.1, 0.5, 0.9],
-            trials=args.trials, seed=args.seed, prefill_chunk=args.prefill_chunk, backend=args.backend,
-            device=args.device, task=args.task, on_sample=keep, question=args.question, one_by_one=args.one_by_one,
-        )  # fmt: skip
+            args.model,
+            args.strategy or ["standard"],
+            contexts=args.context,
+            depths=args.depth or [0.1, 0.5, 0.9],
+            trials=args.trials,
+            seed=args.seed,
+            prefill_chunk=args.prefill_chunk,
+            backend=args.backend,
+            device=args.device,
+            task=args.task,
+            on_sample=keep,
+            question=args.question,
+            one_by_one=args.one_by_one,
+        )
     except KeyboardInterrupt:
         where = f"; what was measured is in {partial}" if partial is not None and rows else ""
         print(f"interrupted (Ctrl-C) after {len(rows)} trial row(s){where}", file=sys.stderr)
@@ -87,6 +120,8 @@ def format_accuracy(rows: pd.DataFrame) -> str:
     keys = ["context", "depth", "strategy"]
     for (context, depth, strategy), g in rows.groupby(keys, sort=True):
         hits = int(g["exact_match"].sum())
-        lines.append(f"{int(context):>7}  {depth:>5.2f}  {strategy:<40} {hits:>5}/{len(g):<5}  "
-                     f"{g['key_token_accuracy'].mean():>10.1%}")  # fmt: skip
+        lines.append(
+            f"{int(context):>7}  {depth:>5.2f}  {strategy:<40} {hits:>5}/{len(g):<5}  "
+            f"{g['key_token_accuracy'].mean():>10.1%}"
+        )
     return "\n".join(lines)

@@ -23,8 +23,13 @@ MAX_TEXT_BYTES = 50_000_000  # 50 MB: far more text than a run decodes, far less
 MAX_CONFIG_BYTES = 10_000_000  # a grid or a config.json: kilobytes in practice
 MAX_NESTING = 64  # arrays and tables inside each other; real grids and configs use 3 or 4
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def label(path: str | os.PathLike, what: str = "file") -> str:
@@ -128,7 +133,7 @@ def nesting(text: str) -> int:
             if escaped:
                 escaped = False
             elif c == "\\" and quote == '"':
-                escaped = m.end() < len(text) and text[m.end()] in "\"\\"
+                escaped = m.end() < len(text) and text[m.end()] in '"\\'
             elif c == quote:
                 quote = None
         elif c in "\"'":
@@ -162,8 +167,9 @@ def parse_toml(text: str, name: str, max_depth: int = MAX_NESTING) -> dict[str, 
         raise ValueError(f"{name} nests too deep to read; at most {max_depth} levels are allowed") from None
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file", max_bytes: int = MAX_CONFIG_BYTES,
-              max_depth: int = MAX_NESTING) -> Any:  # fmt: skip
+def read_json(
+    path: str | os.PathLike, what: str = "JSON file", max_bytes: int = MAX_CONFIG_BYTES, max_depth: int = MAX_NESTING
+) -> Any:
     """The JSON value of the regular file ``path``: bounded bytes, UTF-8, nesting capped; a
     ``ValueError`` naming the file otherwise."""
     name = label(path, what)
@@ -185,6 +191,20 @@ def is_regular(path: str | os.PathLike) -> bool:
         return False
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "MAX_TEXT_BYTES", "check_nesting", "check_regular", "decode_text",
-           "file_kind", "is_regular", "kind_at", "label", "nesting", "parse_toml", "read_bytes", "read_json",
-           "read_text"]  # fmt: skip
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_NESTING",
+    "MAX_TEXT_BYTES",
+    "check_nesting",
+    "check_regular",
+    "decode_text",
+    "file_kind",
+    "is_regular",
+    "kind_at",
+    "label",
+    "nesting",
+    "parse_toml",
+    "read_bytes",
+    "read_json",
+    "read_text",
+]

@@ -786,8 +786,7 @@ class Preallocated(Rule):
     kind = "llama_kv_cache"
     bounded = True
 
-    def __init__(self, token_bytes: int, slots: int, limit: int | None = None, kind: str | None = None,
-                 seqs: int = 1):
+    def __init__(self, token_bytes: int, slots: int, limit: int | None = None, kind: str | None = None, seqs: int = 1):
         super().__init__(token_bytes, kind)
         self.slots, self.limit, self.seqs = slots, limit, seqs
 
@@ -845,13 +844,22 @@ class LlamaCppCells:
     swa: int
 
 
-def llama_cpp_cells(n_ctx: int, slots: int = 1, unified: bool = False, *, window: int = 0, swa_full: bool = False,
-                    ubatch: int = 512, n_batch: int = 2048) -> LlamaCppCells:
+def llama_cpp_cells(
+    n_ctx: int,
+    slots: int = 1,
+    unified: bool = False,
+    *,
+    window: int = 0,
+    swa_full: bool = False,
+    ubatch: int = 512,
+    n_batch: int = 2048,
+) -> LlamaCppCells:
     """llama.cpp's cells for ``-c n_ctx --parallel slots [--kv-unified] [--swa-full] -ub ubatch
     -b n_batch`` on a model whose SWA layers have window ``window`` (0: none)."""
     if min(n_ctx, slots, ubatch, n_batch) < 1:
-        raise ValueError(f"llama.cpp sizes need n_ctx, slots, ubatch and n_batch >= 1, got {n_ctx}, {slots}, "
-                         f"{ubatch}, {n_batch}")
+        raise ValueError(
+            f"llama.cpp sizes need n_ctx, slots, ubatch and n_batch >= 1, got {n_ctx}, {slots}, {ubatch}, {n_batch}"
+        )
     n_ubatch = min(n_ctx, n_batch, ubatch)
     ctx = _ceil_steps(n_ctx, LLAMA_CPP_PAD)
     if unified:
@@ -871,9 +879,21 @@ class LlamaCppGrowing(Rule):
 
     kind = "llama_kv_cache"
 
-    def __init__(self, token_bytes: int, *, per: int, slots: int, unified: bool, swa: bool, window: int = 0,
-                 swa_full: bool = False, ubatch: int = 512, n_batch: int = 2048, seqs: int = 1,
-                 kind: str | None = None):
+    def __init__(
+        self,
+        token_bytes: int,
+        *,
+        per: int,
+        slots: int,
+        unified: bool,
+        swa: bool,
+        window: int = 0,
+        swa_full: bool = False,
+        ubatch: int = 512,
+        n_batch: int = 2048,
+        seqs: int = 1,
+        kind: str | None = None,
+    ):
         super().__init__(token_bytes, kind)
         self.per, self.slots, self.seqs = per, slots, seqs
         self.unified, self.swa, self.window, self.swa_full = unified, swa, window, swa_full
@@ -881,8 +901,15 @@ class LlamaCppGrowing(Rule):
         self.bounded = swa and not swa_full
 
     def _sizes(self) -> LlamaCppCells:
-        return llama_cpp_cells(self.offset * self.per, self.slots, self.unified, window=self.window,
-                               swa_full=self.swa_full, ubatch=self.ubatch, n_batch=self.n_batch)
+        return llama_cpp_cells(
+            self.offset * self.per,
+            self.slots,
+            self.unified,
+            window=self.window,
+            swa_full=self.swa_full,
+            ubatch=self.ubatch,
+            n_batch=self.n_batch,
+        )
 
     @property
     def capacity(self) -> int:

@@ -24,8 +24,17 @@ GiB = 2**30  # what device memory is counted in: a "24 GB" GPU holds 24 GiB
 MiB = 2**20
 
 # Units a memory size may be written in (case-insensitive); a bare number is GiB.
-MEMORY_UNITS = {"B": 1, "KiB": 2**10, "MiB": MiB, "GiB": GiB, "TiB": 2**40,
-                "kB": 10**3, "MB": 10**6, "GB": GB, "TB": 10**12}  # fmt: skip
+MEMORY_UNITS = {
+    "B": 1,
+    "KiB": 2**10,
+    "MiB": MiB,
+    "GiB": GiB,
+    "TiB": 2**40,
+    "kB": 10**3,
+    "MB": 10**6,
+    "GB": GB,
+    "TB": 10**12,
+}
 _UNIT_BY_LOWER = {u.lower(): u for u in MEMORY_UNITS}
 MEMORY_LIMIT = 2**60  # bytes: more than any machine holds
 
@@ -78,7 +87,7 @@ def clip_message(message: str, most: int = 100) -> str:
 
     def cut(m: re.Match) -> str:
         run = m.group()
-        return run[:head] + "..." + run[-(most - head - 3):]
+        return run[:head] + "..." + run[-(most - head - 3) :]
 
     return re.sub(rf"\S{{{most + 1},}}", cut, message)
 

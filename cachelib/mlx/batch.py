@@ -518,8 +518,10 @@ class BatchRotatingKVCache(LayerCache):
     def merge(cls, caches) -> BatchRotatingKVCache:
         """Single-sequence rotating caches as the rows of one batch cache."""
         if not all(c.max_size == caches[0].max_size for c in caches):
-            raise ValueError("BatchRotatingKVCache.merge: caches must share max_size, got " + ", ".join(
-                str(c.max_size) for c in caches))
+            raise ValueError(
+                "BatchRotatingKVCache.merge: caches must share max_size, got "
+                + ", ".join(str(c.max_size) for c in caches)
+            )
         offsets = [c.offset for c in caches]
         lengths = [c.size() for c in caches]
         longest = max(lengths)
@@ -579,9 +581,7 @@ class BatchRotatingKVCache(LayerCache):
         cap = 0 if self.keys is None else self.keys.shape[2]
         held = min(self._offset, cap)
         starts = tuple(self._offset - int(o) for o in self.offset.tolist())
-        return _row_view(
-            self, "ring", self._offset, cap, held, self._idx, starts, max_capacity=self.max_size
-        )
+        return _row_view(self, "ring", self._offset, cap, held, self._idx, starts, max_capacity=self.max_size)
 
 
 # merge() of the single-sequence caches builds these; kv.py and rotating.py are imported here,

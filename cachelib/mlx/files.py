@@ -67,8 +67,9 @@ def load_prompt_cache(file_name: str | os.PathLike, return_metadata: bool = Fals
     metadata, classes, leaves = _read_header(header, where)
     for name, kind in leaves:
         if name not in tensors:
-            raise ValueError(f"{where}: the metadata lists tensor {clip_input(name)!r} ({kind}) but the file has "
-                             "no such tensor")  # fmt: skip
+            raise ValueError(
+                f"{where}: the metadata lists tensor {clip_input(name)!r} ({kind}) but the file has no such tensor"
+            )
         tensors[name] = _leaf(tensors[name], name, kind, where)
     states = _layer_states(tensors, classes, where)
     cache = []
@@ -101,8 +102,10 @@ def _leaf(array: mx.array, name: str, kind: str, where: str):
     if kind == "string":
         integer = mx.issubdtype(array.dtype, mx.integer)
         if array.ndim != 1 or not integer or array.size > MAX_STRING:
-            raise ValueError(f"{what} must be a 1-D integer array of at most {MAX_STRING:,} code points, got "
-                             f"shape {tuple(array.shape)} {array.dtype}")  # fmt: skip
+            raise ValueError(
+                f"{what} must be a 1-D integer array of at most {MAX_STRING:,} code points, got "
+                f"shape {tuple(array.shape)} {array.dtype}"
+            )
         codes = array.tolist()
         if codes and not 0 <= min(codes) <= max(codes) <= 0x10FFFF:
             raise ValueError(f"{what} holds {max(codes, key=abs)}, not a Unicode code point (0 to 1,114,111)")
@@ -159,8 +162,10 @@ def _layer_states(tensors: dict[str, Any], classes: list[str], where: str) -> li
             raise ValueError(f"{where}: tensor {clip_input(name)!r} does not belong to a layer")
         # tree_unflatten fills index gaps and recurses per part: bounded before it runs
         if len(parts) > MAX_DEPTH or not all(_index(p, len(tensors)) for p in parts[1:]) or int(top) > n_layers:
-            raise ValueError(f"{where}: tensor name {clip_input(name)!r} is not LAYER.INDEX[.INDEX...] with at most "
-                             f"{MAX_DEPTH} parts, each below the {len(tensors)} tensors in the file")  # fmt: skip
+            raise ValueError(
+                f"{where}: tensor name {clip_input(name)!r} is not LAYER.INDEX[.INDEX...] with at most "
+                f"{MAX_DEPTH} parts, each below the {len(tensors)} tensors in the file"
+            )
         by_layer.setdefault(int(top), []).append((rest, value))
     if sorted(by_layer) != list(range(n_layers)):
         missing = sorted(set(range(n_layers)) - set(by_layer))

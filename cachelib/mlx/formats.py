@@ -43,6 +43,7 @@ from .base import (
 )
 from .quantized import QuantizingCache, Terms
 
+
 def _blocks(x: mx.array) -> mx.array:
     """(..., D) -> (..., D / 32, 32) in float32, as ggml quantizes from F32 rows."""
     return mx.unflatten(x.astype(mx.float32), -1, (x.shape[-1] // BLOCK, BLOCK))

@@ -188,9 +188,12 @@ def _decode_update(method: str, protect: int, scale: float | None = None):
             new_scores = score_keys("knorm", new_keys, None)
         else:
             new_scores = mx.full((B, H, n), mx.nan, dtype=mx.float32)
-        return (mx.concatenate([keys, new_keys], axis=2), mx.concatenate([values, new_values], axis=2),
-                mx.concatenate([positions, new_pos], axis=-1),
-                mx.concatenate([scores, new_scores], axis=-1))  # fmt: skip
+        return (
+            mx.concatenate([keys, new_keys], axis=2),
+            mx.concatenate([values, new_values], axis=2),
+            mx.concatenate([positions, new_pos], axis=-1),
+            mx.concatenate([scores, new_scores], axis=-1),
+        )
 
     def score_and_update(keys, values, positions, scores, new_keys, new_values, offset, queries):
         scores = _scored(method, scale, scores, keys, queries)
@@ -297,7 +300,9 @@ class ImportanceKVCache(LayerCache):
         p = self.policy
         if p.scoring == "snapkv":
             if self.held > min(p.window, queries.shape[2]):
-                s = score_keys("snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale)
+                s = score_keys(
+                    "snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale
+                )
                 self.scores, self.unscored = s, False
         else:  # tova, h2o: scored by the next update, in its compiled call (or by _settle)
             self._pending, self.unscored = (queries, scale), False
@@ -369,7 +374,9 @@ class ImportanceKVCache(LayerCache):
 
     @state.setter
     def state(self, v):
-        raise ValueError(f"{type(self).__name__}: restoring from a state is not supported (positions and scores are not part of it)")
+        raise ValueError(
+            f"{type(self).__name__}: restoring from a state is not supported (positions and scores are not part of it)"
+        )
 
     @property
     def meta_state(self):

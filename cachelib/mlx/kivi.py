@@ -57,7 +57,9 @@ class KIVICache(QuantizingCache):
         if self._store_returned == stored:
             self.written = Written(prev, prev + keys.shape[2], True)
         else:
-            self.written = None if self._store_returned is None else Written(self._store_returned, prev + keys.shape[2], False)
+            self.written = (
+                None if self._store_returned is None else Written(self._store_returned, prev + keys.shape[2], False)
+            )
         self._store_returned = stored
         out_k, out_v = self._with_store(
             mx.concatenate([self.residual_keys, keys], axis=2), mx.concatenate([self.residual_values, values], axis=2)

@@ -87,11 +87,15 @@ def _unpacked(packed: mx.array, scales: mx.array, biases: mx.array, group_size: 
     key = (group_size, bits, scales.shape[-1], scales.ndim)
     fn = _UNPACK_FNS.get(key)
     if fn is None:
-        fn = _UNPACK_FNS[key] = mx.compile(partial(_unpack_bytes, groups=key[2], group_size=group_size, bits=bits), shapeless=True)
+        fn = _UNPACK_FNS[key] = mx.compile(
+            partial(_unpack_bytes, groups=key[2], group_size=group_size, bits=bits), shapeless=True
+        )
     return fn(packed.view(mx.uint8), scales, biases)  # (..., T, D * bits / 8) bytes
 
 
-def _unpack_bytes(codes: mx.array, scales: mx.array, biases: mx.array, groups: int, group_size: int, bits: int) -> mx.array:
+def _unpack_bytes(
+    codes: mx.array, scales: mx.array, biases: mx.array, groups: int, group_size: int, bits: int
+) -> mx.array:
     per_byte = 8 // bits
     if per_byte > 1:  # (..., T, bytes) -> (..., T, bytes * per_byte) codes
         shifts = mx.array([bits * i for i in range(per_byte)], dtype=mx.uint8)
@@ -114,7 +118,9 @@ def _unpacks(bits: int, group_size: int, dtype) -> bool:
     if key not in _UNPACKS:
         x = mx.random.normal((1, 2, 16, 2 * group_size), key=mx.random.key(0)).astype(dtype)
         parts = mx.quantize(x, group_size=group_size, bits=bits)
-        same = mx.array_equal(_unpacked(*parts, group_size, bits), mx.dequantize(*parts, group_size=group_size, bits=bits))
+        same = mx.array_equal(
+            _unpacked(*parts, group_size, bits), mx.dequantize(*parts, group_size=group_size, bits=bits)
+        )
         _UNPACKS[key] = bool(same.item())
     return _UNPACKS[key]
 

@@ -363,9 +363,13 @@ def build_rotating(spec) -> RotatingKVCache | QuantizedRotatingKVCache:
     if spec.key_bits is None:
         return RotatingKVCache(max_size, keep)
     return QuantizedRotatingKVCache(
-        max_size, keep, group_size=spec.get("group_size"), bits=spec.key_bits,
-        key_bits=spec.key_bits, value_bits=spec.value_bits,
-    )  # fmt: skip
+        max_size,
+        keep,
+        group_size=spec.get("group_size"),
+        bits=spec.key_bits,
+        key_bits=spec.key_bits,
+        value_bits=spec.value_bits,
+    )
 
 
 def build_sliding(spec) -> RotatingKVCache:

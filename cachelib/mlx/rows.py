@@ -58,8 +58,16 @@ from .rotating import QuantizedRotatingKVCache, RotatingKVCache
 
 # Layer caches a row may hold: every attention cache that makes its own mask. Chunked (the model
 # builds its mask), recurrent state and batch caches run one by one.
-ROW_CLASSES = (KVCache, ConcatenateKVCache, RotatingKVCache, QuantizedRotatingKVCache, QuantizedKVCache, KIVICache, StaticKVCache,
-               FormatKVCache)  # fmt: skip
+ROW_CLASSES = (
+    KVCache,
+    ConcatenateKVCache,
+    RotatingKVCache,
+    QuantizedRotatingKVCache,
+    QuantizedKVCache,
+    KIVICache,
+    StaticKVCache,
+    FormatKVCache,
+)
 # the most the batch's key/value buffers may hold, all layers together, before it copies per layer instead
 BUFFER_BYTES = 1 << 30
 
@@ -109,7 +117,9 @@ class RowsCache(LayerCache):
     def offset(self) -> int:
         offsets = {c.offset for c in self.rows}
         if len(offsets) != 1:
-            raise ValueError(f"strategy batch: the rows have seen different token counts {sorted(offsets)}; they must advance together")
+            raise ValueError(
+                f"strategy batch: the rows have seen different token counts {sorted(offsets)}; they must advance together"
+            )
         return self.rows[0].offset
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
@@ -139,7 +149,9 @@ class RowsCache(LayerCache):
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         if keys.shape[0] != len(self.rows):
-            raise ValueError(f"strategy batch: the forward has {keys.shape[0]} rows but the batch holds {len(self.rows)} caches")
+            raise ValueError(
+                f"strategy batch: the forward has {keys.shape[0]} rows but the batch holds {len(self.rows)} caches"
+            )
         before = self.offset
         in_k = [keys[i : i + 1] for i in range(len(self.rows))]
         in_v = [values[i : i + 1] for i in range(len(self.rows))]
@@ -214,7 +226,12 @@ class RowsCache(LayerCache):
             or (w.end < n and n > held)
         ):
             return 0, n, False
-        verbatim = w.verbatim and w.end - w.start == keys.shape[2] and not isinstance(k, (list, tuple)) and k.dtype == keys.dtype
+        verbatim = (
+            w.verbatim
+            and w.end - w.start == keys.shape[2]
+            and not isinstance(k, (list, tuple))
+            and k.dtype == keys.dtype
+        )
         return w.start, w.end, verbatim
 
     def _write(self, keys, values, in_k, in_v, out_k, out_v, lengths, writes, width):

@@ -31,12 +31,20 @@ MAX_TENSORS = 1_000_000
 
 # safetensors dtype -> (numpy dtype read from the bytes, MLX dtype it becomes)
 DTYPES = {
-    "F64": (np.float64, mx.float64), "F32": (np.float32, mx.float32), "F16": (np.float16, mx.float16),
-    "BF16": (np.uint16, mx.bfloat16), "I64": (np.int64, mx.int64), "I32": (np.int32, mx.int32),
-    "I16": (np.int16, mx.int16), "I8": (np.int8, mx.int8), "U64": (np.uint64, mx.uint64),
-    "U32": (np.uint32, mx.uint32), "U16": (np.uint16, mx.uint16), "U8": (np.uint8, mx.uint8),
+    "F64": (np.float64, mx.float64),
+    "F32": (np.float32, mx.float32),
+    "F16": (np.float16, mx.float16),
+    "BF16": (np.uint16, mx.bfloat16),
+    "I64": (np.int64, mx.int64),
+    "I32": (np.int32, mx.int32),
+    "I16": (np.int16, mx.int16),
+    "I8": (np.int8, mx.int8),
+    "U64": (np.uint64, mx.uint64),
+    "U32": (np.uint32, mx.uint32),
+    "U16": (np.uint16, mx.uint16),
+    "U8": (np.uint8, mx.uint8),
     "BOOL": (np.bool_, mx.bool_),
-}  # fmt: skip
+}
 
 
 def read_safetensors(path: str | os.PathLike, where: str | None = None) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -61,13 +69,17 @@ def read_safetensors(path: str | os.PathLike, where: str | None = None) -> tuple
             raise ValueError(f"{where}: {kind}, not a file; cachelib reads regular files only")
         head = _read(f, 8)
         if len(head) < 8:
-            raise ValueError(f"{where}: {len(head)} bytes, too short for a safetensors file (an 8-byte header size, "
-                             "then a JSON header)")  # fmt: skip
+            raise ValueError(
+                f"{where}: {len(head)} bytes, too short for a safetensors file (an 8-byte header size, "
+                "then a JSON header)"
+            )
         n = int.from_bytes(head, "little")
         if not 2 <= n <= min(MAX_HEADER, max(0, st.st_size - 8)):
-            raise ValueError(f"{where}: not a safetensors file (its first 8 bytes give a header of {n:,} bytes; "
-                             f"allowed: 2 to {min(MAX_HEADER, max(0, st.st_size - 8)):,} in this "
-                             f"{st.st_size:,}-byte file)")  # fmt: skip
+            raise ValueError(
+                f"{where}: not a safetensors file (its first 8 bytes give a header of {n:,} bytes; "
+                f"allowed: 2 to {min(MAX_HEADER, max(0, st.st_size - 8)):,} in this "
+                f"{st.st_size:,}-byte file)"
+            )
         raw = _read(f, n)
         if len(raw) != n:
             raise ValueError(f"{where}: the file ends inside its {n:,}-byte header")
@@ -76,8 +88,10 @@ def read_safetensors(path: str | os.PathLike, where: str | None = None) -> tuple
         spans = sorted((begin, end, name) for name, (_, _, begin, end) in entries.items())
         for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
             if b1 < e0:
-                raise ValueError(f"{where}: tensors {clip_input(n0)!r} and {clip_input(n1)!r} overlap "
-                                 f"(bytes {b0:,}..{e0:,} and {b1:,}..)")  # fmt: skip
+                raise ValueError(
+                    f"{where}: tensors {clip_input(n0)!r} and {clip_input(n1)!r} overlap "
+                    f"(bytes {b0:,}..{e0:,} and {b1:,}..)"
+                )
         if spans and spans[-1][1] > size:
             end, name = spans[-1][1], spans[-1][2]
             raise ValueError(f"{where}: tensor {clip_input(name)!r} ends at byte {end:,} of a data buffer of {size:,}")
@@ -149,15 +163,19 @@ def _header(raw: bytes, where: str) -> tuple[dict[str, tuple], dict[str, str]]:
         if dtype not in DTYPES:
             raise ValueError(f"{what}: dtype {clip_input(dtype)!r} is not one MLX holds; allowed: {', '.join(DTYPES)}")
         if not _ints(shape) or len(shape) > MAX_RANK:
-            raise ValueError(f"{what}: shape must be a list of at most {MAX_RANK} integers >= 0, "
-                             f"got {clip_input(shape)}")  # fmt: skip
+            raise ValueError(
+                f"{what}: shape must be a list of at most {MAX_RANK} integers >= 0, got {clip_input(shape)}"
+            )
         if not _ints(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
-            raise ValueError(f"{what}: data_offsets must be [begin, end] with 0 <= begin <= end, "
-                             f"got {clip_input(offsets)}")  # fmt: skip
+            raise ValueError(
+                f"{what}: data_offsets must be [begin, end] with 0 <= begin <= end, got {clip_input(offsets)}"
+            )
         nbytes = math.prod(shape) * np.dtype(DTYPES[dtype][0]).itemsize
         if offsets[1] - offsets[0] != nbytes:
-            raise ValueError(f"{what}: shape {tuple(shape)} of {dtype} needs {nbytes:,} bytes but data_offsets span "
-                             f"{offsets[1] - offsets[0]:,}")  # fmt: skip
+            raise ValueError(
+                f"{what}: shape {tuple(shape)} of {dtype} needs {nbytes:,} bytes but data_offsets span "
+                f"{offsets[1] - offsets[0]:,}"
+            )
         entries[name] = (dtype, [int(d) for d in shape], int(offsets[0]), int(offsets[1]))
     return entries, metadata
 
@@ -172,5 +190,6 @@ def _check_memory(nbytes: int, where: str) -> None:
 
     available = available_memory("cpu")
     if 2 * nbytes > available:
-        raise ValueError(f"{where}: its arrays need {nbytes:,} bytes, more than half the {available:,} bytes "
-                         "of memory available")  # fmt: skip
+        raise ValueError(
+            f"{where}: its arrays need {nbytes:,} bytes, more than half the {available:,} bytes of memory available"
+        )

@@ -115,9 +115,7 @@ def load(
         path = Path(name).expanduser()
         loaded = _load_folder(path, backend, device, dtype, path.name, progress or _no_progress)
     else:
-        raise ValueError(
-            f"unknown model {name!r}; use one of: {', '.join(model_names())}, or a path to a model folder"
-        )
+        raise ValueError(f"unknown model {name!r}; use one of: {', '.join(model_names())}, or a path to a model folder")
     info = ModelInfo(**{**asdict(loaded.info), "load_seconds": round(time.perf_counter() - start, 3)})
     if progress is not None:
         progress("loaded", 1.0)

@@ -78,7 +78,17 @@ def mlx_architectures() -> list[str]:
 
     import mlx_lm.models as models
 
-    skip = {"base", "cache", "rope_utils", "switch_layers", "activations", "pipeline", "ssm", "gated_delta", "bitlinear_layers"}
+    skip = {
+        "base",
+        "cache",
+        "rope_utils",
+        "switch_layers",
+        "activations",
+        "pipeline",
+        "ssm",
+        "gated_delta",
+        "bitlinear_layers",
+    }
     return sorted(m.name for m in pkgutil.iter_modules(models.__path__) if m.name not in skip)
 
 

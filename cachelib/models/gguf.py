@@ -274,9 +274,7 @@ def _torch_weights(path: Path, torch_dtype, progress: Progress):
     for i, tensor in enumerate(tensors):
         progress("dequantizing", 0.1 + 0.65 * i / len(tensors))
         name = hf_name(tensor.name)
-        array = dequantize(tensor.data, tensor.tensor_type).reshape(
-            tuple(int(d) for d in reversed(tensor.shape))
-        )
+        array = dequantize(tensor.data, tensor.tensor_type).reshape(tuple(int(d) for d in reversed(tensor.shape)))
         heads = _heads_for(name, config)
         if heads is not None:
             array = unpermute_rows(array, heads)

@@ -72,7 +72,12 @@ def path_for(gguf_path: str | os.PathLike, backend: str, variant: str) -> Path:
 
 
 def _expected_meta(gguf_path, backend: str, variant: str) -> dict[str, str]:
-    return {"cachelib_weights_format": FORMAT, "gguf_sha256": file_digest(gguf_path), "backend": backend, "variant": variant}
+    return {
+        "cachelib_weights_format": FORMAT,
+        "gguf_sha256": file_digest(gguf_path),
+        "backend": backend,
+        "variant": variant,
+    }
 
 
 def read_header(path: Path) -> dict[str, Any] | None:

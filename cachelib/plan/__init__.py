@@ -20,6 +20,7 @@ memory budget.
 - ``python -m cachelib plan`` lives in :mod:`cachelib.cli.plan`, above the profile reader it uses.
 """
 
+from ..core.units import GB, GiB  # re-exported for callers writing sizes
 from .accounting import (
     Account,
     LayerAccount,
@@ -37,17 +38,21 @@ from .accounting import (
     trace,
 )
 from .arch import Arch, Latent, Recurrent, arch_from_config, arch_from_model_info, count_params, load_config
-from .presets import preset, preset_names, resolve_model
-from .runtimes import RUNTIMES, Deployment, runtime_names
 from .curves import chart_range, context_grid, frontier_curves, memory_curves
-from .request import PlanRequest, PlanResult, memory_bytes, plan, plan_request
 from .device import (
-    Activations, DeviceMemory, WeightsFormat, activation_peak, published_weights, run_activation_peak, weights_format,
+    Activations,
+    DeviceMemory,
+    WeightsFormat,
+    activation_peak,
+    published_weights,
+    run_activation_peak,
+    weights_format,
     weights_per_device,
 )
+from .presets import preset, preset_names, resolve_model
+from .request import PlanRequest, PlanResult, memory_bytes, plan, plan_request
+from .runtimes import RUNTIMES, Deployment, runtime_names
 from .solver import (
-    GB,
-    GiB,
     NO_LIMIT,
     Fit,
     Quality,
@@ -61,14 +66,60 @@ from .solver import (
 )
 
 __all__ = [
-    "RUNTIMES", "Deployment", "runtime_names",
-    "Activations", "DeviceMemory", "WeightsFormat", "activation_peak", "published_weights", "run_activation_peak",
-    "weights_format", "weights_per_device",
-    "Account", "Arch", "Fit", "GB", "GiB", "LayerAccount", "LayerCache", "Latent", "NO_LIMIT", "PlanRequest", "PlanResult",
-    "Quality", "Recurrent", "StepBytes", "Trace", "Update", "account", "arch_from_config", "arch_from_model_info",
-    "attach_quality", "budget_needed", "cache_budget", "cache_layout", "chart_range", "context_grid",
-    "count_params", "frontier_curves", "memory_bytes", "kv_bytes_per_token", "load_config", "max_batch",
-    "max_context", "max_sessions", "memory_curves", "plan", "plan_request", "preset", "preset_names",
-    "quantized_storage_ratio", "recurrent_state_bytes", "resolve_model", "schedule", "token_bytes", "trace",
+    "RUNTIMES",
+    "Deployment",
+    "runtime_names",
+    "Activations",
+    "DeviceMemory",
+    "WeightsFormat",
+    "activation_peak",
+    "published_weights",
+    "run_activation_peak",
+    "weights_format",
+    "weights_per_device",
+    "Account",
+    "Arch",
+    "Fit",
+    "GB",
+    "GiB",
+    "LayerAccount",
+    "LayerCache",
+    "Latent",
+    "NO_LIMIT",
+    "PlanRequest",
+    "PlanResult",
+    "Quality",
+    "Recurrent",
+    "StepBytes",
+    "Trace",
+    "Update",
+    "account",
+    "arch_from_config",
+    "arch_from_model_info",
+    "attach_quality",
+    "budget_needed",
+    "cache_budget",
+    "cache_layout",
+    "chart_range",
+    "context_grid",
+    "count_params",
+    "frontier_curves",
+    "memory_bytes",
+    "kv_bytes_per_token",
+    "load_config",
+    "max_batch",
+    "max_context",
+    "max_sessions",
+    "memory_curves",
+    "plan",
+    "plan_request",
+    "preset",
+    "preset_names",
+    "quantized_storage_ratio",
+    "recurrent_state_bytes",
+    "resolve_model",
+    "schedule",
+    "token_bytes",
+    "trace",
     "weight_bytes",
-]  # fmt: skip
+]

@@ -52,16 +52,22 @@ from typing import Iterable, Sequence
 
 from ..core import rules as R
 from ..core.layout import LayerCache, rule_for
-from ..core.units import BACKENDS, DTYPE_BYTES, check_dtype
+from ..core.units import BACKENDS, check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
 from .runtimes import (
-    Deployment, as_deployment, kv_format_check, largest_stage, llama_cpp_settings, prompt_last_alone, runtime_spec,
-    stage_arches, stages,
-)  # fmt: skip
+    Deployment,
+    as_deployment,
+    kv_format_check,
+    largest_stage,
+    llama_cpp_settings,
+    prompt_last_alone,
+    runtime_spec,
+    stage_arches,
+    stages,
+)
 
 CYCLE_KEYS = 4096  # distinct cycle keys a feed remembers before it starts looking afresh
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,8 +256,10 @@ def _runtime_layout(arch: Arch, d: Deployment, context: int | None, batch: int =
     window = arch.sliding_window or 0
     if d.runtime == "vllm":
         if d.max_model_len and context and context > d.max_model_len:
-            raise ValueError(f"vllm: context {context:,} is past max_model_len={d.max_model_len:,}; vLLM refuses "
-                             "such a request (raise max_model_len)")
+            raise ValueError(
+                f"vllm: context {context:,} is past max_model_len={d.max_model_len:,}; vLLM refuses "
+                "such a request (raise max_model_len)"
+            )
         block = d.paged_block
         by_type = {
             "full": LayerCache("PagedBlocks", "full", (("block_size", block),)),
@@ -274,19 +282,32 @@ def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerC
     if d.kv_format in ("q8_0", "q4_0") and d.flash_attn != "off":
         block = R.KV_FORMATS[d.kv_format][1]  # flash attention: each head a whole number of blocks
         if arch.key_dim % block or (not arch.latent and arch.value_dim % block):
-            raise ValueError(f"llama.cpp -ctk/-ctv {d.kv_format} with flash attention needs head dims divisible "
-                             f"by {block} ({arch.name}: {arch.key_dim} / {arch.value_dim}); use -ctk/-ctv f16")
+            raise ValueError(
+                f"llama.cpp -ctk/-ctv {d.kv_format} with flash attention needs head dims divisible "
+                f"by {block} ({arch.name}: {arch.key_dim} / {arch.value_dim}); use -ctk/-ctv f16"
+            )
     if d.max_model_len is None:
         per = batch if unified else slots
-        knobs = (("cells_step", R.LLAMA_CPP_PAD), ("per", per), ("parallel", slots), ("unified", int(unified)),
-                 ("swa_full", int(swa_full)), ("ubatch", ubatch), ("window", window), ("seqs", batch))
-        return {"full": LayerCache("llama_kv_cache", "full", knobs),
-                "sliding": LayerCache("llama_kv_cache_swa", "sliding", knobs)}
+        knobs = (
+            ("cells_step", R.LLAMA_CPP_PAD),
+            ("per", per),
+            ("parallel", slots),
+            ("unified", int(unified)),
+            ("swa_full", int(swa_full)),
+            ("ubatch", ubatch),
+            ("window", window),
+            ("seqs", batch),
+        )
+        return {
+            "full": LayerCache("llama_kv_cache", "full", knobs),
+            "sliding": LayerCache("llama_kv_cache_swa", "sliding", knobs),
+        }
     c = R.llama_cpp_cells(d.max_model_len, slots, unified, window=window, swa_full=swa_full, ubatch=ubatch)
     limit = c.n_ctx // batch if unified else c.n_ctx_seq
     return {
-        "full": LayerCache("llama_kv_cache", "full",
-                           (("slots", c.full * c.streams), ("limit", limit), ("seqs", batch))),
+        "full": LayerCache(
+            "llama_kv_cache", "full", (("slots", c.full * c.streams), ("limit", limit), ("seqs", batch))
+        ),
         "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("slots", c.swa * c.streams), ("seqs", batch))),
     }
 
@@ -299,8 +320,14 @@ def _model_sliding(backend: str, window: int) -> LayerCache:
     return LayerCache("DynamicSlidingWindowLayer", "sliding", (("window", window),))
 
 
-_RUNTIME_RULES = {"PagedBlocks", "PagedSlidingWindow", "MambaSpec", "llama_kv_cache", "llama_kv_cache_swa",
-                  "llama_memory_recurrent"}  # fmt: skip
+_RUNTIME_RULES = {
+    "PagedBlocks",
+    "PagedSlidingWindow",
+    "MambaSpec",
+    "llama_kv_cache",
+    "llama_kv_cache_swa",
+    "llama_memory_recurrent",
+}
 
 
 def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int, kv_format: str | None = None) -> R.Rule:
@@ -309,8 +336,9 @@ def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int, k
         return _runtime_rule(cache, arch, dtype, batch, fp)
     q = None
     if cache.key_bits is not None:
-        q = token_bytes(arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits,
-                        group_size=cache.group_size)  # fmt: skip
+        q = token_bytes(
+            arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits, group_size=cache.group_size
+        )
     state = recurrent_state_bytes(arch, backend, dtype, batch=batch) if cache.layer_type == "recurrent" else 0
     return rule_for(cache, fp, q, state, kv_heads=arch.kv_heads)
 
@@ -326,10 +354,17 @@ def _runtime_rule(cache: LayerCache, arch: Arch, dtype: str, batch: int, fp: int
         cell = fp // batch
         if "cells_step" in knobs:  # sized by the context so far
             return R.LlamaCppGrowing(
-                cell, per=knobs["per"], slots=knobs["parallel"], unified=bool(knobs["unified"]),
-                swa=cache.layer_type == "sliding", window=knobs["window"], swa_full=bool(knobs["swa_full"]),
-                ubatch=knobs["ubatch"], seqs=knobs["seqs"], kind=kind,
-            )  # fmt: skip
+                cell,
+                per=knobs["per"],
+                slots=knobs["parallel"],
+                unified=bool(knobs["unified"]),
+                swa=cache.layer_type == "sliding",
+                window=knobs["window"],
+                swa_full=bool(knobs["swa_full"]),
+                ubatch=knobs["ubatch"],
+                seqs=knobs["seqs"],
+                kind=kind,
+            )
         return R.Preallocated(cell, knobs["slots"], knobs.get("limit"), kind=kind, seqs=knobs["seqs"])
     if kind == "MambaSpec":  # vLLM: conv (K-1, C) and SSM (C, N) state pages in the model dtype
         return R.RecurrentState(recurrent_state_bytes(arch, "mlx", dtype, batch=batch), kind=kind)
@@ -357,8 +392,9 @@ def _positive_int(name: str, value, minimum: int = 1) -> int:
     return value
 
 
-def schedule(context: int, prefill: int | None = None, prefill_chunk: int | None = None, *,
-             last_alone: bool = False) -> list[Update]:  # fmt: skip
+def schedule(
+    context: int, prefill: int | None = None, prefill_chunk: int | None = None, *, last_alone: bool = False
+) -> list[Update]:
     """The updates of a run that ends holding ``context`` tokens: a prompt of ``prefill`` tokens
     (default: all of ``context``) fed in chunks of at most ``prefill_chunk`` tokens (default: one
     update), then ``context - prefill`` one-token decode steps. ``last_alone``: the prompt's last
@@ -409,8 +445,15 @@ class Replay:
     layers share it), the layer order kept for peaks and offloading. :func:`trace`,
     :func:`account` and the solver drive it."""
 
-    def __init__(self, caches: Sequence[LayerCache], arch: Arch, backend: str, dtype: str, batch: int,
-                 kv_format: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        caches: Sequence[LayerCache],
+        arch: Arch,
+        backend: str,
+        dtype: str,
+        batch: int,
+        kv_format: str | None = None,
+    ):
         self.caches = list(caches)
         self.arch = arch  # the layers' architecture: one device's under a deployment
         self.first_layer = 0  # the model's index of the first layer here (a pipeline stage's start)
@@ -646,8 +689,17 @@ class Trace:
 
     def rows(self) -> list[dict]:
         """One plain dict per update (per-layer bytes left out), for tables and CSV."""
-        keys = ("index", "phase", "tokens", "offset", "bytes_allocated", "bytes_used", "device_bytes",
-                "host_bytes", "peak_bytes")  # fmt: skip
+        keys = (
+            "index",
+            "phase",
+            "tokens",
+            "offset",
+            "bytes_allocated",
+            "bytes_used",
+            "device_bytes",
+            "host_bytes",
+            "peak_bytes",
+        )
         return [{k: getattr(s, k) for k in keys} for s in self.steps]
 
 
@@ -783,12 +835,35 @@ def account(
     for i, (cache, g) in enumerate(zip(run.caches, run.order)):
         s = run.rules[g].state()
         layers.append(
-            LayerAccount(run.first_layer + i, cache.layer_type, s.kind, s.tokens_held, s.capacity, s.bytes_allocated,
-                         s.bytes_used, run.on_device(i))  # fmt: skip
+            LayerAccount(
+                run.first_layer + i,
+                cache.layer_type,
+                s.kind,
+                s.tokens_held,
+                s.capacity,
+                s.bytes_allocated,
+                s.bytes_used,
+                run.on_device(i),
+            )
         )
     prefill_tokens = sum(u.tokens * u.repeat for u in plan if u.phase == "prefill")
     return Account(
-        arch.name, str(spec), d.backend, dtype, batch, context, prefill_tokens, prefill_chunk or d.prefill_chunk,
-        tuple(layers), alloc, used, device, alloc - device, peak, resident, deployment, d.devices,
+        arch.name,
+        str(spec),
+        d.backend,
+        dtype,
+        batch,
+        context,
+        prefill_tokens,
+        prefill_chunk or d.prefill_chunk,
+        tuple(layers),
+        alloc,
+        used,
+        device,
+        alloc - device,
+        peak,
+        resident,
+        deployment,
+        d.devices,
         total if deployment is not None else None,
-    )  # fmt: skip
+    )

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from ..core.units import human_gib
 from ..spec import Spec, parse_spec
-from .quality import is_exact, meets
 from .layouts import MLX_OWN_MAKE_CACHE, mlx_module
+from .quality import is_exact, meets
 from .runtimes import MLX_LM_QUANTIZED_KV_START, own_loop
 
 if TYPE_CHECKING:  # types only; PlanRequest and PlanResult (cachelib.plan.request, which imports this module)
@@ -104,8 +104,13 @@ def model_ref(arch, model: str | None = None) -> str:
     return model or "MODEL"
 
 
-def runtime_command(request: PlanRequest, spec: str | Spec, model: str, sessions: int | None = None,
-                    model_type: str | None = None) -> str | None:
+def runtime_command(
+    request: PlanRequest,
+    spec: str | Spec,
+    model: str,
+    sessions: int | None = None,
+    model_type: str | None = None,  # noqa: F821
+) -> str | None:
     """``spec`` deployed as ``request``'s runtime runs it, as one command line (or, for
     transformers, the cache to pass to ``generate``); None when the runtime cannot run it.
     ``sessions``: the concurrent sessions the command should serve (llama.cpp's ``-np``)."""
@@ -136,8 +141,15 @@ def runtime_command(request: PlanRequest, spec: str | Spec, model: str, sessions
         return shlex.join(argv)
     if runtime == "llama.cpp":  # -c is shared by the -np slots: each slot holds -c / -np tokens
         slots = max(1, sessions or request.slots or request.sessions or 1)
-        argv = ["llama-server", "-m", model if model.endswith(".gguf") else f"{model}.gguf",
-                "-c", str(request.context * slots), "-np", str(slots)]  # fmt: skip
+        argv = [
+            "llama-server",
+            "-m",
+            model if model.endswith(".gguf") else f"{model}.gguf",
+            "-c",
+            str(request.context * slots),
+            "-np",
+            str(slots),
+        ]
         if request.kv_format:
             argv += ["-ctk", request.kv_format, "-ctv", request.kv_format, "-fa", "on"]
         for flag, on in (("--kv-unified", request.kv_unified), ("--swa-full", request.swa_full)):
@@ -206,7 +218,7 @@ class Answer:
         return "\n".join(self.lines())
 
 
-def _sessions_line(fit: Fit, request: PlanRequest) -> str:
+def _sessions_line(fit: Fit, request: PlanRequest) -> str:  # noqa: F821
     if fit.budget_bytes is None:
         return "sessions: no budget given (--budget), so none are counted"
     where = f"{request.context:,} tokens in {human_gib(fit.budget_bytes)} per device"
@@ -225,7 +237,7 @@ def _memory_line(fit: Fit) -> str:
     return f"memory per device: {human_gib(m.total)}{budget} for one session ({terms})"
 
 
-def build_answer(result: PlanResult, model: str | None = None) -> Answer:
+def build_answer(result: PlanResult, model: str | None = None) -> Answer:  # noqa: F821
     """The answer block of ``result``: the recommended strategy as its runtime's command, the
     sessions it serves, one device's memory and its quality; a solve's alternatives side by side;
     what qualifies only as cachelib's caches in your code; the steps and uncovered commands."""
@@ -252,26 +264,32 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:
     in_code = []
     for spec in rec.elsewhere:
         f = fits[spec]
-        in_code.append(f"{code_line(spec, r.backend)}: {f.sessions if f.sessions is not None else '-'} sessions; "
-                       + quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(spec)))  # fmt: skip
+        in_code.append(
+            f"{code_line(spec, r.backend)}: {f.sessions if f.sessions is not None else '-'} sessions; "
+            + quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(spec))
+        )
     f = rec.fit
     if f is None:  # nothing meets the rules: the runtime's own closest command, said to be unrecommended
         native = [g for g in result.fits if runtime_flags(g.spec, r.runtime, mt) is not None and g.fits is not False]
         if not native:
             title = f"answer: nothing to deploy on {runtime} for {result.arch.name} at {r.context:,} tokens"
-            return Answer(title, "", (f"why: {rec.steps[-1][3:]}",), tuple(side), tuple(in_code), rec.steps,
-                          rec.commands)  # fmt: skip
+            return Answer(
+                title, "", (f"why: {rec.steps[-1][3:]}",), tuple(side), tuple(in_code), rec.steps, rec.commands
+            )
         f = min(native, key=lambda g: (len(runtime_flags(g.spec, r.runtime, mt)), g.cache.peak_bytes))
-        title = (f"answer: NOT RECOMMENDED, nothing meets the rules on {runtime} for {result.arch.name} at "
-                 f"{r.context:,} tokens; the closest, {f.spec}:")  # fmt: skip
+        title = (
+            f"answer: NOT RECOMMENDED, nothing meets the rules on {runtime} for {result.arch.name} at "
+            f"{r.context:,} tokens; the closest, {f.spec}:"
+        )
         why = "why not: " + rec.steps[-1][3:]
     else:
         flags = runtime_flags(f.spec, r.runtime, mt)
         what = f.spec + (" (no cache flag)" if flags == [] and r.runtime in ("mlx-lm", "vllm", "llama.cpp") else "")
         title = f"answer: {what} on {runtime} for {result.arch.name} at {r.context:,} tokens"
         why = "why: " + rec.steps[-1][3:]
-    command = (runtime_command(r, f.spec, ref, sessions=r.sessions or f.sessions, model_type=mt)
-               or code_line(f.spec, r.backend))
+    command = runtime_command(r, f.spec, ref, sessions=r.sessions or f.sessions, model_type=mt) or code_line(
+        f.spec, r.backend
+    )
     quality = quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(f.spec))
     if r.kv_format and f.quality is None:
         quality = f"KV format {r.kv_format}: not measured (no evidence of it covers this context)"

@@ -34,9 +34,19 @@ _LAYER_TYPE_NAMES = {
     "mamba": "recurrent",
 }
 # transformers' defaults where a config may omit the window of a model that always slides
-_DEFAULT_WINDOW = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "gemma3": 4096, "cohere2": 4096,
-                   "gpt_oss": 128, "olmo3": 4096, "cwm": 8192, "afmoe": 1024, "mimo_v2_flash": 129,
-                   "granite_swa": 128}  # fmt: skip
+_DEFAULT_WINDOW = {
+    "mistral": 4096,
+    "gemma2": 4096,
+    "gemma3_text": 4096,
+    "gemma3": 4096,
+    "cohere2": 4096,
+    "gpt_oss": 128,
+    "olmo3": 4096,
+    "cwm": 8192,
+    "afmoe": 1024,
+    "mimo_v2_flash": 129,
+    "granite_swa": 128,
+}
 _RECURRENT_TYPES = ("mamba", "falcon_mamba", "jamba")
 _NO_KV_CACHE = ("openai-gpt",)  # transformers' OpenAIGPTModel takes no cache
 
@@ -172,8 +182,9 @@ def _positive(name: str, value, where: str, most: int = 2**31 - 1) -> int:
     """``value`` as an int in [1, ``most``] (MLX's int32 indexes by default); else a ValueError."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if not ok or int(value) != value or not 0 < value <= most:
-        raise ConfigNumberError(f"{where}: {name} must be a positive integer (1 to {most:,}), "
-                                f"got {clip_input(repr(value))}")  # fmt: skip
+        raise ConfigNumberError(
+            f"{where}: {name} must be a positive integer (1 to {most:,}), got {clip_input(repr(value))}"
+        )
     return int(value)
 
 
@@ -295,7 +306,7 @@ _DERIVED_LAYER_TYPES = {
     "afmoe": lambda t: _every(int(t.get("global_attn_every_n_layers", 4)), "full_attention", "sliding_attention"),
     "cwm": lambda t: _every(4, "full_attention", "sliding_attention", offset=0),
     "granite_swa": lambda t: _every(4, "full_attention", "sliding_attention", offset=0),
-    "mimo_v2_flash": lambda t: (lambda i: "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention"),
+    "mimo_v2_flash": lambda t: lambda i: "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention",
 }
 
 
@@ -393,8 +404,9 @@ def load_config(path: str | os.PathLike) -> Arch:
     if p.is_dir():
         p = p / "config.json"
     if not p.exists():
-        raise ValueError(f"model config {clip_input(str(path))!r} not found "
-                         "(give a config.json or a folder holding one)")  # fmt: skip
+        raise ValueError(
+            f"model config {clip_input(str(path))!r} not found (give a config.json or a folder holding one)"
+        )
     config = read_json(p, "model config")  # bounded: no device or pipe, nesting capped
     name = p.parent.name if p.name == "config.json" else p.stem
     return arch_from_config(config, name=name, source=str(p))
@@ -470,12 +482,17 @@ def _count_mamba_params(arch: Arch, cfg: Mapping) -> int:
     rank = -(-h // 16) if rank == "auto" else int(rank)
     bias = bool(cfg.get("use_bias", False))
     per_layer = (
-        h * 2 * inner + (2 * inner if bias else 0)  # in_proj
-        + inner * k + (inner if cfg.get("use_conv_bias", True) else 0)  # depthwise conv1d
+        h * 2 * inner
+        + (2 * inner if bias else 0)  # in_proj
+        + inner * k
+        + (inner if cfg.get("use_conv_bias", True) else 0)  # depthwise conv1d
         + inner * (rank + 2 * n)  # x_proj
-        + rank * inner + inner  # dt_proj (always biased)
-        + inner * n + inner  # A_log, D
-        + inner * h + (h if bias else 0)  # out_proj
+        + rank * inner
+        + inner  # dt_proj (always biased)
+        + inner * n
+        + inner  # A_log, D
+        + inner * h
+        + (h if bias else 0)  # out_proj
         + h  # norm
     )
     tied = cfg.get("tie_word_embeddings", True)

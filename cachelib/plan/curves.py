@@ -13,7 +13,7 @@ context (10^12 tokens cost what 10^5 do).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from .accounting import Replay, replay, schedule
 from .arch import Arch
 from .request import PlanRequest
 from .solver import batch_count, session_count
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a frame is built
+    import pandas as pd
 
 GRID_POINTS = 64  # contexts sampled per curve; the asked context is always one of them
 
@@ -53,6 +56,7 @@ def memory_curves(arch: Arch, request: PlanRequest, contexts: Sequence[int]) -> 
     workload at that context) and the run's peak. A run the strategy refuses (a static cache
     shorter than the context) is NaN; a strategy that refuses every run raises its error."""
     import pandas as pd  # here, not above: the CLI's plan never draws curves
+
     rows = []
     for spec in request.strategies:
         points = _walk(arch, spec, request, contexts, batch=request.batch)
@@ -73,6 +77,7 @@ def frontier_curves(arch: Arch, request: PlanRequest, contexts: Sequence[int]) -
     sessions (batch 1 each) whose cache and activations fit what the request's budget leaves. NaN where
     the strategy refuses the run. The request's batch plays no part: bytes scale with it."""
     import pandas as pd  # here, not above: the CLI's plan never draws curves
+
     available = request.cache_budget(arch)
     if available is None:
         raise ValueError("give a memory budget (--budget) to see what fits")
@@ -89,8 +94,9 @@ def frontier_curves(arch: Arch, request: PlanRequest, contexts: Sequence[int]) -
                 most = sessions = np.nan
             else:
                 before = shared.peak_bytes if prompt is not None and n > prompt and isinstance(shared, _Point) else None
-                extra = request.forward_bytes(arch, spec, context=n, batch=1, run_peak=p.peak_bytes,
-                                              prompt_peak=before)[0]  # fmt: skip
+                extra = request.forward_bytes(
+                    arch, spec, context=n, batch=1, run_peak=p.peak_bytes, prompt_peak=before
+                )[0]
                 row = p.peak_bytes + extra  # as plan counts it
                 most = batch_count(row, available)
                 sessions = session_count(row, p.max_resident_bytes, available)
@@ -154,8 +160,9 @@ def _walk(arch: Arch, spec: Spec, request: PlanRequest, contexts: Sequence[int],
     try:
         end = targets[-1]
         schedule(end, None if prefill is None else min(prefill, end), chunk)  # the checks account makes
-        empty = _Run(replay(arch, spec, request.backend, batch=batch, dtype=request.dtype,
-                            deployment=request.deployment))  # fmt: skip
+        empty = _Run(
+            replay(arch, spec, request.backend, batch=batch, dtype=request.dtype, deployment=request.deployment)
+        )
     except ValueError as e:
         return {n: e for n in targets}
     whole = empty.copy()  # the prompt's whole chunks fed so far, shared by every longer run

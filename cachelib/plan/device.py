@@ -75,8 +75,16 @@ WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
     "q3_k": (110 * 8 / 256, "110 bytes per 256 (block_q3_K)"),
     "q2_k": (84 * 8 / 256, "84 bytes per 256 (block_q2_K)"),
 }
-_ALIASES = {"fp32": "float32", "f32": "float32", "fp16": "float16", "f16": "float16", "bf16": "bfloat16",
-            "float8": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8"}  # fmt: skip
+_ALIASES = {
+    "fp32": "float32",
+    "f32": "float32",
+    "fp16": "float16",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "e4m3": "fp8",
+}
 
 
 @dataclass(frozen=True)
@@ -191,9 +199,21 @@ class Activations:
         return self.hidden + self.attention + self.scores + self.mlp + self.recurrent + self.logits
 
     def describe(self) -> str:
-        parts = [f"{name} {n:,}" for name, n in (("hidden", self.hidden), ("attention", self.attention),
-                 ("scores", self.scores), ("mlp", self.mlp), ("recurrent", self.recurrent), ("logits", self.logits)) if n]  # fmt: skip
-        return f"{self.tokens:,}-token forward over {self.visible:,} keys: " + ", ".join(parts) + f" ({self.scores_note})"
+        parts = [
+            f"{name} {n:,}"
+            for name, n in (
+                ("hidden", self.hidden),
+                ("attention", self.attention),
+                ("scores", self.scores),
+                ("mlp", self.mlp),
+                ("recurrent", self.recurrent),
+                ("logits", self.logits),
+            )
+            if n
+        ]
+        return (
+            f"{self.tokens:,}-token forward over {self.visible:,} keys: " + ", ".join(parts) + f" ({self.scores_note})"
+        )
 
 
 def scores_materialised(backend: str, runtime: str | None, spec: Spec, device: str = "gpu") -> tuple[bool, str]:
@@ -381,7 +401,10 @@ class DeviceMemory:
 
 
 def runtime_overhead(
-    runtime: str | None, backend: str, budget: int | None, gpu_memory_utilization: float | None,
+    runtime: str | None,
+    backend: str,
+    budget: int | None,
+    gpu_memory_utilization: float | None,
     non_torch: tuple[int, str] | None = None,
 ) -> tuple[int, str]:
     """What the runtime holds outside arrays, as far as it is known (see the module docstring);

@@ -53,14 +53,24 @@ def _gpu(name, bandwidth_gbs, fp16_tflops, memory_gb, *, fp8=None, fp32=None, li
         flops["fp8"] = fp8 * T
     if fp32 is not None:
         flops["float32"] = fp32 * T
-    return Hardware(name, "cuda", bandwidth_gbs * GBS, flops, int(memory_gb * 1e9), None if link_gbs is None else
-                    link_gbs * GBS, tuple(sources), note)  # fmt: skip
+    return Hardware(
+        name,
+        "cuda",
+        bandwidth_gbs * GBS,
+        flops,
+        int(memory_gb * 1e9),
+        None if link_gbs is None else link_gbs * GBS,
+        tuple(sources),
+        note,
+    )
 
 
 H100 = "https://www.nvidia.com/en-us/data-center/h100/"  # H100 datasheet (SXM and PCIe/NVL columns)
 H200 = "https://www.nvidia.com/en-us/data-center/h200/"
-A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+A100 = (
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+    "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+)
 L40S = "https://www.nvidia.com/en-us/data-center/l40s/"
 A10 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf"
 ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"  # RTX 4090, table 2
@@ -79,38 +89,78 @@ M4_PRO_MAX = "https://www.apple.com/newsroom/2024/10/apple-introduces-m4-pro-and
 def _apple(name, bandwidth_gbs, memory_gb, source, fp32_tflops=None):
     # Apple publishes FP32 TFLOPS for the M1 family only; its GPUs issue FP16 at the FP32 rate.
     flops = {} if fp32_tflops is None else {"float32": fp32_tflops * T, "float16": fp32_tflops * T}
-    note = "" if fp32_tflops else ("Apple publishes no FLOPs for this chip: decode is planned bandwidth-bound, "
-                                   "prefill is not predicted")
+    note = (
+        ""
+        if fp32_tflops
+        else ("Apple publishes no FLOPs for this chip: decode is planned bandwidth-bound, prefill is not predicted")
+    )
     return Hardware(name, "apple", bandwidth_gbs * GBS, flops, int(memory_gb * 1e9), None, (source,), note)
 
 
-HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    _gpu("h100-sxm", 3350, 989.5, 80, fp8=1979, fp32=67, link_gbs=450, sources=(H100,),
-         note="NVLink 900 GB/s bidirectional"),
-    _gpu("h100-pcie", 2000, 756.5, 80, fp8=1513, fp32=51, link_gbs=64, sources=(H100,), note="PCIe Gen5 x16"),
-    _gpu("h200", 4800, 989.5, 141, fp8=1979, fp32=67, link_gbs=450, sources=(H200,)),
-    _gpu("a100-40gb", 1555, 312, 40, fp32=19.5, link_gbs=300, sources=(A100,), note="SXM; no FP8 tensor cores"),
-    _gpu("a100-80gb", 2039, 312, 80, fp32=19.5, link_gbs=300, sources=(A100,), note="SXM; no FP8 tensor cores"),
-    _gpu("l40s", 864, 362.05, 48, fp8=733, fp32=91.6, link_gbs=32, sources=(L40S,), note="PCIe Gen4 x16"),
-    _gpu("a10g", 600, 125, 24, fp32=31.2, link_gbs=32, sources=(A10,),
-         note="the A10 datasheet: AWS's A10G has no NVIDIA sheet of its own"),
-    _gpu("rtx-4090", 1008, 165.2, 24, fp8=330.3, fp32=82.6, link_gbs=32, sources=(ADA,),
-         note="FP16 tensor with FP32 accumulate, dense"),
-    _gpu("rtx-3090", 936, 71, 24, fp32=35.6, link_gbs=32, sources=(GA102,),
-         note="FP16 tensor with FP32 accumulate, dense"),
-    _apple("m1-pro", 200, 32, M1_PRO_MAX, 5.2),
-    _apple("m1-max", 400, 64, M1_PRO_MAX, 10.4),
-    _apple("m1-ultra", 800, 128, M1_ULTRA, 21),
-    _apple("m2-pro", 200, 32, M2_PRO_MAX),
-    _apple("m2-max", 400, 96, M2_PRO_MAX),
-    _apple("m2-ultra", 800, 192, M2_ULTRA),
-    _apple("m3-pro", 150, 36, M3),
-    _apple("m3-max", 400, 128, M3),
-    _apple("m3-ultra", 819, 512, M3_ULTRA),
-    _apple("m4", 120, 32, M4),
-    _apple("m4-pro", 273, 64, M4_PRO_MAX),
-    _apple("m4-max", 546, 128, M4_PRO_MAX),
-)}  # fmt: skip
+HARDWARE: dict[str, Hardware] = {
+    h.name: h
+    for h in (
+        _gpu(
+            "h100-sxm",
+            3350,
+            989.5,
+            80,
+            fp8=1979,
+            fp32=67,
+            link_gbs=450,
+            sources=(H100,),
+            note="NVLink 900 GB/s bidirectional",
+        ),
+        _gpu("h100-pcie", 2000, 756.5, 80, fp8=1513, fp32=51, link_gbs=64, sources=(H100,), note="PCIe Gen5 x16"),
+        _gpu("h200", 4800, 989.5, 141, fp8=1979, fp32=67, link_gbs=450, sources=(H200,)),
+        _gpu("a100-40gb", 1555, 312, 40, fp32=19.5, link_gbs=300, sources=(A100,), note="SXM; no FP8 tensor cores"),
+        _gpu("a100-80gb", 2039, 312, 80, fp32=19.5, link_gbs=300, sources=(A100,), note="SXM; no FP8 tensor cores"),
+        _gpu("l40s", 864, 362.05, 48, fp8=733, fp32=91.6, link_gbs=32, sources=(L40S,), note="PCIe Gen4 x16"),
+        _gpu(
+            "a10g",
+            600,
+            125,
+            24,
+            fp32=31.2,
+            link_gbs=32,
+            sources=(A10,),
+            note="the A10 datasheet: AWS's A10G has no NVIDIA sheet of its own",
+        ),
+        _gpu(
+            "rtx-4090",
+            1008,
+            165.2,
+            24,
+            fp8=330.3,
+            fp32=82.6,
+            link_gbs=32,
+            sources=(ADA,),
+            note="FP16 tensor with FP32 accumulate, dense",
+        ),
+        _gpu(
+            "rtx-3090",
+            936,
+            71,
+            24,
+            fp32=35.6,
+            link_gbs=32,
+            sources=(GA102,),
+            note="FP16 tensor with FP32 accumulate, dense",
+        ),
+        _apple("m1-pro", 200, 32, M1_PRO_MAX, 5.2),
+        _apple("m1-max", 400, 64, M1_PRO_MAX, 10.4),
+        _apple("m1-ultra", 800, 128, M1_ULTRA, 21),
+        _apple("m2-pro", 200, 32, M2_PRO_MAX),
+        _apple("m2-max", 400, 96, M2_PRO_MAX),
+        _apple("m2-ultra", 800, 192, M2_ULTRA),
+        _apple("m3-pro", 150, 36, M3),
+        _apple("m3-max", 400, 128, M3),
+        _apple("m3-ultra", 819, 512, M3_ULTRA),
+        _apple("m4", 120, 32, M4),
+        _apple("m4-pro", 273, 64, M4_PRO_MAX),
+        _apple("m4-max", 546, 128, M4_PRO_MAX),
+    )
+}
 CPU = "cpu"  # this machine's CPU, probed
 
 
@@ -171,8 +221,16 @@ def measure_cpu(seconds: float = 0.6) -> tuple[float, float]:
 
 def cpu_hardware(bandwidth: float, flops: float, source: str) -> Hardware:
     """This CPU as a :class:`Hardware` with the given figures (float16 at the float32 rate)."""
-    return Hardware(CPU, "cpu", bandwidth, {"float32": flops, "float16": flops}, 0, None, (source,),
-                    f"{_cpu_model()} x{os.cpu_count()}; float16 taken at the float32 rate")  # fmt: skip
+    return Hardware(
+        CPU,
+        "cpu",
+        bandwidth,
+        {"float32": flops, "float16": flops},
+        0,
+        None,
+        (source,),
+        f"{_cpu_model()} x{os.cpu_count()}; float16 taken at the float32 rate",
+    )
 
 
 def probe_cpu(*, refresh: bool = False) -> Hardware:
@@ -238,11 +296,18 @@ CALIBRATION: tuple[Measurement, ...] = (
     # Prompt processing (pp512, one 512-token forward) of the same runs: the fraction of peak compute.
     Measurement(PR_4766, "llama-2-7b", 12.55, "rtx-4090", "llama.cpp", 11048.22, test="pp512"),
     Measurement(DISC_4167, "llama-2-7b", 3.56, "m1-pro", "llama.cpp", 266, test="pp512"),
-)  # fmt: skip
+)
 
 # Llama-2-7B's config (https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json), for the measurements.
 LLAMA_2_7B = {
-    "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 4096,
-    "torch_dtype": "float16", "tie_word_embeddings": False,
-}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+}

@@ -28,15 +28,24 @@ MLX_LM_VERSION = "0.32.2"
 
 # mlx_lm/utils.py MODEL_REMAPPING (0.32.2): config model_type -> the module mlx-lm loads
 MLX_REMAPPING = {
-    "mistral": "llama", "llava": "mistral3", "phi-msft": "phixtral", "falcon_mamba": "mamba",
-    "joyai_llm_flash": "deepseek_v3", "kimi_k2": "deepseek_v3", "qwen2_5_vl": "qwen2_vl",
-    "minimax_m2": "minimax", "iquestcoder": "llama", "xverse": "llama", "gemma4_unified": "gemma4",
+    "mistral": "llama",
+    "llava": "mistral3",
+    "phi-msft": "phixtral",
+    "falcon_mamba": "mamba",
+    "joyai_llm_flash": "deepseek_v3",
+    "kimi_k2": "deepseek_v3",
+    "qwen2_5_vl": "qwen2_vl",
+    "minimax_m2": "minimax",
+    "iquestcoder": "llama",
+    "xverse": "llama",
+    "gemma4_unified": "gemma4",
     "deepseek_v41_text": "deepseek_v41",
-}  # fmt: skip
+}
 
 # mlx_lm/models/*.py (0.32.2) whose Model class has a make_cache (its own or inherited): they
 # choose each layer's cache
-MLX_OWN_MAKE_CACHE = frozenset("""
+MLX_OWN_MAKE_CACHE = frozenset(
+    """
 afm7 afmoe baichuan_m1 bailing_hybrid bailing_moe_linear bailing_moe_v3 cohere2 deepseek_v32 deepseek_v41
 exaone4 exaone_moe falcon_h1 gear gemma3 gemma3_text gemma3n gemma4 gemma4_text glm_moe_dsa gpt_oss
 granitemoehybrid prism_hadamard_qwen35 qwen3_5_moe
@@ -44,7 +53,8 @@ iquestloopcoder jamba kimi_k3 kimi_linear laguna lfm2-vl lfm2 lfm2_moe llama lla
 longcat_flash_ngram mamba mamba2 mellum mimo_v2_flash minimax_m3_vl ministral3 muse_glimmer muse_spark
 nanbeige nemotron-nas nemotron_h olmo3 olmo_hybrid plamo2 plamo3 qwen3_5 qwen3_next recurrent_gemma rwkv7
 spark2_5 step3p5
-""".split())
+""".split()
+)
 
 # the make_cache methods the planner models (each one's rule is in _mlx_own_kinds)
 MLX_MODELLED = ("llama", "gemma3_text", "gemma3", "jamba", "mamba", "cohere2", "gpt_oss", "olmo3")
@@ -78,7 +88,7 @@ LLAMA_CPP_SWA: dict[str, tuple[int, bool, int | None, bool]] = {
     "exaone4": (4, False, 4096, True),  # models/exaone4.cpp: only the 64-layer (32B) model slides
     "afmoe": (4, False, None, True),  # models/afmoe.cpp
     "plamo3": (8, False, None, True),  # models/plamo3.cpp
-}  # fmt: skip
+}
 # model types whose converted GGUF carries the pattern as an array from layer_types
 _LLAMA_CPP_LAYER_TYPES = frozenset({"olmo3", "exaone4"})
 # llama.cpp slides these too, but shares KV between layers (gemma3n, gemma4: the later layers read

@@ -38,8 +38,8 @@ from typing import Callable, Iterable, Sequence
 
 from ..spec import Spec, make_spec, parse_spec
 from .arch import Arch
-from .solver import Fit, Quality
 from .runtimes import own_loop
+from .solver import Fit, Quality
 
 EVIDENCE_MODEL = "smollm2"  # the bundled model: what the default evidence was measured on
 EVIDENCE_MAX_CONTEXT = 8192  # its context limit (positions)
@@ -72,11 +72,21 @@ class Evidence:
     def quality(self, note: str = "") -> Quality:
         where = f"{self.kind}, {self.samples} sample(s), {self.backend}: " + ", ".join(self.files)
         return Quality(
-            self.mean_kl, self.top1_agreement, self.model, where, self.context,
-            backend=self.backend, kept_fraction=self.kept_fraction, samples=self.samples,
-            mean_kl_ci95=self.mean_kl_ci95, top1_ci95=self.top1_ci95, delta_ppl=self.delta_ppl,
-            delta_ppl_ci95=self.delta_ppl_ci95, retrieval=self.retrieval, note=note,
-        )  # fmt: skip
+            self.mean_kl,
+            self.top1_agreement,
+            self.model,
+            where,
+            self.context,
+            backend=self.backend,
+            kept_fraction=self.kept_fraction,
+            samples=self.samples,
+            mean_kl_ci95=self.mean_kl_ci95,
+            top1_ci95=self.top1_ci95,
+            delta_ppl=self.delta_ppl,
+            delta_ppl_ci95=self.delta_ppl_ci95,
+            retrieval=self.retrieval,
+            note=note,
+        )
 
 
 def bound_of(spec: str | Spec) -> int | None:
@@ -161,16 +171,21 @@ def judge(
         pool = [e for e in same if e.kept_fraction < 1.0 and e.kept_fraction <= target_kept * (1 + 1e-9)]
         if not pool:
             measured = sorted({e.kept_fraction for e in same})
-            seen = f"; measured kept fractions on {backend}: {', '.join(f'{k:.1%}' for k in measured)}" if measured else ""
+            seen = (
+                f"; measured kept fractions on {backend}: {', '.join(f'{k:.1%}' for k in measured)}" if measured else ""
+            )
             others = sorted({e.backend for e in evidence if family(e.spec) == mine and e.backend != backend})
             if others:
                 seen += f" (measured on {', '.join(others)} too, whose rings prefill differently: not used)"
-            reason = (f"not covered by evidence: no run of this strategy kept {target_kept:.2%} of its "
-                      f"context or less{seen}")  # fmt: skip
+            reason = (
+                f"not covered by evidence: no run of this strategy kept {target_kept:.2%} of its context or less{seen}"
+            )
             return Judgement(text, None, reason, measure_command(spec, context, backend))
         best = max(pool, key=lambda e: (preference(e), e.kept_fraction, e.context, e.samples))
-        how = (f"judged at kept fraction {best.kept_fraction:.2%} ({best.spec} at {best.context:,} tokens) "
-               f"for a target of {target_kept:.2%}")  # fmt: skip
+        how = (
+            f"judged at kept fraction {best.kept_fraction:.2%} ({best.spec} at {best.context:,} tokens) "
+            f"for a target of {target_kept:.2%}"
+        )
         note = _other(best, backend)
         return Judgement(text, best.quality(note=_join(how, note)), how)
     pool = [e for e in evidence if parse_spec(e.spec).key == spec.key]
@@ -183,16 +198,20 @@ def judge(
         how = f"measured at {best.context:,} tokens, at least the target {context:,}"
         return Judgement(text, best.quality(note=_join(how, _other(best, backend))), how)
     best = max(pool, key=lambda e: (preference(e), e.context, e.samples))
-    how = (f"extrapolated: measured up to {best.context:,} tokens, planned at {context:,}; quantization error "
-           "accumulates over more tokens, so the quality there may be worse")  # fmt: skip
+    how = (
+        f"extrapolated: measured up to {best.context:,} tokens, planned at {context:,}; quantization error "
+        "accumulates over more tokens, so the quality there may be worse"
+    )
     # the point judged is the preferred backend's; where the other backend measured the strategy
     # at a longer context, say what it found there (a reader weighs it; it is not judged)
     further = [e for e in pool if e.backend != best.backend and e.context > best.context and e.model == best.model]
     if further:
         f = max(further, key=lambda e: (e.context, e.samples))
         ci = f" ± {f.mean_kl_ci95:.2g}" if f.mean_kl_ci95 is not None else ""
-        how += (f"; {f.backend} measured it up to {f.context:,} tokens: mean KL {f.mean_kl:.4g}{ci} nats, "
-                f"top-1 agreement {f.top1_agreement:.1%}")  # fmt: skip
+        how += (
+            f"; {f.backend} measured it up to {f.context:,} tokens: mean KL {f.mean_kl:.4g}{ci} nats, "
+            f"top-1 agreement {f.top1_agreement:.1%}"
+        )
     note = _join(how, _other(best, backend))
     return Judgement(text, best.quality(note=note), how, measure_command(spec, context, backend))
 
@@ -217,10 +236,26 @@ def measure_command(spec: str | Spec, context: int, backend: str, model: str = E
     if spec.window is not None and measured_at < context:
         size = max(1, round(spec.window * measured_at / context))
         probe = _with_bound(spec, size) or spec
-    argv = ["python", "-m", "cachelib", "evaluate", "--model", model, "--backend", backend,
-            "--context", str(measured_at), "--score-tokens", str(EVIDENCE_SCORE_TOKENS),
-            "--strategy", "standard", "--strategy", str(probe),
-            "--out", f"profiles/evidence/{_slug(str(probe))}-{measured_at}.csv"]  # fmt: skip
+    argv = [
+        "python",
+        "-m",
+        "cachelib",
+        "evaluate",
+        "--model",
+        model,
+        "--backend",
+        backend,
+        "--context",
+        str(measured_at),
+        "--score-tokens",
+        str(EVIDENCE_SCORE_TOKENS),
+        "--strategy",
+        "standard",
+        "--strategy",
+        str(probe),
+        "--out",
+        f"profiles/evidence/{_slug(str(probe))}-{measured_at}.csv",
+    ]
     return shlex.join(argv)
 
 
@@ -308,8 +343,10 @@ def describe(q: Quality) -> str:
     if q in (EXACT, WHOLE):
         return q.source
     ci_note = "95% CI" if q.mean_kl_ci95 is not None else "one sample, no CI"
-    parts = [f"mean KL {q.mean_kl:.4g}{_ci(q.mean_kl_ci95, '.2g')} nats",
-             f"top-1 agreement {q.top1_agreement:.1%}{_ci(q.top1_ci95, '.1%')}"]  # fmt: skip
+    parts = [
+        f"mean KL {q.mean_kl:.4g}{_ci(q.mean_kl_ci95, '.2g')} nats",
+        f"top-1 agreement {q.top1_agreement:.1%}{_ci(q.top1_ci95, '.1%')}",
+    ]
     if q.delta_ppl is not None:
         parts.append(f"Δppl {q.delta_ppl:+.3g}{_ci(q.delta_ppl_ci95, '.2g')}")
     if q.retrieval is not None:
@@ -323,7 +360,6 @@ def describe(q: Quality) -> str:
         where += f", kept fraction {q.kept_fraction:.2%}"
     text = f"{', '.join(parts)} ({ci_note}), {where}"
     return text + (f" [{q.note}]" if q.note else "")
-
 
 
 # --- the recommendation: conservative rules, each written once, each step said ---------------------
@@ -360,8 +396,9 @@ def meets(q: Quality | None, max_kl: float | None = None, min_agreement: float |
         else:
             lo = q.top1_agreement - q.top1_ci95
             ok &= lo >= min_agreement
-            parts.append(f"top-1 agreement's lower 95% bound {lo:.1%} {'>=' if lo >= min_agreement else '<'} "
-                         f"{min_agreement:.0%}")  # fmt: skip
+            parts.append(
+                f"top-1 agreement's lower 95% bound {lo:.1%} {'>=' if lo >= min_agreement else '<'} {min_agreement:.0%}"
+            )
     return ok, "; ".join(parts)
 
 
@@ -385,8 +422,10 @@ def _exact(fit: Fit) -> Fit:
 
 
 def _wanted(max_kl: float | None, min_agreement: float | None) -> str:
-    parts = [f"mean KL <= {max_kl:g} nats" if max_kl is not None else "",
-             f"top-1 agreement >= {min_agreement:.0%}" if min_agreement is not None else ""]  # fmt: skip
+    parts = [
+        f"mean KL <= {max_kl:g} nats" if max_kl is not None else "",
+        f"top-1 agreement >= {min_agreement:.0%}" if min_agreement is not None else "",
+    ]
     return " and ".join(p for p in parts if p) or "no loss (no threshold given)"
 
 
@@ -409,8 +448,9 @@ def recommend(
     """:func:`choose` with at least one quality threshold (else a ValueError naming them)."""
     if max_kl is None and min_agreement is None:
         raise ValueError("give a quality threshold: max_kl (mean KL, nats) and/or min_agreement (0..1)")
-    return choose(fits, max_kl=max_kl, min_agreement=min_agreement, planned_model=planned_model,
-                  judgements=judgements, **rules)  # fmt: skip
+    return choose(
+        fits, max_kl=max_kl, min_agreement=min_agreement, planned_model=planned_model, judgements=judgements, **rules
+    )
 
 
 def choose(
@@ -456,16 +496,19 @@ def choose(
     native = [f for f in fits if flags is None or flags(f.spec) is not None]
     foreign = [f for f in fits if f not in native]
     if foreign:
-        steps.append(f"1. {runtime} runs natively {', '.join(f.spec for f in native) or 'none of them'}; not its "
-                     f"options (cachelib's caches in your code): {', '.join(f.spec for f in foreign)}")  # fmt: skip
+        steps.append(
+            f"1. {runtime} runs natively {', '.join(f.spec for f in native) or 'none of them'}; not its "
+            f"options (cachelib's caches in your code): {', '.join(f.spec for f in foreign)}"
+        )
     verdicts = {}
     for f in fits:
         ok, why = meets(f.quality, max_kl, min_agreement)
         verdicts[f.spec] = ("meets: " if ok else "misses: ") + why
     ok_all = [f for f in fits if verdicts[f.spec].startswith("meets")]
-    steps.append(f"2. meet {wanted} by the 95% interval's bound: {', '.join(f.spec for f in ok_all) or 'none'}"
-                 + "".join(f"; {f.spec} {verdicts[f.spec]}" for f in fits
-                           if f.quality is not None and not is_exact(f.quality)))  # fmt: skip
+    steps.append(
+        f"2. meet {wanted} by the 95% interval's bound: {', '.join(f.spec for f in ok_all) or 'none'}"
+        + "".join(f"; {f.spec} {verdicts[f.spec]}" for f in fits if f.quality is not None and not is_exact(f.quality))
+    )
 
     def serves(f: Fit) -> bool:
         return f.fits is not False and (sessions is None or f.sessions is None or f.sessions >= sessions)
@@ -487,16 +530,20 @@ def choose(
 
     if exact and not most_sessions:
         pick = min(exact, key=simple)
-        steps.append(f"4. {pick.spec} is lossless and serves the request: lossy strategies are not needed"
-                     + (f" (simplest of {', '.join(f.spec for f in exact)})" if len(exact) > 1 else ""))  # fmt: skip
+        steps.append(
+            f"4. {pick.spec} is lossless and serves the request: lossy strategies are not needed"
+            + (f" (simplest of {', '.join(f.spec for f in exact)})" if len(exact) > 1 else "")
+        )
     elif pool:
         if most_sessions:
             pick = min(pool, key=lambda f: (-(f.sessions or 0), *simple(f)))
             steps.append(f"4. the most sessions asked: {pick.spec} serves {pick.sessions} (ties: the simplest flags)")
         else:
             pick = min(pool, key=lambda f: (loss(f), *simple(f)))
-            steps.append(f"4. no lossless strategy serves the request; {pick.spec} has the smallest loss "
-                         "(KL's upper 95% bound) of those that do (ties: the simplest flags)")  # fmt: skip
+            steps.append(
+                f"4. no lossless strategy serves the request; {pick.spec} has the smallest loss "
+                "(KL's upper 95% bound) of those that do (ties: the simplest flags)"
+            )
     else:
         pick = None
         steps.append(f"4. nothing {where} runs natively meets {wanted} and serves the request")
@@ -512,8 +559,10 @@ def choose(
     names = _names(planned_model)
     if names and not is_exact(q) and q.model not in names:
         shown = planned_model.name if isinstance(planned_model, Arch) else planned_model
-        text += (f" Measured on {q.model}, not on {shown}: treat it as an estimate for {shown}, or evaluate "
-                 f"{shown} itself (cachelib evaluate --model PATH on a local folder of it).")  # fmt: skip
+        text += (
+            f" Measured on {q.model}, not on {shown}: treat it as an estimate for {shown}, or evaluate "
+            f"{shown} itself (cachelib evaluate --model PATH on a local folder of it)."
+        )
     if pick.sessions is not None:
         text += f" {pick.sessions} concurrent session(s) fit the budget."
     return Recommendation(pick, text + caveat, qualified, unmeasured, commands, tuple(steps), verdicts, elsewhere)

@@ -20,20 +20,32 @@ from typing import NamedTuple, Sequence
 from ..core.units import check_bytes, human_gib, memory_text, parse_memory
 from ..spec import TORCH_QUANT_BITS, Spec, parse_spec, strategy
 from .accounting import account, replay, schedule
+from .answer import runtime_flags
 from .arch import Arch
 from .device import (
-    Activations, DeviceMemory, WeightsFormat, activation_peak, phase_activations, resolve_weights, run_activation_peak,
+    Activations,
+    DeviceMemory,
+    WeightsFormat,
+    activation_peak,
+    phase_activations,
+    resolve_weights,
+    run_activation_peak,
     runtime_overhead,
-    weights_format, weights_per_device,
-)  # fmt: skip
-from .vllm import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, VLLM_FLAGS, VllmPool, check_utilization, default_non_torch,
-    kv_pool,
-)  # fmt: skip
+    weights_format,
+    weights_per_device,
+)
+from .quality import Evidence, Judgement, Recommendation, choose, judge_fits, scaled_candidates
 from .runtimes import LLAMA_CPP_FLAGS, RUNTIMES, Deployment, llama_cpp_settings, prompt_last_alone, resolve_runtime
-from .answer import runtime_flags
-from .quality import Evidence, Judgement, Recommendation, choose, judge, judge_fits, scaled_candidates
 from .solver import Fit, cache_budget, max_batch, max_context, max_sessions, session_count
+from .vllm import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    VLLM_FLAGS,
+    VllmPool,
+    check_utilization,
+    default_non_torch,
+    kv_pool,
+)
 
 COMMAND = ("python", "-m", "cachelib", "plan")
 
@@ -44,7 +56,9 @@ def memory_bytes(name: str, value: str | float | None) -> int | None:
     return None if value is None else parse_memory(value, name)
 
 
-def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | None = None, optional: bool = False) -> None:
+def _check_number(
+    name: str, value, *, integer: bool, lo: float, hi: float | None = None, optional: bool = False
+) -> None:
     """ValueError naming ``name`` unless ``value`` is a finite number (an integer when
     ``integer``) within [lo, hi]; None passes when ``optional``."""
     if value is None and optional:
@@ -60,11 +74,14 @@ def _check_number(name: str, value, *, integer: bool, lo: float, hi: float | Non
 
 # vLLM's flags -> PlanRequest fields (the Deployment takes all but the last two: memory terms)
 _VLLM_FIELDS = (
-    ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--max-model-len", "max_model_len"),
-    ("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
-    ("--block-size", "block_size"), ("--non-torch-memory", "non_torch_bytes"),
+    ("--gpu-memory-utilization", "gpu_memory_utilization"),
+    ("--max-model-len", "max_model_len"),
+    ("--max-num-seqs", "max_num_seqs"),
+    ("--max-num-batched-tokens", "max_num_batched_tokens"),
+    ("--block-size", "block_size"),
+    ("--non-torch-memory", "non_torch_bytes"),
     ("--cuda-graph-memory", "cuda_graph_bytes"),
-)  # fmt: skip
+)
 DEVICES = ("gpu", "cpu")  # where the forward runs: on the CPU, MLX materialises attention scores
 SOLVE = ("max_kv_size", "bits")  # what --solve searches for
 
@@ -86,7 +103,9 @@ class PlanRequest:
     backend: str = "mlx"
     dtype: str = "float16"
     prefill: int | None = None  # prompt tokens (default: the whole context); the rest is decoded
-    prefill_chunk: int | None = None  # feed the prompt in chunks of this many tokens (default: the runtime's, else one update)
+    prefill_chunk: int | None = (
+        None  # feed the prompt in chunks of this many tokens (default: the runtime's, else one update)
+    )
     budget_bytes: int | None = None  # one device's memory: weights + overhead + reserve + activations + cache
     weights_bytes: int | None = None  # one device's weights, as measured; None: counted at weights_dtype
     weights_dtype: str | None = None  # a format name or bits per parameter; None: the model's published dtype
@@ -173,8 +192,10 @@ class PlanRequest:
     def _check_vllm_flags(self) -> None:
         given = [flag for flag, name in _VLLM_FIELDS if getattr(self, name) is not None]
         if given and self.runtime != "vllm":
-            raise ValueError(f"{given[0]} is a flag of runtime vllm; runtime {self.runtime} does not have it "
-                             f"(vllm's flags: {', '.join(VLLM_FLAGS)})")  # fmt: skip
+            raise ValueError(
+                f"{given[0]} is a flag of runtime vllm; runtime {self.runtime} does not have it "
+                f"(vllm's flags: {', '.join(VLLM_FLAGS)})"
+            )
         if self.gpu_memory_utilization is not None:
             check_utilization(self.gpu_memory_utilization)
         for flag, name in _VLLM_FIELDS[1:5]:
@@ -203,14 +224,22 @@ class PlanRequest:
             raise ValueError(f"{arch.name} has no parameter count; give --weights-memory to plan vLLM's KV pool")
         d = self.deployment
         return kv_pool(
-            arch, total_bytes=self.budget_bytes, weights_bytes=weights,
+            arch,
+            total_bytes=self.budget_bytes,
+            weights_bytes=weights,
             max_model_len=self.vllm_max_model_len(arch),
-            gpu_memory_utilization=d.gpu_memory_utilization, max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            gpu_memory_utilization=d.gpu_memory_utilization,
+            max_num_seqs=self.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
             max_num_batched_tokens=self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-            block_size=d.paged_block, kv_format=self.kv_format, dtype=self.dtype, tp=self.tp, pp=self.pp,
-            non_torch_bytes=self.non_torch_bytes, weights_note="given" if self.weights_bytes is not None else "counted",
+            block_size=d.paged_block,
+            kv_format=self.kv_format,
+            dtype=self.dtype,
+            tp=self.tp,
+            pp=self.pp,
+            non_torch_bytes=self.non_torch_bytes,
+            weights_note="given" if self.weights_bytes is not None else "counted",
             cuda_graph_bytes=self.cuda_graph_bytes or 0,
-        )  # fmt: skip
+        )
 
     @property
     def recommending(self) -> bool:
@@ -221,8 +250,9 @@ class PlanRequest:
         """The runtime (the backend's default when none was named), its parallelism, flags and defaults."""
         llama = {name: getattr(self, name) for name in LLAMA_CPP_FLAGS if getattr(self, name) is not None}
         vllm = {name: getattr(self, name) for _, name in _VLLM_FIELDS[:-2]}  # None outside vllm (checked)
-        return Deployment.make(self.runtime, self.backend, tp=self.tp, pp=self.pp, kv_format=self.kv_format,
-                               **vllm, **llama)  # fmt: skip
+        return Deployment.make(
+            self.runtime, self.backend, tp=self.tp, pp=self.pp, kv_format=self.kv_format, **vllm, **llama
+        )
 
     @property
     def loop(self) -> str:
@@ -252,21 +282,42 @@ class PlanRequest:
         d = self.deployment
         non_torch = self.non_torch() if self.runtime == "vllm" else None
         if non_torch is not None and self.cuda_graph_bytes:  # inside vLLM's share from v0.21 on
-            non_torch = (non_torch[0] + self.cuda_graph_bytes,
-                         f"{non_torch[1]}; + CUDA graphs {human_gib(self.cuda_graph_bytes)} (--cuda-graph-memory)")
-        return runtime_overhead(self.runtime, self.backend, self.budget_bytes, d.gpu_memory_utilization if d else None,
-                                non_torch)  # fmt: skip
+            non_torch = (
+                non_torch[0] + self.cuda_graph_bytes,
+                f"{non_torch[1]}; + CUDA graphs {human_gib(self.cuda_graph_bytes)} (--cuda-graph-memory)",
+            )
+        return runtime_overhead(
+            self.runtime, self.backend, self.budget_bytes, d.gpu_memory_utilization if d else None, non_torch
+        )
 
-    def activations(self, arch: Arch, spec: Spec, *, context: int | None = None, batch: int | None = None) -> Activations:
+    def activations(
+        self, arch: Arch, spec: Spec, *, context: int | None = None, batch: int | None = None
+    ) -> Activations:
         """The activation peak of the run's worst forward on one device."""
         return run_activation_peak(
-            arch, spec, context=context or self.context, prefill=self.prefill, prefill_chunk=self.chunk,
-            batch=batch or self.batch, dtype=self.dtype, backend=self.backend, runtime=self.runtime,
-            device=self.device, tp=self.tp,
-        )  # fmt: skip
+            arch,
+            spec,
+            context=context or self.context,
+            prefill=self.prefill,
+            prefill_chunk=self.chunk,
+            batch=batch or self.batch,
+            dtype=self.dtype,
+            backend=self.backend,
+            runtime=self.runtime,
+            device=self.device,
+            tp=self.tp,
+        )
 
-    def forward_bytes(self, arch: Arch, spec: Spec, *, context: int | None = None, batch: int | None = None,
-                      run_peak: int | None = None, prompt_peak: int | None = None) -> tuple[int, Activations]:
+    def forward_bytes(
+        self,
+        arch: Arch,
+        spec: Spec,
+        *,
+        context: int | None = None,
+        batch: int | None = None,
+        run_peak: int | None = None,
+        prompt_peak: int | None = None,
+    ) -> tuple[int, Activations]:
         """The bytes one device holds beyond the cache's peak at the run's worst moment, and
         the forward that makes it: the worst prefill chunk over the cache as the prompt leaves
         it, or the last decode step over the cache at its peak, whichever is larger.
@@ -276,40 +327,72 @@ class PlanRequest:
         context, batch = context or self.context, batch or self.batch
         prefill = self.prefill
         pre, dec = phase_activations(
-            arch, spec, context=context, prefill=prefill, prefill_chunk=self.chunk, batch=batch, dtype=self.dtype,
-            backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp,
-        )  # fmt: skip
+            arch,
+            spec,
+            context=context,
+            prefill=prefill,
+            prefill_chunk=self.chunk,
+            batch=batch,
+            dtype=self.dtype,
+            backend=self.backend,
+            runtime=self.runtime,
+            device=self.device,
+            tp=self.tp,
+        )
 
         prompt = context if prefill is None else min(prefill, context)
         moments, prompt_peak = self._prompt_moments(arch, spec, prompt, batch) if pre is not None else ([], 0)
         if run_peak is None:
-            run_peak = prompt_peak if dec is None else account(
-                arch, spec, self.backend, context=context, prefill=prompt, prefill_chunk=self.prefill_chunk,
-                batch=batch, dtype=self.dtype, deployment=self.deployment,
-            ).peak_bytes  # fmt: skip
+            run_peak = (
+                prompt_peak
+                if dec is None
+                else account(
+                    arch,
+                    spec,
+                    self.backend,
+                    context=context,
+                    prefill=prompt,
+                    prefill_chunk=self.prefill_chunk,
+                    batch=batch,
+                    dtype=self.dtype,
+                    deployment=self.deployment,
+                ).peak_bytes
+            )
         if dec is not None:
             moments.append((run_peak + dec.total, dec))
         worst, forward = max(moments, key=lambda m: m[0])
         return worst - run_peak, forward
 
-    def _prompt_moments(self, arch: Arch, spec: Spec, prompt: int,
-                        batch: int) -> tuple[list[tuple[int, Activations]], int]:  # fmt: skip
+    def _prompt_moments(
+        self, arch: Arch, spec: Spec, prompt: int, batch: int
+    ) -> tuple[list[tuple[int, Activations]], int]:
         """Each run of equal prompt updates (the runtime's schedule): the cache's peak during its
         last update plus that update's forward. A chunk's activations meet the cache as it is then
         (the first 2,048-token chunk of a 3,000-token prompt a 2,048-token cache), and the last
         update of a run is its worst (the most keys, the largest cache). Also the cache's peak over
         the whole prompt."""
         plan = schedule(prompt, prompt, self.chunk, last_alone=prompt_last_alone(self.runtime))
-        run = replay(arch, spec, self.backend, batch=batch, dtype=self.dtype, deployment=self.deployment,
-                     context=prompt)  # fmt: skip
+        run = replay(
+            arch, spec, self.backend, batch=batch, dtype=self.dtype, deployment=self.deployment, context=prompt
+        )
         out, peak = [], 0
         for u in plan:
             if u.repeat > 1:
                 peak = max(peak, run.feed(u.tokens, u.repeat - 1, u.phase)[0])
             step = run.update(u.tokens, u.phase, False)
             peak = max(peak, step.peak_bytes)
-            act = activation_peak(arch, spec, tokens=u.tokens, seen=step.offset, batch=batch, dtype=self.dtype,
-                                  backend=self.backend, runtime=self.runtime, device=self.device, tp=self.tp)  # fmt: skip
+            act = activation_peak(
+                arch,
+                spec,
+                tokens=u.tokens,
+                seen=step.offset,
+                batch=batch,
+                dtype=self.dtype,
+                backend=self.backend,
+                runtime=self.runtime,
+                device=self.device,
+                tp=self.tp,
+            )
             out.append((step.peak_bytes + act.total, act))
         return out, peak
 
@@ -367,8 +450,11 @@ class PlanRequest:
         for flag, name in _VLLM_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                text = {"non_torch_bytes": memory_text, "cuda_graph_bytes": memory_text,
-                        "gpu_memory_utilization": _number}.get(name, str)(value)  # fmt: skip
+                text = {
+                    "non_torch_bytes": memory_text,
+                    "cuda_graph_bytes": memory_text,
+                    "gpu_memory_utilization": _number,
+                }.get(name, str)(value)
                 args += [flag, text]
         if self.max_kl is not None:
             args += ["--max-kl", _number(self.max_kl)]
@@ -410,8 +496,17 @@ def _max_context(arch: Arch, spec: Spec, available: int, r: PlanRequest, common:
 
     def fits(m: int) -> bool:  # the cache's peak and what the worst forward adds, for a run of m tokens
         p = None if r.prefill is None else min(r.prefill, m)
-        peak = account(arch, spec, r.backend, context=m, prefill=p, prefill_chunk=r.prefill_chunk, batch=r.batch,
-                       dtype=r.dtype, deployment=common["deployment"]).peak_bytes  # fmt: skip
+        peak = account(
+            arch,
+            spec,
+            r.backend,
+            context=m,
+            prefill=p,
+            prefill_chunk=r.prefill_chunk,
+            batch=r.batch,
+            dtype=r.dtype,
+            deployment=common["deployment"],
+        ).peak_bytes
         return peak + r.forward_bytes(arch, spec, context=m, batch=r.batch)[0] <= available
 
     lo, hi = r.context, n  # fits(lo) (the first search says so); the activations may refuse n
@@ -445,8 +540,17 @@ def plan(arch: Arch, request: PlanRequest) -> list[Fit]:
     common = dict(backend=r.backend, dtype=r.dtype, prefill=r.prefill, prefill_chunk=r.prefill_chunk, deployment=d)
     out = []
     for spec in r.strategies:
-        acc = account(arch, spec, r.backend, context=r.context, prefill=r.prefill, prefill_chunk=r.prefill_chunk,
-                      batch=r.batch, dtype=r.dtype, deployment=d)  # fmt: skip
+        acc = account(
+            arch,
+            spec,
+            r.backend,
+            context=r.context,
+            prefill=r.prefill,
+            prefill_chunk=r.prefill_chunk,
+            batch=r.batch,
+            dtype=r.dtype,
+            deployment=d,
+        )
         extra, act = r.forward_bytes(arch, spec)
         limit, why, most, sessions = None, "", None, None
         if available is not None:
@@ -458,11 +562,32 @@ def plan(arch: Arch, request: PlanRequest) -> list[Fit]:
         if extra != act.total:
             note += f"; counted beyond the cache's run peak: {extra:,} (the cache holds less at that forward)"
         memory = DeviceMemory(
-            weights or 0, acc.peak_bytes, extra, overhead, r.reserve_bytes, r.budget_bytes, weights_note, note,
+            weights or 0,
+            acc.peak_bytes,
+            extra,
+            overhead,
+            r.reserve_bytes,
+            r.budget_bytes,
+            weights_note,
+            note,
             overhead_note,
-        )  # fmt: skip
-        out.append(Fit(str(spec), acc, weights, r.reserve_bytes, r.budget_bytes, limit, why, most, sessions,
-                       activation_bytes=extra, overhead_bytes=overhead, device=memory))  # fmt: skip
+        )
+        out.append(
+            Fit(
+                str(spec),
+                acc,
+                weights,
+                r.reserve_bytes,
+                r.budget_bytes,
+                limit,
+                why,
+                most,
+                sessions,
+                activation_bytes=extra,
+                overhead_bytes=overhead,
+                device=memory,
+            )
+        )
     return out
 
 
@@ -489,10 +614,19 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
 
     def fits(spec: Spec) -> int:
         p = None if r.prefill is None else min(r.prefill, r.context)
-        acc = account(arch, spec, r.backend, context=r.context, prefill=p, prefill_chunk=r.prefill_chunk,
-                      dtype=r.dtype, deployment=r.deployment)  # fmt: skip
-        return session_count(acc.peak_bytes + r.forward_bytes(arch, spec, batch=1)[0], acc.max_resident_bytes,
-                             available)  # fmt: skip
+        acc = account(
+            arch,
+            spec,
+            r.backend,
+            context=r.context,
+            prefill=p,
+            prefill_chunk=r.prefill_chunk,
+            dtype=r.dtype,
+            deployment=r.deployment,
+        )
+        return session_count(
+            acc.peak_bytes + r.forward_bytes(arch, spec, batch=1)[0], acc.max_resident_bytes, available
+        )
 
     if r.solve == "bits":
         allowed = TORCH_QUANT_BITS if r.backend == "torch" else strategy("quantized").knob("bits").choices
@@ -502,8 +636,13 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
             n = fits(spec)
             tried.append(f"{bits} bits: {n}")
             if n >= want:
-                return Solved(spec, bits, n, f"--solve bits: {spec} is the most KV bits that fit {where} "
-                              f"({n} fit; sessions per bits tried: {', '.join(tried)})")  # fmt: skip
+                return Solved(
+                    spec,
+                    bits,
+                    n,
+                    f"--solve bits: {spec} is the most KV bits that fit {where} "
+                    f"({n} fit; sessions per bits tried: {', '.join(tried)})",
+                )
         return Solved(None, None, 0, f"--solve bits: no KV bits fit {where} (sessions per bits: {', '.join(tried)})")
 
     def ring(size: int) -> Spec:
@@ -511,9 +650,13 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
 
     whole = fits(ring(r.context))
     if whole >= want:
-        return Solved(ring(r.context), r.context, whole,
-                      f"--solve max_kv_size: every max_kv_size fits {where}, up to the whole context "
-                      f"({whole} sessions fit at max_kv_size {r.context:,}); no ring is needed")  # fmt: skip
+        return Solved(
+            ring(r.context),
+            r.context,
+            whole,
+            f"--solve max_kv_size: every max_kv_size fits {where}, up to the whole context "
+            f"({whole} sessions fit at max_kv_size {r.context:,}); no ring is needed",
+        )
     lo, hi = 5, r.context  # keep=4 needs a ring of at least 5 slots
     if fits(ring(lo)) < want:
         return Solved(None, None, 0, f"--solve max_kv_size: not even a {lo}-token ring fits {where}")
@@ -521,8 +664,13 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(ring(mid)) >= want else (lo, mid)
     n, after = fits(ring(lo)), fits(ring(lo + 1))
-    return Solved(ring(lo), lo, n, f"--solve max_kv_size: {lo:,} is the largest max_kv_size (mlx-lm --max-kv-size, "
-                  f"{ring(lo)}) that fits {where}: {n} fit at {lo:,}, {after} at {lo + 1:,}")  # fmt: skip
+    return Solved(
+        ring(lo),
+        lo,
+        n,
+        f"--solve max_kv_size: {lo:,} is the largest max_kv_size (mlx-lm --max-kv-size, "
+        f"{ring(lo)}) that fits {where}: {n} fit at {lo:,}, {after} at {lo + 1:,}",
+    )
 
 
 @dataclass(frozen=True)
@@ -569,8 +717,9 @@ def suggestions(evidence: Sequence[Evidence], context: int) -> list[Spec]:
     for spec in scaled_candidates(evidence, context):
         knob = spec.strategy.window
         try:
-            typed = parse_spec(f"{spec.name}:" + ",".join(
-                f"{k}={typed_size(v) if k == knob else v}" for k, v in spec.params))  # fmt: skip
+            typed = parse_spec(
+                f"{spec.name}:" + ",".join(f"{k}={typed_size(v) if k == knob else v}" for k, v in spec.params)
+            )
         except ValueError:
             continue
         if typed.window is not None and typed.window < context:
@@ -613,16 +762,24 @@ def plan_request(arch: Arch, request: PlanRequest, evidence: Sequence[Evidence] 
                 skipped[str(spec)] = str(e)
             else:
                 added.append(str(spec))
-    fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch,
-                                  kv_format=request.kv_format)  # fmt: skip
+    fits, judgements = judge_fits(fits, evidence, backend=request.backend, planned=arch, kv_format=request.kv_format)
     runtime, model_type = request.runtime, arch.model_type or None
-    choice = choose(fits, max_kl=request.max_kl, min_agreement=request.min_agreement, planned_model=arch,
-                    judgements=judgements, sessions=request.sessions, most_sessions=request.most_sessions,
-                    runtime=runtime, flags=None if runtime is None else lambda s: runtime_flags(s, runtime, model_type),
-                    kv_format=request.kv_format)  # fmt: skip
+    choice = choose(
+        fits,
+        max_kl=request.max_kl,
+        min_agreement=request.min_agreement,
+        planned_model=arch,
+        judgements=judgements,
+        sessions=request.sessions,
+        most_sessions=request.most_sessions,
+        runtime=runtime,
+        flags=None if runtime is None else lambda s: runtime_flags(s, runtime, model_type),
+        kv_format=request.kv_format,
+    )
     rec = choice if request.recommending else None
-    return PlanResult(arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements, choice,
-                      tuple(solved))  # fmt: skip
+    return PlanResult(
+        arch, request, fits, request.weights(arch), tuple(added), skipped, rec, judgements, choice, tuple(solved)
+    )
 
 
 def llama_cpp_argv(r: PlanRequest) -> list[str]:

@@ -97,32 +97,63 @@ class Runtime:
 RUNTIMES: dict[str, Runtime] = {
     r.name: r
     for r in (
-        Runtime("mlx-lm", "mlx", "mlx-lm 0.32.2 generate: KVCache steps of 256, prompt in 2048-token steps",
-                prefill_chunk=2048, kv_formats=(),  # generate_step(prefill_step_size=2048)
-                loop="mlx-lm 0.32.2 generate_step: the prompt but its last token in prefill_step_size chunks whose "
-                "logits are never computed, then the last prompt token and each new one alone (one position's "
-                "logits)"),
-        Runtime("transformers", "torch", "transformers 5.24 generate: DynamicCache (standard), StaticCache "
-                "(static:max_len=N), offloaded, built from the config",
-                prefill_chunk=None, kv_formats=(), tensor_parallel=True,
-                loop="transformers 5.24 generate(): the prompt in one forward, the last position's logits in "
-                "float32"),
-        Runtime("vllm", "torch", "vLLM: paged KV blocks of 16 tokens, gpu_memory_utilization 0.9",
-                prefill_chunk=2048, kv_formats=("fp8",), block_size=16, gpu_memory_utilization=0.9,
-                tensor_parallel=True, pipeline_parallel=True, runtime_cache=True,
-                loop="vLLM's scheduler: the prompt in chunks of max_num_batched_tokens (chunked prefill), the last "
-                "position's logits in float32"),
-        Runtime("llama.cpp", "ggml", "llama.cpp: the whole -c context allocated at start, -ctk/-ctv f16/q8_0/q4_0",
-                prefill_chunk=2048, kv_formats=("q8_0", "q4_0"), pipeline_parallel=True, runtime_cache=True,
-                ubatch=512,  # llama-server -sm layer: layers split over GPUs
-                loop="llama.cpp's decode: the prompt in 2,048-token batches, the last position's logits in "
-                "float32"),
-        Runtime("cachelib", "mlx", "cachelib's profiler loop: cachelib's caches (standard: KVCache steps of 256)",
-                prefill_chunk=None, kv_formats=(), also_on=("torch",),
-                loop="cachelib's profiler loop: the prompt in one update (or --prefill-chunk chunks), every "
-                "position's logits computed"),
+        Runtime(
+            "mlx-lm",
+            "mlx",
+            "mlx-lm 0.32.2 generate: KVCache steps of 256, prompt in 2048-token steps",
+            prefill_chunk=2048,
+            kv_formats=(),  # generate_step(prefill_step_size=2048)
+            loop="mlx-lm 0.32.2 generate_step: the prompt but its last token in prefill_step_size chunks whose "
+            "logits are never computed, then the last prompt token and each new one alone (one position's "
+            "logits)",
+        ),
+        Runtime(
+            "transformers",
+            "torch",
+            "transformers 5.24 generate: DynamicCache (standard), StaticCache "
+            "(static:max_len=N), offloaded, built from the config",
+            prefill_chunk=None,
+            kv_formats=(),
+            tensor_parallel=True,
+            loop="transformers 5.24 generate(): the prompt in one forward, the last position's logits in float32",
+        ),
+        Runtime(
+            "vllm",
+            "torch",
+            "vLLM: paged KV blocks of 16 tokens, gpu_memory_utilization 0.9",
+            prefill_chunk=2048,
+            kv_formats=("fp8",),
+            block_size=16,
+            gpu_memory_utilization=0.9,
+            tensor_parallel=True,
+            pipeline_parallel=True,
+            runtime_cache=True,
+            loop="vLLM's scheduler: the prompt in chunks of max_num_batched_tokens (chunked prefill), the last "
+            "position's logits in float32",
+        ),
+        Runtime(
+            "llama.cpp",
+            "ggml",
+            "llama.cpp: the whole -c context allocated at start, -ctk/-ctv f16/q8_0/q4_0",
+            prefill_chunk=2048,
+            kv_formats=("q8_0", "q4_0"),
+            pipeline_parallel=True,
+            runtime_cache=True,
+            ubatch=512,  # llama-server -sm layer: layers split over GPUs
+            loop="llama.cpp's decode: the prompt in 2,048-token batches, the last position's logits in float32",
+        ),
+        Runtime(
+            "cachelib",
+            "mlx",
+            "cachelib's profiler loop: cachelib's caches (standard: KVCache steps of 256)",
+            prefill_chunk=None,
+            kv_formats=(),
+            also_on=("torch",),
+            loop="cachelib's profiler loop: the prompt in one update (or --prefill-chunk chunks), every "
+            "position's logits computed",
+        ),
     )
-}  # fmt: skip
+}
 
 DEVICE_BACKENDS = ("mlx", "torch")  # backends cachelib's own loop runs on
 # the runtime a plan that names none is made for: what users deploy with on that backend
@@ -206,8 +237,9 @@ class Deployment:
         rt = self.profile
         if rt is not None:
             if self.backend not in rt.backends:
-                raise ValueError(f"runtime {rt.name} runs on backend {' or '.join(map(repr, rt.backends))}, "
-                                 f"not {self.backend!r}")
+                raise ValueError(
+                    f"runtime {rt.name} runs on backend {' or '.join(map(repr, rt.backends))}, not {self.backend!r}"
+                )
         elif self.backend not in DEVICE_BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; allowed: {', '.join(DEVICE_BACKENDS)}")
         _count("tp", self.tp)
@@ -285,13 +317,21 @@ class Deployment:
             parts.append(f"blocks of {self.paged_block}")
         if self.runtime == "llama.cpp":
             slots, unified, swa_full, ubatch = llama_cpp_settings(self)
-            parts.append(f"{slots} slots{' (auto)' if self.slots is None else ''}, "
-                         f"{'unified KV' if unified else 'KV per slot'}" + (", --swa-full" if swa_full else ""))
+            parts.append(
+                f"{slots} slots{' (auto)' if self.slots is None else ''}, "
+                f"{'unified KV' if unified else 'KV per slot'}" + (", --swa-full" if swa_full else "")
+            )
         return ", ".join(parts)
 
 
-LLAMA_CPP_FLAGS = {"slots": "--parallel", "kv_unified": "--kv-unified", "swa_full": "--swa-full",
-                   "flash_attn": "-fa", "ubatch": "--ubatch-size", "tensor_split": "--tensor-split"}
+LLAMA_CPP_FLAGS = {
+    "slots": "--parallel",
+    "kv_unified": "--kv-unified",
+    "swa_full": "--swa-full",
+    "flash_attn": "-fa",
+    "ubatch": "--ubatch-size",
+    "tensor_split": "--tensor-split",
+}
 LLAMA_CPP_FLASH_ATTN = ("on", "off", "auto")
 LLAMA_CPP_SERVER_SLOTS = 4  # tools/server/server.cpp: --parallel auto -> 4 slots and a unified KV
 LLAMA_CPP_UBATCH = 512  # common.h n_ubatch
@@ -302,8 +342,10 @@ def _check_llama_cpp(d: Deployment, where: str) -> None:
     given = [flag for name, flag in LLAMA_CPP_FLAGS.items() if getattr(d, name) is not None]
     if d.runtime != "llama.cpp":
         if given:
-            raise ValueError(f"{', '.join(given)}: {where} has no such setting; these are llama.cpp's "
-                             f"({', '.join(LLAMA_CPP_FLAGS.values())}); use --runtime llama.cpp")
+            raise ValueError(
+                f"{', '.join(given)}: {where} has no such setting; these are llama.cpp's "
+                f"({', '.join(LLAMA_CPP_FLAGS.values())}); use --runtime llama.cpp"
+            )
         return
     if d.slots is not None and (isinstance(d.slots, bool) or not isinstance(d.slots, int) or d.slots < 1):
         raise ValueError(f"--parallel (slots) must be an integer >= 1, got {d.slots!r}")
@@ -315,14 +357,21 @@ def _check_llama_cpp(d: Deployment, where: str) -> None:
     if d.flash_attn is not None and d.flash_attn not in LLAMA_CPP_FLASH_ATTN:
         raise ValueError(f"-fa {d.flash_attn!r}: allowed: {', '.join(LLAMA_CPP_FLASH_ATTN)}")
     if d.kv_format in ("q8_0", "q4_0") and d.flash_attn == "off":
-        raise ValueError(f"llama.cpp: a quantized V cache (-ctv {d.kv_format}) requires flash attention "
-                         "(llama_init_from_model refuses -fa off); allowed: -fa on, -fa auto")
+        raise ValueError(
+            f"llama.cpp: a quantized V cache (-ctv {d.kv_format}) requires flash attention "
+            "(llama_init_from_model refuses -fa off); allowed: -fa on, -fa auto"
+        )
     if d.tensor_split is not None:
         ts = tuple(d.tensor_split)
-        if len(ts) != d.pp or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 for x in ts) \
-                or not sum(ts) > 0:
-            raise ValueError(f"--tensor-split {','.join(map(str, ts))}: give {d.pp} non-negative shares, one per "
-                             f"device (--pp {d.pp}), not all zero")
+        if (
+            len(ts) != d.pp
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 for x in ts)
+            or not sum(ts) > 0
+        ):
+            raise ValueError(
+                f"--tensor-split {','.join(map(str, ts))}: give {d.pp} non-negative shares, one per "
+                f"device (--pp {d.pp}), not all zero"
+            )
         object.__setattr__(d, "tensor_split", tuple(float(x) for x in ts))
 
 
@@ -331,8 +380,10 @@ def llama_cpp_settings(d: Deployment, batch: int = 1) -> tuple[int, bool, bool, 
     sequences: llama-server's defaults where left None (4 slots, or the batch when larger, with a
     unified KV). ValueError when the batch is more sequences than ``--parallel`` slots."""
     if d.slots is not None and batch > d.slots:
-        raise ValueError(f"batch {batch}: llama.cpp holds at most --parallel {d.slots} sequences at once; "
-                         f"allowed: batch <= {d.slots}, or --parallel >= {batch}")
+        raise ValueError(
+            f"batch {batch}: llama.cpp holds at most --parallel {d.slots} sequences at once; "
+            f"allowed: batch <= {d.slots}, or --parallel >= {batch}"
+        )
     slots = d.slots if d.slots is not None else max(LLAMA_CPP_SERVER_SLOTS, batch)
     unified = d.kv_unified if d.kv_unified is not None else d.slots is None
     return slots, unified, bool(d.swa_full), d.ubatch or LLAMA_CPP_UBATCH
@@ -352,8 +403,10 @@ def llama_cpp_stage_sizes(num_layers: int, devices: int, tensor_split: tuple[flo
         at = int(np.searchsorted(splits, np.float32(il) / np.float32(num_layers + 1), side="right"))  # upper_bound
         sizes[min(at, devices - 1)] += 1
     if 0 in sizes:
-        raise ValueError(f"--tensor-split {','.join(f'{x:g}' for x in shares)} leaves a device without layers "
-                         f"({sizes} of {num_layers}); give every device a larger share, or fewer devices")
+        raise ValueError(
+            f"--tensor-split {','.join(f'{x:g}' for x in shares)} leaves a device without layers "
+            f"({sizes} of {num_layers}); give every device a larger share, or fewer devices"
+        )
     return sizes
 
 
@@ -379,8 +432,10 @@ def mlx_lm_spec(
             "its own cache (make_cache); plan its own layout (standard) instead"
         )
     if max_kv_size is not None and kv_bits is not None:
-        raise ValueError("mlx-lm cannot combine --max-kv-size with --kv-bits (RotatingKVCache quantization is not "
-                         "implemented there); give one of them")
+        raise ValueError(
+            "mlx-lm cannot combine --max-kv-size with --kv-bits (RotatingKVCache quantization is not "
+            "implemented there); give one of them"
+        )
     if max_kv_size is not None:
         return f"rotating:max_size={_count('max_kv_size', max_kv_size)},keep=4"
     if kv_bits is not None:
@@ -453,8 +508,7 @@ def runtime_layer_kinds(arch: Arch, deployment: Deployment) -> tuple[tuple[str, 
     if deployment.backend == "mlx":
         if not text:  # no config to read: an arch built by hand keeps its kinds
             return arch.layer_kinds, arch.sliding_window
-        kinds, w = mlx_layer_kinds(text, arch.model_type, arch.num_layers, arch.sliding_window or window,
-                                   arch.name)  # fmt: skip
+        kinds, w = mlx_layer_kinds(text, arch.model_type, arch.num_layers, arch.sliding_window or window, arch.name)
         if [k == "recurrent" for k in kinds] != [k == "recurrent" for k in arch.layer_kinds]:
             raise ValueError(f"{arch.name}: mlx-lm's recurrent layers differ from the config's; not modelled")
         return kinds, w

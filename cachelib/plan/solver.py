@@ -26,12 +26,12 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 from ..core import rules
-from ..core.units import GB, GiB, human_gib  # GB, GiB: re-exported for callers writing sizes
+from ..core.units import human_gib
 from ..spec import Spec, parse_spec
 from .accounting import Account, Replay, account, replay
+from .arch import Arch
 from .device import DeviceMemory
 from .runtimes import Deployment
-from .arch import Arch
 
 NO_LIMIT = 1 << 40  # tokens: a context limit that never binds (search memory alone)
 
@@ -80,7 +80,13 @@ class Fit:
         when the weights are unknown."""
         if self.weights_bytes is None:
             return None
-        return self.weights_bytes + self.overhead_bytes + self.reserve_bytes + self.activation_bytes + self.cache.peak_bytes
+        return (
+            self.weights_bytes
+            + self.overhead_bytes
+            + self.reserve_bytes
+            + self.activation_bytes
+            + self.cache.peak_bytes
+        )
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -110,8 +116,12 @@ def weight_bytes(arch: Arch, bits: float = 16) -> int:
 def cache_budget(budget_bytes: int, weights_bytes: int, reserve_bytes: int = 0, overhead_bytes: int = 0) -> int:
     """Bytes one device leaves for the cache and the activations (budget - weights - overhead -
     reserve); a budget that does not hold the weights (+ overhead + reserve) is refused."""
-    for name, v in (("budget", budget_bytes), ("weights", weights_bytes), ("reserve", reserve_bytes),
-                    ("overhead", overhead_bytes)):  # fmt: skip
+    for name, v in (
+        ("budget", budget_bytes),
+        ("weights", weights_bytes),
+        ("reserve", reserve_bytes),
+        ("overhead", overhead_bytes),
+    ):
         if v < 0:
             raise ValueError(f"{name} must be >= 0 bytes, got {v}")
     if budget_bytes <= weights_bytes:
@@ -133,7 +143,14 @@ def cache_budget(budget_bytes: int, weights_bytes: int, reserve_bytes: int = 0, 
 def _peak(arch, spec, context, batch, backend, dtype, prefill, prefill_chunk, deployment=None) -> int:
     p = None if prefill is None else min(prefill, context)
     return account(
-        arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, batch=batch, dtype=dtype,
+        arch,
+        spec,
+        backend,
+        context=context,
+        prefill=p,
+        prefill_chunk=prefill_chunk,
+        batch=batch,
+        dtype=dtype,
         deployment=deployment,
     ).peak_bytes
 
@@ -276,8 +293,9 @@ def max_batch(
 ) -> int:
     """The largest batch whose cache peak fits, with ``row_bytes`` more per batch row (the
     activations of one row); every cache array has a batch axis, so bytes scale exactly with it."""
-    return batch_count(_peak(arch, spec, context, 1, backend, dtype, prefill, prefill_chunk, deployment) + row_bytes,
-                       available_bytes)  # fmt: skip
+    return batch_count(
+        _peak(arch, spec, context, 1, backend, dtype, prefill, prefill_chunk, deployment) + row_bytes, available_bytes
+    )
 
 
 def batch_count(peak_bytes: int, available_bytes: int) -> int:
@@ -301,8 +319,9 @@ def max_sessions(
     """How many independent sessions of ``context`` tokens fit: one at its peak (with
     ``forward_bytes`` of activations), the others at their largest footprint between updates."""
     p = None if prefill is None else min(prefill, context)
-    acc = account(arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, dtype=dtype,
-                  deployment=deployment)  # fmt: skip
+    acc = account(
+        arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, dtype=dtype, deployment=deployment
+    )
     return session_count(acc.peak_bytes + forward_bytes, acc.max_resident_bytes, available_bytes)
 
 
@@ -338,7 +357,14 @@ def budget_needed(
         raise ValueError(f"sessions must be >= 1, got {sessions}")
     p = None if prefill is None else min(prefill, context)
     acc = account(
-        arch, spec, backend, context=context, prefill=p, prefill_chunk=prefill_chunk, batch=batch, dtype=dtype,
+        arch,
+        spec,
+        backend,
+        context=context,
+        prefill=p,
+        prefill_chunk=prefill_chunk,
+        batch=batch,
+        dtype=dtype,
         deployment=deployment,
     )
     return weights_bytes + reserve_bytes + activation_bytes + acc.peak_bytes + (sessions - 1) * acc.max_resident_bytes

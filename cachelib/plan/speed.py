@@ -35,7 +35,6 @@ Strategies as the runtime runs them (each rule's source beside it):
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
@@ -45,7 +44,7 @@ from ..spec import Spec, parse_spec
 from .accounting import account
 from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
-from .hardware import CALIBRATION, CPU, LLAMA_2_7B, PROBE_CACHE, Hardware, Measurement, hardware
+from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, Hardware, Measurement, hardware
 from .presets import preset
 from .runtimes import own_loop
 
@@ -95,19 +94,38 @@ def runtime_key(runtime: str | None, backend: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _held(arch: Arch, spec: Spec, backend: str, dtype: str, deployment, prefill_chunk: int | None,
-          context: int) -> tuple[int, tuple[int, ...]]:  # fmt: skip
+def _held(
+    arch: Arch, spec: Spec, backend: str, dtype: str, deployment, prefill_chunk: int | None, context: int
+) -> tuple[int, tuple[int, ...]]:
     """(K/V bytes one session's cache holds, tokens held per attention layer) right after the
     decode step that brings it to ``context`` tokens (the prompt fed before it, then that step)."""
     prefill = context - 1 if context > 1 else None
-    acc = account(arch, spec, backend, context=context, prefill=prefill, prefill_chunk=prefill_chunk, batch=1,
-                  dtype=dtype, deployment=deployment)  # fmt: skip
+    acc = account(
+        arch,
+        spec,
+        backend,
+        context=context,
+        prefill=prefill,
+        prefill_chunk=prefill_chunk,
+        batch=1,
+        dtype=dtype,
+        deployment=deployment,
+    )
     return acc.bytes_used, tuple(la.tokens_held for la in acc.layers if la.layer_type != "recurrent")
 
 
 def _prompt_held(arch, spec, backend, dtype, deployment, chunk, context) -> tuple[int, tuple[int, ...]]:
-    acc = account(arch, spec, backend, context=context, prefill=context, prefill_chunk=chunk, batch=1, dtype=dtype,
-                  deployment=deployment)  # fmt: skip
+    acc = account(
+        arch,
+        spec,
+        backend,
+        context=context,
+        prefill=context,
+        prefill_chunk=chunk,
+        batch=1,
+        dtype=dtype,
+        deployment=deployment,
+    )
     return acc.bytes_used, tuple(la.tokens_held for la in acc.layers if la.layer_type != "recurrent")
 
 
@@ -118,9 +136,20 @@ def _active_params(arch: Arch, tp: int) -> tuple[float, float]:
     return params / tp, embed / tp
 
 
-def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int, tuple[int, ...]],
-              weights_bytes: int, quantized: bool, materialised: bool, all_logits: bool,
-              tp: int = 1, decoded_itemsize: int = 0) -> StepCost:  # fmt: skip
+def step_cost(
+    arch: Arch,
+    spec: Spec,
+    *,
+    rows: int,
+    tokens: int,
+    held: tuple[int, tuple[int, ...]],
+    weights_bytes: int,
+    quantized: bool,
+    materialised: bool,
+    all_logits: bool,
+    tp: int = 1,
+    decoded_itemsize: int = 0,
+) -> StepCost:
     """One forward of ``rows`` sessions x ``tokens`` new tokens over caches that hold ``held``
     (bytes per session, tokens per attention layer) after it, on one device of ``tp``;
     ``decoded_itemsize``: the quantized K/V is decoded whole at this itemsize for attention."""
@@ -147,8 +176,9 @@ def step_cost(arch: Arch, spec: Spec, *, rows: int, tokens: int, held: tuple[int
     decoded = int(2 * elements * decoded_itemsize)
     # The per-pair cost is single-query attention's (a decode step); a chunk's is matmul FLOPs.
     pairs = heads * visible * rows if tokens == 1 else 0.0
-    return StepCost(int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm,
-                    decoded, pairs)  # fmt: skip
+    return StepCost(
+        int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm, decoded, pairs
+    )
 
 
 def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str, tp: int = 1) -> float:
@@ -186,12 +216,30 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
     if prefill:
         n = int(m.test.removeprefix("pp"))
         held = _prompt_held(arch, spec, d.backend, "float16", d, n, m.depth + n)
-        return arch, step_cost(arch, spec, rows=m.batch, tokens=n, held=held, weights_bytes=weights, quantized=False,
-                               materialised=mat, all_logits=False)  # fmt: skip
+        return arch, step_cost(
+            arch,
+            spec,
+            rows=m.batch,
+            tokens=n,
+            held=held,
+            weights_bytes=weights,
+            quantized=False,
+            materialised=mat,
+            all_logits=False,
+        )
     n = int(m.test.removeprefix("tg"))
     held = _held(arch, spec, d.backend, "float16", d, None, m.depth + n // 2)
-    return arch, step_cost(arch, spec, rows=m.batch, tokens=1, held=held, weights_bytes=weights, quantized=False,
-                           materialised=mat, all_logits=False)  # fmt: skip
+    return arch, step_cost(
+        arch,
+        spec,
+        rows=m.batch,
+        tokens=1,
+        held=held,
+        weights_bytes=weights,
+        quantized=False,
+        materialised=mat,
+        all_logits=False,
+    )
 
 
 def _deployment(runtime: str | None, kv_format: str | None = None, backend: str = "mlx"):
@@ -263,9 +311,14 @@ def published_efficiency(runtime: str, kind: str) -> Efficiency | None:
 
 
 # Runtimes without published measurements fitted here borrow another's fit, said so, with a wider interval.
-BORROW = {("vllm", "cuda"): ("llama.cpp", "cuda"), ("transformers", "cuda"): ("llama.cpp", "cuda"),
-          ("cachelib-torch", "cuda"): ("llama.cpp", "cuda"), ("cachelib-mlx", "cuda"): ("llama.cpp", "cuda"),
-          ("mlx-lm", "apple"): ("llama.cpp", "apple"), ("cachelib-mlx", "apple"): ("llama.cpp", "apple")}  # fmt: skip
+BORROW = {
+    ("vllm", "cuda"): ("llama.cpp", "cuda"),
+    ("transformers", "cuda"): ("llama.cpp", "cuda"),
+    ("cachelib-torch", "cuda"): ("llama.cpp", "cuda"),
+    ("cachelib-mlx", "cuda"): ("llama.cpp", "cuda"),
+    ("mlx-lm", "apple"): ("llama.cpp", "apple"),
+    ("cachelib-mlx", "apple"): ("llama.cpp", "apple"),
+}
 
 
 def saved_cpu_efficiency(key: str) -> Efficiency | None:
@@ -284,19 +337,28 @@ def efficiency(runtime: str | None, backend: str, hw: Hardware) -> Efficiency:
         saved = saved_cpu_efficiency(key)
         if saved is not None:
             return saved
-        return Efficiency(1.0, 1.0, 0.0, 0.5, "not calibrated on this CPU: peaks taken whole, +-50% "
-                          "(python bench/bench_speed.py --save calibrates it)")  # fmt: skip
+        return Efficiency(
+            1.0,
+            1.0,
+            0.0,
+            0.5,
+            "not calibrated on this CPU: peaks taken whole, +-50% (python bench/bench_speed.py --save calibrates it)",
+        )
     own = published_efficiency(key, hw.kind)
     if own is not None:
         return own
     other = BORROW.get((key, hw.kind))
     if other is not None:
         base = published_efficiency(*other)
-        return replace(base, spread=max(base.spread, BORROWED_SPREAD),
-                       source=f"borrowed from {other[0]} on {other[1]} ({base.source}); "
-                       f"no {key} measurement fitted")  # fmt: skip
-    raise ValueError(f"no calibration of {key} on {hw.kind} devices; calibrated: "
-                     + ", ".join(f"{r} on {k}" for r, k in sorted({*BORROW, *BORROW.values()})))  # fmt: skip
+        return replace(
+            base,
+            spread=max(base.spread, BORROWED_SPREAD),
+            source=f"borrowed from {other[0]} on {other[1]} ({base.source}); no {key} measurement fitted",
+        )
+    raise ValueError(
+        f"no calibration of {key} on {hw.kind} devices; calibrated: "
+        + ", ".join(f"{r} on {k}" for r, k in sorted({*BORROW, *BORROW.values()}))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,10 +410,12 @@ class Speed:
     def explain(self) -> str:
         c = self.cost
         gb = 1e9
-        return (f"{self.spec}: a decode step of {self.sessions} session(s) at {self.context:,} tokens reads "
-                f"{c.bytes / gb:.2f} GB per device (weights {c.weight_bytes / gb:.2f}, K/V {c.kv_bytes / gb:.2f}"
-                + (f", scores {c.score_bytes / gb:.2f}" if c.score_bytes else "")
-                + f") and does {c.flops / 1e12:.2f} TFLOP: {self.bound}-bound")  # fmt: skip
+        return (
+            f"{self.spec}: a decode step of {self.sessions} session(s) at {self.context:,} tokens reads "
+            f"{c.bytes / gb:.2f} GB per device (weights {c.weight_bytes / gb:.2f}, K/V {c.kv_bytes / gb:.2f}"
+            + (f", scores {c.score_bytes / gb:.2f}" if c.score_bytes else "")
+            + f") and does {c.flops / 1e12:.2f} TFLOP: {self.bound}-bound"
+        )
 
 
 def _interval(t: float, spread: float) -> Interval:
@@ -368,8 +432,15 @@ class SpeedModel:
     machine); ``flash_attn`` is llama.cpp's ``-fa`` (on where its default ``auto`` finds
     support); ``eff`` overrides the runtime's calibrated fractions."""
 
-    def __init__(self, arch: Arch, request, hardware_name: str | Hardware, *, flash_attn: bool = True,
-                 eff: Efficiency | None = None):  # fmt: skip
+    def __init__(
+        self,
+        arch: Arch,
+        request,
+        hardware_name: str | Hardware,
+        *,
+        flash_attn: bool = True,
+        eff: Efficiency | None = None,
+    ):
         self.arch, self.r = arch, request
         self.hw = hardware_name if isinstance(hardware_name, Hardware) else hardware(hardware_name)
         self.dtype = compute_dtype(request)
@@ -394,7 +465,11 @@ class SpeedModel:
         """On torch a quantized cache hands attention its whole K/V decoded to the dtype every
         update (cachelib's torch quantized caches, as transformers' ``QuantizedLayer.update``):
         written, then read back. MLX's attention reads the codes (``quantized_matmul``)."""
-        if self.r.backend == "torch" and (own_loop(self.runtime) or self.runtime == "transformers") and spec.key_bits is not None:
+        if (
+            self.r.backend == "torch"
+            and (own_loop(self.runtime) or self.runtime == "transformers")
+            and spec.key_bits is not None
+        ):
             return check_dtype(self.r.dtype)
         return 0
 
@@ -413,13 +488,28 @@ class SpeedModel:
         context = context or self.r.context
         held = _held(self.arch, spec, self.r.backend, self.r.dtype, self.deployment, self.r.prefill_chunk, context)
         quantized, mat = self._flags(spec)
-        cost = step_cost(self.arch, spec, rows=sessions, tokens=1, held=held, weights_bytes=self.weights,
-                         quantized=quantized, materialised=mat, all_logits=True, tp=self.r.tp,
-                         decoded_itemsize=self._decoded_itemsize(spec))  # fmt: skip
+        cost = step_cost(
+            self.arch,
+            spec,
+            rows=sessions,
+            tokens=1,
+            held=held,
+            weights_bytes=self.weights,
+            quantized=quantized,
+            materialised=mat,
+            all_logits=True,
+            tp=self.r.tp,
+            decoded_itemsize=self._decoded_itemsize(spec),
+        )
         t = step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
         peak = self.hw.compute(self.dtype)
-        bound = "compute" if peak and cost.flops / (self.eff.compute_fraction * peak) > cost.bytes / (
-            self.eff.bandwidth_fraction * self.hw.bandwidth) else "bandwidth"  # fmt: skip
+        bound = (
+            "compute"
+            if peak
+            and cost.flops / (self.eff.compute_fraction * peak)
+            > cost.bytes / (self.eff.bandwidth_fraction * self.hw.bandwidth)
+            else "bandwidth"
+        )
         return t, cost, bound
 
     def prefill(self, spec: Spec | str, prompt: int | None = None, rows: int = 1) -> float | None:
@@ -435,9 +525,19 @@ class SpeedModel:
         while done < prompt:
             n = min(chunk, prompt - done)
             held = _prompt_held(self.arch, spec, self.r.backend, self.r.dtype, self.deployment, chunk, done + n)
-            cost = step_cost(self.arch, spec, rows=rows, tokens=n, held=held, weights_bytes=self.weights,
-                             quantized=quantized, materialised=mat, all_logits=own_loop(self.runtime),
-                             tp=self.r.tp, decoded_itemsize=self._decoded_itemsize(spec))  # fmt: skip
+            cost = step_cost(
+                self.arch,
+                spec,
+                rows=rows,
+                tokens=n,
+                held=held,
+                weights_bytes=self.weights,
+                quantized=quantized,
+                materialised=mat,
+                all_logits=own_loop(self.runtime),
+                tp=self.r.tp,
+                decoded_itemsize=self._decoded_itemsize(spec),
+            )
             total += step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
             done += n
         return total
@@ -453,9 +553,20 @@ class SpeedModel:
         pp = self.r.pp
         step = Interval(*(x * pp for x in step))
         agg = _inverse(step, sessions)
-        return Speed(str(parse_spec(spec)), self.hw.name, sessions, self.r.context, step, _inverse(step), agg,
-                     agg.value / devices, None if ttft is None else _interval(ttft * pp, self.eff.spread), cost, bound,
-                     self.eff)  # fmt: skip
+        return Speed(
+            str(parse_spec(spec)),
+            self.hw.name,
+            sessions,
+            self.r.context,
+            step,
+            _inverse(step),
+            agg,
+            agg.value / devices,
+            None if ttft is None else _interval(ttft * pp, self.eff.spread),
+            cost,
+            bound,
+            self.eff,
+        )
 
     def most_sessions(self, spec: Spec | str, min_tokens_per_s: float, limit: int) -> int:
         """The most sessions (at most ``limit``, what memory fits) each decoding at
@@ -491,8 +602,17 @@ def speed_frontier(model: SpeedModel, fits, *, most: int = 64, points: int = 24)
         grid = sorted({max(1, round(end * i / (points - 1))) for i in range(points)} | {1, max(1, cap)})
         for n in grid:
             s = model.speed(f.spec, n)
-            out.append(FrontierPoint(f.spec, n, s.tokens_per_s.value, s.tokens_per_s.low, s.tokens_per_s.high,
-                                     s.aggregate_tokens_per_s.value, not f.sessions or n <= f.sessions))  # fmt: skip
+            out.append(
+                FrontierPoint(
+                    f.spec,
+                    n,
+                    s.tokens_per_s.value,
+                    s.tokens_per_s.low,
+                    s.tokens_per_s.high,
+                    s.aggregate_tokens_per_s.value,
+                    not f.sessions or n <= f.sessions,
+                )
+            )
     return out
 
 
@@ -516,7 +636,8 @@ def speedup_text(speeds: list[Speed]) -> list[str]:
             f"{base.aggregate_tokens_per_s.value:,.0f} tokens/s at {s.sessions} vs {base.sessions} sessions), per "
             f"session x{s.tokens_per_s.value / base.tokens_per_s.value:.2f}: each session's K/V is "
             f"{per[1]:.2f} GB per step against {per[0]:.2f} GB, so a step reads {s.cost.bytes / 1e9:.1f} GB for "
-            f"{s.sessions} sessions against {base.cost.bytes / 1e9:.1f} GB for {base.sessions}")  # fmt: skip
+            f"{s.sessions} sessions against {base.cost.bytes / 1e9:.1f} GB for {base.sessions}"
+        )
     return lines
 
 
@@ -535,22 +656,25 @@ class SpeedReport:
         out = []
         for s in self.speeds:
             row = {
-                "strategy": s.spec, "sessions": s.sessions,
+                "strategy": s.spec,
+                "sessions": s.sessions,
                 "tokens/s per session": round(s.tokens_per_s.value, 2),
                 "interval": f"{s.tokens_per_s.low:.1f}-{s.tokens_per_s.high:.1f}",
                 "tokens/s aggregate": round(s.aggregate_tokens_per_s.value, 1),
                 "tokens/s per device": round(s.per_device_tokens_per_s, 1),
                 "time to first token s": None if s.ttft_s is None else round(s.ttft_s.value, 3),
-                "step GB read": round(s.cost.bytes / 1e9, 3), "bound": s.bound,
-            }  # fmt: skip
+                "step GB read": round(s.cost.bytes / 1e9, 3),
+                "bound": s.bound,
+            }
             if s.spec in self.most_sessions:
                 row["sessions at min tokens/s"] = self.most_sessions[s.spec][0]
             out.append(row)
         return out
 
 
-def speed_report(arch: Arch, request, fits, *, flash_attn: bool = True,
-                 hardware_name: str | None = None) -> SpeedReport:  # fmt: skip
+def speed_report(
+    arch: Arch, request, fits, *, flash_attn: bool = True, hardware_name: str | None = None
+) -> SpeedReport:
     """Each fit's speed on ``request.hardware`` at the sessions it fits (its batch without a
     budget), the aggregate speed-ups over the first strategy, and, with
     ``request.min_tokens_per_s``, the most sessions at that speed each."""
@@ -587,7 +711,8 @@ def kv_format_comparison(arch: Arch, request, other: str, this: Speed, **kw) -> 
     alt_request = replace(request, kv_format=None if other == "auto" else other, min_tokens_per_s=None)
     fit = next(f for f in plan(arch, replace(alt_request, strategies=(parse_spec(this.spec),))))
     alt = SpeedModel(arch, alt_request, kw["hardware_name"], flash_attn=kw["flash_attn"]).speed(
-        fit.spec, fit.sessions or request.batch)  # fmt: skip
+        fit.spec, fit.sessions or request.batch
+    )
     fp8, dtype = (alt, this) if other == "fp8" else (this, alt)
     name = f"KV {request.dtype}"
     agg = fp8.aggregate_tokens_per_s.value / dtype.aggregate_tokens_per_s.value

@@ -62,9 +62,15 @@ NON_TORCH_DEFAULT = {1: round(1.79 * GiB), 2: round(3.58 * GiB)}
 NON_TORCH_SOURCE = "https://github.com/vllm-project/vllm/pull/10511"
 
 VLLM_FLAGS = (
-    "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype",
-    "--block-size", "--non-torch-memory", "--cuda-graph-memory",
-)  # fmt: skip
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--kv-cache-dtype",
+    "--block-size",
+    "--non-torch-memory",
+    "--cuda-graph-memory",
+)
 
 
 def kv_format_of(kv_cache_dtype: str | None) -> str | None:
@@ -87,8 +93,10 @@ def default_non_torch(tp: int, pp: int = 1) -> tuple[int, str]:
     """The calibrated non-torch memory of one device of a tp x pp deployment and where it comes
     from (the tp=2 figure for any deployment of several devices: NCCL is set up there)."""
     n = NON_TORCH_DEFAULT[1 if tp * pp == 1 else 2]
-    return n, (f"non-torch (CUDA context, NCCL on several devices): {n / GiB:.2f} GiB calibrated on one build "
-               f"({NON_TORCH_SOURCE}); give yours with --non-torch-memory")  # fmt: skip
+    return n, (
+        f"non-torch (CUDA context, NCCL on several devices): {n / GiB:.2f} GiB calibrated on one build "
+        f"({NON_TORCH_SOURCE}); give yours with --non-torch-memory"
+    )
 
 
 def profile_activation(
@@ -150,8 +158,13 @@ class VllmPool:
             ("weights", self.weights, self.weights_note),
             ("peak activation", self.activation, self.activation_note),
             ("non-torch", self.non_torch, self.non_torch_note),
-            ("CUDA graphs", self.cuda_graphs, "given (--cuda-graph-memory): vLLM >= 0.21 subtracts its estimate"
-             if self.cuda_graphs else "0: captured after the pool before vLLM 0.21 (give v0.21+'s estimate)"),
+            (
+                "CUDA graphs",
+                self.cuda_graphs,
+                "given (--cuda-graph-memory): vLLM >= 0.21 subtracts its estimate"
+                if self.cuda_graphs
+                else "0: captured after the pool before vLLM 0.21 (give v0.21+'s estimate)",
+            ),
             ("KV pool", self.available, "requested - weights - peak activation - non-torch - CUDA graphs"),
         ]
 
@@ -161,8 +174,10 @@ class VllmPool:
         (it refuses to start), else None."""
         if self.concurrency >= 1:
             return None
-        return (f"vLLM would refuse to start: max_model_len {self.max_model_len:,} is more than the KV pool holds "
-                f"({self.tokens:,} tokens); lower --max-model-len or raise --gpu-memory-utilization")  # fmt: skip
+        return (
+            f"vLLM would refuse to start: max_model_len {self.max_model_len:,} is more than the KV pool holds "
+            f"({self.tokens:,} tokens); lower --max-model-len or raise --gpu-memory-utilization"
+        )
 
     def log_lines(self) -> list[str]:
         """The three lines vLLM logs at startup, as this plan predicts them."""
@@ -202,8 +217,12 @@ def kv_pool(
     from .runtimes import Deployment, device_arch
 
     util = check_utilization(gpu_memory_utilization)
-    for name, v in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
-                    ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size)):  # fmt: skip
+    for name, v in (
+        ("max_model_len", max_model_len),
+        ("max_num_seqs", max_num_seqs),
+        ("max_num_batched_tokens", max_num_batched_tokens),
+        ("block_size", block_size),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
     dev = device_arch(arch, Deployment.make("vllm", tp=tp, pp=pp, kv_format=kv_format))
@@ -212,16 +231,41 @@ def kv_pool(
     else:
         nt_note = "given (--non-torch-memory; vLLM's memory log prints it)"
     if activation_bytes is None:
-        activation_bytes, act_note = profile_activation(arch, tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                                        dtype=dtype, tp=tp)  # fmt: skip
+        activation_bytes, act_note = profile_activation(
+            arch, tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, dtype=dtype, tp=tp
+        )
     else:
         act_note = "given (vLLM's log: activation peak)"
     available = int(total_bytes * util - (weights_bytes + activation_bytes + non_torch_bytes + cuda_graph_bytes))
-    b = kv_blocks(dev, available, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-                  block_size=block_size, kv_format=kv_format, dtype=dtype)  # fmt: skip
-    return VllmPool(total_bytes, util, weights_bytes, activation_bytes, non_torch_bytes, available, block_size,
-                    b.page_bytes, b.group_size, b.groups, b.blocks, b.tokens, max_model_len, b.concurrency,
-                    weights_note, act_note, nt_note, cuda_graph_bytes)  # fmt: skip
+    b = kv_blocks(
+        dev,
+        available,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+        kv_format=kv_format,
+        dtype=dtype,
+    )
+    return VllmPool(
+        total_bytes,
+        util,
+        weights_bytes,
+        activation_bytes,
+        non_torch_bytes,
+        available,
+        block_size,
+        b.page_bytes,
+        b.group_size,
+        b.groups,
+        b.blocks,
+        b.tokens,
+        max_model_len,
+        b.concurrency,
+        weights_note,
+        act_note,
+        nt_note,
+        cuda_graph_bytes,
+    )
 
 
 @dataclass(frozen=True)

@@ -17,20 +17,36 @@ import types
 # Every name below is imported from its module on first use (PEP 562), so that a light reader (the
 # planner's cached evidence) does not pay for pandas, the models and the run loop: name -> module.
 _LAZY = {
-    "DEFAULT_EVIDENCE": "evidence", "EvidenceSet": "evidence", "load_evidence": "evidence",
-    "EvaluationInterrupted": "evaluate", "EvaluationStep": "evaluate", "evaluate": "evaluate",
+    "DEFAULT_EVIDENCE": "evidence",
+    "EvidenceSet": "evidence",
+    "load_evidence": "evidence",
+    "EvaluationInterrupted": "evaluate",
+    "EvaluationStep": "evaluate",
+    "evaluate": "evaluate",
     "teacher_forced_logits": "evaluate",
-    "Evaluation": "evaluation", "load_evaluation": "evaluation", "save_evaluation": "evaluation",
+    "Evaluation": "evaluation",
+    "load_evaluation": "evaluation",
+    "save_evaluation": "evaluation",
     "parse_memory_limit": "guard",
-    "PROBE_HELP": "probes", "Probes": "probes",
+    "PROBE_HELP": "probes",
+    "Probes": "probes",
     "retrieval": "retrieval",
-    "StepEvent": "run", "check_distinct": "run", "default_profile_name": "run", "run_profile": "run",
+    "StepEvent": "run",
+    "check_distinct": "run",
+    "default_profile_name": "run",
+    "run_profile": "run",
     "strategy_labels": "run",
-    "SCHEMA_VERSION": "schema", "TABLES": "schema",
-    "Profile": "store", "ProfileFile": "store", "list_profiles": "store", "load_profile": "store",
-    "read_meta": "store", "save_profile": "store",
-    "summarize": "summary", "verdict": "summary",
-}  # fmt: skip
+    "SCHEMA_VERSION": "schema",
+    "TABLES": "schema",
+    "Profile": "store",
+    "ProfileFile": "store",
+    "list_profiles": "store",
+    "load_profile": "store",
+    "read_meta": "store",
+    "save_profile": "store",
+    "summarize": "summary",
+    "verdict": "summary",
+}
 
 
 def __getattr__(name: str):

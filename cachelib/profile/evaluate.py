@@ -32,8 +32,8 @@ from ..decode import Runner
 from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .guard import check_fits, planned_arch
 from .evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
+from .guard import check_fits, planned_arch
 from .quality import compare
 
 CORPUS = Path(__file__).resolve().parents[2] / "assets" / "corpus"
@@ -282,9 +282,19 @@ def evaluate(
     arch, where, dtype = planned_arch(model, backend, device)
     if arch is not None:  # refused before the model loads: positions past its limit, caches that cannot fit
         check_limit(arch, contexts, score_tokens)
-        check_fits(arch, specs, backend=backend, dtype=dtype, device=where, prompt_tokens=max(contexts),
-                   steps=score_tokens, prefill_chunk=prefill_chunk, rows=1 if one_by_one else len(specs),
-                   what="evaluation", hint="")  # fmt: skip
+        check_fits(
+            arch,
+            specs,
+            backend=backend,
+            dtype=dtype,
+            device=where,
+            prompt_tokens=max(contexts),
+            steps=score_tokens,
+            prefill_chunk=prefill_chunk,
+            rows=1 if one_by_one else len(specs),
+            what="evaluation",
+            hint="",
+        )
     loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
     check_limit(loaded.info, contexts, score_tokens)
     tokenized = [(name, [int(i) for i in loaded.tokenizer.encode(text)]) for name, text in sources]
@@ -323,8 +333,16 @@ def _finish(run: _Run, status: str, reason: str, out: Path | None) -> Evaluation
 class _Run:
     """The measuring loop's state: the model, the strategies and the rows so far."""
 
-    def __init__(self, loaded: LoadedModel, specs: list[Spec], score_tokens: int, prefill_chunk: int, total: int,
-                 on_progress: Callable[[EvaluationStep], None] | None, one_by_one: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        specs: list[Spec],
+        score_tokens: int,
+        prefill_chunk: int,
+        total: int,
+        on_progress: Callable[[EvaluationStep], None] | None,
+        one_by_one: bool = False,
+    ):
         self.loaded = loaded
         self.probe = probe_for(loaded)
         self.one_by_one = one_by_one

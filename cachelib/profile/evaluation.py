@@ -24,8 +24,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from ..core.reader import check_regular
 from ..core.cells import escape_cell, unescape_cell
+from ..core.reader import check_regular
 
 SCHEMA = "cachelib-evaluation/1"
 KINDS = ("sample", "retrieval")
@@ -82,10 +82,37 @@ SUMMARY_COLUMNS = (
 
 # Two-sided 95% Student-t quantiles t(0.975, df), df = 1..30; beyond, a Cornish-Fisher expansion.
 _T975 = (
-    12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
-    2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
-    2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423,
-)  # fmt: skip
+    12.7062,
+    4.3027,
+    3.1824,
+    2.7764,
+    2.5706,
+    2.4469,
+    2.3646,
+    2.3060,
+    2.2622,
+    2.2281,
+    2.2010,
+    2.1788,
+    2.1604,
+    2.1448,
+    2.1314,
+    2.1199,
+    2.1098,
+    2.1009,
+    2.0930,
+    2.0860,
+    2.0796,
+    2.0739,
+    2.0687,
+    2.0639,
+    2.0595,
+    2.0555,
+    2.0518,
+    2.0484,
+    2.0452,
+    2.0423,
+)
 
 
 def t_quantile_975(df: int) -> float:
@@ -293,8 +320,9 @@ def load_evaluation(path: str | os.PathLike) -> Evaluation:
     if missing:
         raise ValueError(f"{label}: evaluation is missing column(s) {', '.join(missing)} of {SCHEMA}")
     try:
-        samples, retrieval = (_read_kind(raw[kinds == k], k) if (kinds == k).any() else _empty(k)
-                              for k in ("sample", "retrieval"))  # most files hold one kind only
+        samples, retrieval = (
+            _read_kind(raw[kinds == k], k) if (kinds == k).any() else _empty(k) for k in ("sample", "retrieval")
+        )  # most files hold one kind only
     except (ValueError, TypeError) as e:
         raise ValueError(f"{label}: a value of the wrong type ({e})") from None
     status = "incomplete" if path.name.endswith(".incomplete.csv") else "complete"

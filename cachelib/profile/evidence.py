@@ -45,6 +45,7 @@ SAMPLE_IDENTITY = ("model", "backend", "strategy", "context", "score_tokens", "p
 # reached the cache (files written before ``question`` existed lack it: one mode among themselves)
 RETRIEVAL_IDENTITY = ("model", "backend", "strategy", "context", "depth", "trial", "task", "answer", "question")
 
+
 def ci95(values: Sequence[float]) -> float | None:
     """Half-width of the 95% confidence interval of the mean (Student t); None for fewer than
     two values."""
@@ -183,8 +184,10 @@ def _load_evidence(sources: list) -> EvidenceSet:
                     evaluation = load_evaluation(path)
                     _check_usable(evaluation)
                     if not evaluation.complete:  # each sample row is a whole measurement: they count
-                        warnings.append(f"{path}: an incomplete evaluation ({evaluation.reason or 'no reason'}); "
-                                        f"its {len(evaluation.samples)} finished sample(s) count")  # fmt: skip
+                        warnings.append(
+                            f"{path}: an incomplete evaluation ({evaluation.reason or 'no reason'}); "
+                            f"its {len(evaluation.samples)} finished sample(s) count"
+                        )
                     samples.append(evaluation.samples.assign(file=path.name))
                     retrieval.append(evaluation.retrieval.assign(file=path.name))
                     used.append(str(path))
@@ -218,8 +221,10 @@ def _load_evidence(sources: list) -> EvidenceSet:
     found = pd.concat(trials, ignore_index=True).drop_duplicates(subset=list(RETRIEVAL_IDENTITY)) if trials else None
     if not points and found is None and any(Path(s) != DEFAULT_EVIDENCE for s in sources):
         names = ", ".join(map(str, sources))
-        raise ValueError(f"no evidence in {names}: no evaluation file or complete profile with a measured strategy"
-                         + (f" ({'; '.join(warnings)})" if warnings else ""))  # fmt: skip
+        raise ValueError(
+            f"no evidence in {names}: no evaluation file or complete profile with a measured strategy"
+            + (f" ({'; '.join(warnings)})" if warnings else "")
+        )
     kept = None if found is None else pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL)
     return EvidenceSet(tuple(points), tuple(used), tuple(warnings), kept)
 
@@ -243,8 +248,9 @@ def _check_usable(evaluation) -> None:
         bad = ~np.isfinite(values) | (values < low) | (values > high)
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"sample row {i + 1}: {column} {values[i]:g} is not a finite number "
-                             f"in [{low:g}, {high:g}]")  # fmt: skip
+            raise ValueError(
+                f"sample row {i + 1}: {column} {values[i]:g} is not a finite number in [{low:g}, {high:g}]"
+            )
 
 
 def _mean(series: pd.Series) -> float | None:
@@ -267,18 +273,23 @@ def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame
     if found is not None:
         found = found.drop_duplicates(subset=[c for c in RETRIEVAL_IDENTITY if c in found])
         hits = pd.to_numeric(found["exact_match"], errors="coerce")
-        keys = pd.MultiIndex.from_tuples(list(zip(found["model"], found["backend"], found["strategy"],
-                                                  found["context"].astype("int64"))))  # fmt: skip
+        keys = pd.MultiIndex.from_tuples(
+            list(zip(found["model"], found["backend"], found["strategy"], found["context"].astype("int64")))
+        )
         for key, values in pd.Series(hits.to_numpy(), index=keys).groupby(level=[0, 1, 2, 3]):
             values = values.dropna()
             accuracy[key] = float(values.mean()) if len(values) else None
     # one pass over numpy columns per group (boolean indexing per group cost ~1 s for the committed set)
     kl = table["mean_kl"].to_numpy(dtype="float64")
     top1 = table["top1_agreement"].to_numpy(dtype="float64")
-    scored_col = pd.to_numeric(table["score_tokens"], errors="coerce").to_numpy(dtype="float64") \
-        if "score_tokens" in table else None
-    delta_col = pd.to_numeric(table["delta_ppl"], errors="coerce").to_numpy(dtype="float64") \
-        if "delta_ppl" in table else None
+    scored_col = (
+        pd.to_numeric(table["score_tokens"], errors="coerce").to_numpy(dtype="float64")
+        if "score_tokens" in table
+        else None
+    )
+    delta_col = (
+        pd.to_numeric(table["delta_ppl"], errors="coerce").to_numpy(dtype="float64") if "delta_ppl" in table else None
+    )
     file_col = table["file"].to_numpy()
     out = []
     groups = table.groupby(["model", "backend", "strategy", "context"], sort=True).indices

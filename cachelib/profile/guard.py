@@ -35,8 +35,10 @@ def parse_memory_limit(value: int | float | str | None) -> int | None:
         except ValueError as e:
             if "must be a size such as" not in str(e) and "unknown unit" not in str(e):
                 raise  # a size out of range: the message names the range
-            raise ValueError(f"memory_limit {clip_input(str(value))!r} is not a size; write e.g. '2GiB', '1.5GB' or "
-                             "'512MiB' (a bare number is GiB)") from None  # fmt: skip
+            raise ValueError(
+                f"memory_limit {clip_input(str(value))!r} is not a size; write e.g. '2GiB', '1.5GB' or "
+                "'512MiB' (a bare number is GiB)"
+            ) from None
     if not limit > 0:
         raise ValueError(f"memory_limit must be > 0, got {clip_input(repr(value))}")
     return limit
@@ -82,18 +84,38 @@ def predicted_peaks(arch, specs: Sequence[Spec], backend: str, dtype: str, promp
     return out
 
 
-def predicted_activations(arch, specs: Sequence[Spec], *, backend: str, dtype: str, device: str, prompt_tokens: int,
-                          steps: int, prefill_chunk: int | None, rows: int) -> int:  # fmt: skip
+def predicted_activations(
+    arch,
+    specs: Sequence[Spec],
+    *,
+    backend: str,
+    dtype: str,
+    device: str,
+    prompt_tokens: int,
+    steps: int,
+    prefill_chunk: int | None,
+    rows: int,
+) -> int:
     """The planner's activation bytes of the run's largest forward pass (``rows`` strategies fed
     as the rows of one batch; attention scores where the backend materialises them)."""
     from ..plan.device import run_activation_peak
 
     if not arch.attention_layers and arch.recurrent is None:
         return 0
-    return max(run_activation_peak(arch, spec, context=prompt_tokens + steps - 1, prefill=prompt_tokens,
-                                   prefill_chunk=prefill_chunk or prompt_tokens, batch=rows, dtype=dtype,
-                                   backend=backend, device=_planner_device(device)).total
-               for spec in specs)  # fmt: skip
+    return max(
+        run_activation_peak(
+            arch,
+            spec,
+            context=prompt_tokens + steps - 1,
+            prefill=prompt_tokens,
+            prefill_chunk=prefill_chunk or prompt_tokens,
+            batch=rows,
+            dtype=dtype,
+            backend=backend,
+            device=_planner_device(device),
+        ).total
+        for spec in specs
+    )
 
 
 @dataclass(frozen=True)
@@ -106,10 +128,20 @@ class RunNeed:
     default_limit: int
 
 
-def check_fits(arch, specs: Sequence[Spec], *, backend: str, dtype: str, device: str, prompt_tokens: int, steps: int,
-               prefill_chunk: int | None = None, rows: int | None = None, what: str = "run",
-               hint: str = "give a memory limit (--memory-limit, memory_limit=) to run under the memory guard anyway",
-               ) -> RunNeed | None:  # fmt: skip
+def check_fits(
+    arch,
+    specs: Sequence[Spec],
+    *,
+    backend: str,
+    dtype: str,
+    device: str,
+    prompt_tokens: int,
+    steps: int,
+    prefill_chunk: int | None = None,
+    rows: int | None = None,
+    what: str = "run",
+    hint: str = "give a memory limit (--memory-limit, memory_limit=) to run under the memory guard anyway",
+) -> RunNeed | None:
     """Refuse, before anything is allocated, a run whose caches (the planner's rules) plus its
     largest forward's activations would pass :data:`DEFAULT_SHARE` of :func:`available_memory`
     (a ``ValueError`` with the figures and ``hint``); else what it needs. One check for
@@ -117,9 +149,17 @@ def check_fits(arch, specs: Sequence[Spec], *, backend: str, dtype: str, device:
     account the architecture or a strategy: nothing is refused then."""
     try:
         peaks = predicted_peaks(arch, specs, backend, dtype, prompt_tokens, steps)
-        acts = predicted_activations(arch, specs, backend=backend, dtype=dtype, device=device,
-                                     prompt_tokens=prompt_tokens, steps=steps, prefill_chunk=prefill_chunk,
-                                     rows=rows or len(specs))  # fmt: skip
+        acts = predicted_activations(
+            arch,
+            specs,
+            backend=backend,
+            dtype=dtype,
+            device=device,
+            prompt_tokens=prompt_tokens,
+            steps=steps,
+            prefill_chunk=prefill_chunk,
+            rows=rows or len(specs),
+        )
     except ValueError:  # the planner's limits, not the run's: it runs unchecked, as before
         return None
     available = available_memory(device)
@@ -190,8 +230,9 @@ def warn_past_positions(info, positions: int, what: str = "this run") -> None:
         warnings.warn(
             f"{what} feeds {positions:,} positions, past {info.name}'s limit of {limit:,} (max_position_embeddings): "
             "the model computes them, but was not built to attend that far",
-            PastPositionsWarning, stacklevel=3,
-        )  # fmt: skip
+            PastPositionsWarning,
+            stacklevel=3,
+        )
 
 
 def planned_arch(model, backend: str, device: str | None):

@@ -11,10 +11,27 @@ from typing import Sequence
 # Okabe-Ito (colour-blind safe, yellow left out: unreadable on white), then Tol's muted and
 # light sets: 20 distinct colours before one repeats.
 PALETTE = (
-    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000",
-    "#882255", "#117733", "#999933", "#44AA99", "#AA4499", "#332288", "#DDCC77",
-    "#CC6677", "#88CCEE", "#661100", "#6699CC", "#AAAA00", "#EE8866",
-)  # fmt: skip
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#CC79A7",
+    "#D55E00",
+    "#56B4E9",
+    "#000000",
+    "#882255",
+    "#117733",
+    "#999933",
+    "#44AA99",
+    "#AA4499",
+    "#332288",
+    "#DDCC77",
+    "#CC6677",
+    "#88CCEE",
+    "#661100",
+    "#6699CC",
+    "#AAAA00",
+    "#EE8866",
+)
 REFERENCE_COLOR = "#7f7f7f"  # the full cache holding every token so far (drawn dotted)
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
@@ -41,7 +58,15 @@ def legend_below(fig, plot_height: int, top: int = 80, bottom: int = 50):
         height=top + plot_height + bottom + legend_px,
         margin={"t": top, "b": bottom + legend_px},
         showlegend=bool(entries),
-        legend={"orientation": "v", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left",
-                "font": {"size": 11}, "tracegroupgap": 0},  # fmt: skip
+        legend={
+            "orientation": "v",
+            "yref": "container",
+            "y": 0,
+            "yanchor": "bottom",
+            "x": 0,
+            "xanchor": "left",
+            "font": {"size": 11},
+            "tracegroupgap": 0,
+        },
     )
     return fig

@@ -29,8 +29,8 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from .. import __version__
-from .store import Profile
 from .palette import BYTE_UNIT, MIB, PALETTE, REFERENCE_COLOR, legend_below
+from .store import Profile
 from .summary import full_cache_bytes_per_token, summarize, verdict
 
 PLOT_PX = 340  # the plot area's height; each figure's legend, under it, adds its own rows
@@ -46,7 +46,9 @@ class ReportRun:
 
     @classmethod
     def of(cls, profile: Profile, name: str | None = None) -> "ReportRun":
-        return cls(name or profile.name or str(profile.meta.get("run_id", "run")), dict(profile.meta), profile.frame("steps"))
+        return cls(
+            name or profile.name or str(profile.meta.get("run_id", "run")), dict(profile.meta), profile.frame("steps")
+        )
 
     @property
     def strategies(self) -> list[str]:
@@ -114,7 +116,11 @@ def memory_info(runs: Sequence[ReportRun]) -> MemoryInfo:
         if per_token is None or rows.empty:
             continue
         tokens = pd.to_numeric(rows["position"]) + 1
-        curve = (str(run.meta.get("dtype", "")), tuple(rows["step"].astype(int)), tuple((tokens * per_token).astype(float)))
+        curve = (
+            str(run.meta.get("dtype", "")),
+            tuple(rows["step"].astype(int)),
+            tuple((tokens * per_token).astype(float)),
+        )
         curves.setdefault(curve, []).append(name)
     for (dtype, steps, values), names in curves.items():
         what = f"full cache, {dtype}".rstrip(", ")
@@ -153,9 +159,15 @@ def speed_info(runs: Sequence[ReportRun]) -> SpeedInfo:
 
 def _scatter(line: Line, name: str, dash: str = "solid", group: str | None = None, show: bool = True) -> go.Scatter:
     return go.Scatter(
-        x=line.steps, y=line.values, name=name, mode="lines+markers" if len(line.steps) < 40 else "lines",
-        line=dict(color=line.color, dash=dash), marker=dict(size=4), legendgroup=group or line.label, showlegend=show,
-    )  # fmt: skip
+        x=line.steps,
+        y=line.values,
+        name=name,
+        mode="lines+markers" if len(line.steps) < 40 else "lines",
+        line=dict(color=line.color, dash=dash),
+        marker=dict(size=4),
+        legendgroup=group or line.label,
+        showlegend=show,
+    )
 
 
 def _layout(fig: go.Figure, title: str, plot_px: int = PLOT_PX) -> go.Figure:
@@ -226,6 +238,7 @@ def token_streams(steps: pd.DataFrame, strategies: Sequence[str], baseline: str)
     """Per strategy, in order: its tokens and where they first depart from the baseline's. In a
     free-running run these are the strategy's own text; teacher-forced, every strategy is fed
     the baseline's tokens and these are its greedy choices at each step."""
+
     def tokens(strategy: str) -> pd.Series:
         rows = steps[(steps["strategy"] == strategy) & steps["token_id"].notna()].sort_values("step")
         return pd.Series(rows["token_id"].astype(int).to_numpy(), index=rows["step"].astype(int).to_numpy())
@@ -239,9 +252,13 @@ def token_streams(steps: pd.DataFrame, strategies: Sequence[str], baseline: str)
         first = differs[0] if differs else None
         out.append(
             TokenStream(
-                strategy, mine.index.tolist(), mine.tolist(), first,
-                int(base[first]) if first is not None else None, len(differs),
-            )  # fmt: skip
+                strategy,
+                mine.index.tolist(),
+                mine.tolist(),
+                first,
+                int(base[first]) if first is not None else None,
+                len(differs),
+            )
         )
     return out
 
@@ -269,7 +286,9 @@ class Segment(NamedTuple):
     kind: str  # "same" (as the baseline), "departure" (the first differing token), "after", "instead"
 
 
-def stream_segments(stream: TokenStream, base: TokenStream, mode: str, decode: Callable[[list[int]], str]) -> list[Segment]:
+def stream_segments(
+    stream: TokenStream, base: TokenStream, mode: str, decode: Callable[[list[int]], str]
+) -> list[Segment]:
     """``stream`` as text in pieces to style: up to its first departure as the baseline, the
     departing token, then (free-running) its own continuation, or (teacher-forced) the baseline's
     text it was fed on, with the baseline's token at the departure shown as what it replaced."""
@@ -277,12 +296,19 @@ def stream_segments(stream: TokenStream, base: TokenStream, mode: str, decode: C
         return [Segment(decode(stream.token_ids), "same")]
     i = stream.steps.index(stream.first_departure)
     if mode == "free-running":
-        parts = [Segment(decode(stream.token_ids[:i]), "same"), Segment(decode([stream.token_ids[i]]), "departure"),
-                 Segment(decode(stream.token_ids[i + 1:]), "after")]  # fmt: skip
+        parts = [
+            Segment(decode(stream.token_ids[:i]), "same"),
+            Segment(decode([stream.token_ids[i]]), "departure"),
+            Segment(decode(stream.token_ids[i + 1 :]), "after"),
+        ]
     else:
         j = base.steps.index(stream.first_departure)
-        parts = [Segment(decode(base.token_ids[:j]), "same"), Segment(decode([stream.token_ids[i]]), "departure"),
-                 Segment(decode([base.token_ids[j]]), "instead"), Segment(decode(base.token_ids[j + 1:]), "after")]  # fmt: skip
+        parts = [
+            Segment(decode(base.token_ids[:j]), "same"),
+            Segment(decode([stream.token_ids[i]]), "departure"),
+            Segment(decode([base.token_ids[j]]), "instead"),
+            Segment(decode(base.token_ids[j + 1 :]), "after"),
+        ]
     return [p for p in parts if p.text]
 
 
@@ -302,35 +328,49 @@ th:first-child, td:first-child { text-align: left; }
 
 
 def report_html(
-    profiles: Sequence[Profile | ReportRun], names: Sequence[str] | None = None, title: str | None = None,
+    profiles: Sequence[Profile | ReportRun],
+    names: Sequence[str] | None = None,
+    title: str | None = None,
     decode: Callable[[list[int]], str] | Sequence[Callable[[list[int]], str] | None] | None = None,
 ) -> str:
     """One self-contained HTML page comparing ``profiles`` (plotly.js inlined: it opens offline).
     ``decode`` turns token ids into text for the token streams: one function for all, or one per
     profile (None: that profile's streams are left out)."""
-    runs = [p if isinstance(p, ReportRun) else ReportRun.of(p, n) for p, n in zip(profiles, names or [None] * len(profiles))]
+    runs = [
+        p if isinstance(p, ReportRun) else ReportRun.of(p, n) for p, n in zip(profiles, names or [None] * len(profiles))
+    ]
     if not runs:
         raise ValueError("a report needs at least one profile")
     decoders = list(decode) if isinstance(decode, Sequence) else [decode] * len(runs)
-    title = title or (f"cachelib profile: {runs[0].name}" if len(runs) == 1
-                      else "cachelib comparison: " + " + ".join(r.name for r in runs))
-    body = [f"<h1>{_e(title)}</h1>",
-            f"<p class='note'>Made by cachelib {_e(__version__)} on {_now()}. Every number below was measured "
-            "on the model, backend and dtype named with it.</p>"]  # fmt: skip
+    title = title or (
+        f"cachelib profile: {runs[0].name}"
+        if len(runs) == 1
+        else "cachelib comparison: " + " + ".join(r.name for r in runs)
+    )
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f"<p class='note'>Made by cachelib {_e(__version__)} on {_now()}. Every number below was measured "
+        "on the model, backend and dtype named with it.</p>",
+    ]
     for run, decode_run in zip(runs, decoders):
         body += _run_section(run, decode_run)
     figures = report_figures(runs)
     body.append("<h2>Figures</h2>")
     if len(runs) > 1:
-        body.append("<p class='note'>Strategies are labelled <i>profile / strategy</i>; each profile's strategies "
-                    "are compared with that profile's own baseline.</p>")  # fmt: skip
+        body.append(
+            "<p class='note'>Strategies are labelled <i>profile / strategy</i>; each profile's strategies "
+            "are compared with that profile's own baseline.</p>"
+        )
     for name, fig in figures.items():
-        body.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{name}",
-                                config={"displaylogo": False}))  # fmt: skip
+        body.append(
+            fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{name}", config={"displaylogo": False})
+        )
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{_e(title)}</title><style>{_CSS}</style>"
-        f"<script type='text/javascript'>{get_plotlyjs()}</script></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script></head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
     )
 
 
@@ -350,30 +390,51 @@ def _run_section(run: ReportRun, decode) -> list[str]:
     out.append(_summary_html(table, run.baseline))
     against = sorted({a for a in table["saved_against"].dropna() if a})
     if against:
-        out.append(f"<p class='note'>bytes/token held = bytes used / tokens held, at each strategy's last memory "
-                   f"sample; saved = 1 - bytes used / the bytes a {_e(' or '.join(against))} holding every token so "
-                   "far in every layer uses at that step. Peak allocated includes reserved, unfilled space.</p>")  # fmt: skip
+        out.append(
+            f"<p class='note'>bytes/token held = bytes used / tokens held, at each strategy's last memory "
+            f"sample; saved = 1 - bytes used / the bytes a {_e(' or '.join(against))} holding every token so "
+            "far in every layer uses at that step. Peak allocated includes reserved, unfilled space.</p>"
+        )
     if decode is not None:
         out += _streams_html(run, decode)
     return out
 
 
 def _summary_html(table: pd.DataFrame, baseline: str) -> str:
-    heads = ["strategy", "steps", "peak MiB allocated", "MiB used", "tokens held", "bytes/token held", "saved",
-             "mean KL (nats)", "top-1 agreement", "tokens/s"]  # fmt: skip
+    heads = [
+        "strategy",
+        "steps",
+        "peak MiB allocated",
+        "MiB used",
+        "tokens held",
+        "bytes/token held",
+        "saved",
+        "mean KL (nats)",
+        "top-1 agreement",
+        "tokens/s",
+    ]
     rows = []
     for _, r in table.iterrows():
-        cells = [_e(r["strategy"]), _num(r["steps"], "{:,.0f}"), _num(r["peak_bytes_allocated"], "{:,.2f}", 2**20),
-                 _num(r["bytes_used"], "{:,.2f}", 2**20), _num(r["tokens_held"], "{:,.0f}"),
-                 _num(r["bytes_per_token"], "{:,.0f}"), _num(r["memory_saved"], "{:.0%}"), _num(r["mean_kl"], "{:.4g}"),
-                 _num(r["top1_agreement"], "{:.1%}"), _num(r["decode_tokens_per_second"], "{:.1f}")]  # fmt: skip
+        cells = [
+            _e(r["strategy"]),
+            _num(r["steps"], "{:,.0f}"),
+            _num(r["peak_bytes_allocated"], "{:,.2f}", 2**20),
+            _num(r["bytes_used"], "{:,.2f}", 2**20),
+            _num(r["tokens_held"], "{:,.0f}"),
+            _num(r["bytes_per_token"], "{:,.0f}"),
+            _num(r["memory_saved"], "{:.0%}"),
+            _num(r["mean_kl"], "{:.4g}"),
+            _num(r["top1_agreement"], "{:.1%}"),
+            _num(r["decode_tokens_per_second"], "{:.1f}"),
+        ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in heads)
     # The verdicts go under the table as sentences: a table cell would squeeze or cut them.
     words = "".join(
-        f"<li><b>{_e(r['strategy'])}</b> — {_e(verdict(r, baseline))}</li>" for _, r in table.iterrows()
+        f"<li><b>{_e(r['strategy'])}</b> — {_e(verdict(r, baseline))}</li>"
+        for _, r in table.iterrows()
         if r["strategy"] != baseline
-    )  # fmt: skip
+    )
     return (
         f"<div class='wide'><table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         + (f"<p><b>In plain words</b></p><ul class='verdicts'>{words}</ul>" if words else "")
@@ -387,15 +448,24 @@ def _streams_html(run: ReportRun, decode) -> list[str]:
     if base is None:
         return []
     mode = str(run.meta.get("mode", "teacher-forced"))
-    what = ("each strategy's own text; highlighted: its first token that differs from the baseline's"
-            if mode == "free-running" else
-            "every strategy was fed the baseline's tokens; highlighted: its first greedy choice that differs from "
-            "the baseline's (struck through), then the baseline's text it went on being fed")  # fmt: skip
+    what = (
+        "each strategy's own text; highlighted: its first token that differs from the baseline's"
+        if mode == "free-running"
+        else "every strategy was fed the baseline's tokens; highlighted: its first greedy choice that differs from "
+        "the baseline's (struck through), then the baseline's text it went on being fed"
+    )
     out = [f"<h3>Generated text</h3><p class='note'>{_e(mode)}: {_e(what)}.</p>"]
     for s in streams:
-        pieces = "".join(f"<span class='{seg.kind}'>{_e(seg.text)}</span>" for seg in stream_segments(s, base, mode, decode))
-        where = ("" if s.strategy == run.baseline else " · same tokens as the baseline" if s.first_departure is None
-                 else f" · first departs at step {s.first_departure}; {s.differing_steps} of {len(s.steps)} steps differ")  # fmt: skip
+        pieces = "".join(
+            f"<span class='{seg.kind}'>{_e(seg.text)}</span>" for seg in stream_segments(s, base, mode, decode)
+        )
+        where = (
+            ""
+            if s.strategy == run.baseline
+            else " · same tokens as the baseline"
+            if s.first_departure is None
+            else f" · first departs at step {s.first_departure}; {s.differing_steps} of {len(s.steps)} steps differ"
+        )
         out.append(f"<p><b>{_e(s.strategy)}</b>{_e(where)}</p><div class='stream'>{pieces}</div>")
     return out
 

@@ -47,7 +47,13 @@ from ..decode import Runner
 from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .evaluate import DEFAULT_PREFILL_CHUNK, check_limit, resolve_texts, teacher_forced_logits, teacher_forced_logits_rows
+from .evaluate import (
+    DEFAULT_PREFILL_CHUNK,
+    check_limit,
+    resolve_texts,
+    teacher_forced_logits,
+    teacher_forced_logits_rows,
+)
 from .evaluation import Evaluation, typed_frame
 from .guard import check_fits, planned_arch
 from .run import check_distinct, strategy_labels
@@ -71,7 +77,10 @@ PREAMBLE = {
     "copy": "There is a list of words hidden inside a lot of irrelevant text. "
     "Find it and memorize it. I will ask you to repeat the list.\n\n",
 }
-QUESTION = {"passkey": ("What is the pass key?", "The pass key is"), "copy": ("What is the list of words?", "The list is:")}
+QUESTION = {
+    "passkey": ("What is the pass key?", "The pass key is"),
+    "copy": ("What is the list of words?", "The list is:"),
+}
 COPY_WORDS = 12  # words in the planted list
 COPY_CUE = 4  # of which the cue repeats the first 4; the other 8 are scored
 WORDS = (
@@ -159,12 +168,18 @@ def _chat_parts(tokenizer) -> tuple[str, str] | None:
         return None
     before, after = text.split(marker)
     bos = getattr(tokenizer, "bos_token", None)
-    if bos and before.startswith(bos) and tokenizer.encode("x", add_special_tokens=True)[:1] == [tokenizer.bos_token_id]:
+    if (
+        bos
+        and before.startswith(bos)
+        and tokenizer.encode("x", add_special_tokens=True)[:1] == [tokenizer.bos_token_id]
+    ):
         before = before[len(bos) :]  # encode(special=True) adds it again
     return before, after
 
 
-def make_trial(prompt: TaskPrompt, filler: Sequence[int], context: int, depth: float, rng: random.Random, text: str = "") -> Trial:
+def make_trial(
+    prompt: TaskPrompt, filler: Sequence[int], context: int, depth: float, rng: random.Random, text: str = ""
+) -> Trial:
     """Plant a new needle at ``depth`` of a window of the token ids ``filler`` (named ``text``)
     so that the whole sequence is ``context`` tokens long; the key and the window's start are
     drawn from ``rng``. The needle goes after ``round(depth * filler tokens)`` filler tokens."""
@@ -172,8 +187,10 @@ def make_trial(prompt: TaskPrompt, filler: Sequence[int], context: int, depth: f
     head = prompt.head
     n_fill = context - len(head) - len(needle) - len(cue) - len(key)
     if n_fill < 1:
-        raise ValueError(f"context {context} is too short for the {prompt.task} task: it needs at least "
-                         f"{context - n_fill + 1} tokens to hold the needle and the question")
+        raise ValueError(
+            f"context {context} is too short for the {prompt.task} task: it needs at least "
+            f"{context - n_fill + 1} tokens to hold the needle and the question"
+        )
     source = list(filler)
     if len(source) < n_fill:  # a short text repeats
         source = source * math.ceil(n_fill / max(len(source), 1))
@@ -240,15 +257,27 @@ def retrieval(
     prefill_chunk = _check_int("prefill_chunk", prefill_chunk, 1)
     for spec in specs:
         if spec.max_context is not None and spec.max_context < max(contexts):
-            raise ValueError(f"strategy {spec} holds at most {spec.max_context} tokens; context {max(contexts)} needs more")
+            raise ValueError(
+                f"strategy {spec} holds at most {spec.max_context} tokens; context {max(contexts)} needs more"
+            )
     sources = resolve_texts(texts)
 
     arch, where, dtype = planned_arch(model, backend, device)
     if arch is not None:  # refused before the model loads: positions past its limit, caches that cannot fit
         check_limit(arch, contexts, 1)
-        check_fits(arch, specs, backend=backend, dtype=dtype, device=where, prompt_tokens=max(contexts), steps=1,
-                   prefill_chunk=prefill_chunk, rows=1 if one_by_one else len(specs), what="retrieval",
-                   hint="")  # fmt: skip
+        check_fits(
+            arch,
+            specs,
+            backend=backend,
+            dtype=dtype,
+            device=where,
+            prompt_tokens=max(contexts),
+            steps=1,
+            prefill_chunk=prefill_chunk,
+            rows=1 if one_by_one else len(specs),
+            what="retrieval",
+            hint="",
+        )
     loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
     info = loaded.info
     check_limit(info, contexts, 1)
@@ -256,8 +285,10 @@ def retrieval(
     shortest = prompt.fixed_length(random.Random(0)) + 1
     for c in contexts:
         if c < shortest:
-            raise ValueError(f"context {c} is too short for the {task} task: it needs at least "
-                             f"{shortest} tokens to hold the needle and the question")
+            raise ValueError(
+                f"context {c} is too short for the {task} task: it needs at least "
+                f"{shortest} tokens to hold the needle and the question"
+            )
     fillers: dict[int, list[int]] = {}  # tokenized on first use: a short run reads one text
 
     probe = probe_for(loaded)
@@ -273,10 +304,23 @@ def retrieval(
                 trial = make_trial(prompt, fillers[i], context, depth, rng, sources[i][0])
                 batched = {} if one_by_one else _run_batch(loaded, probe, specs, trial, prefill_chunk, question, notes)
                 for label, spec in zip(labels, specs):
-                    measured = batched.pop(label, None) or _run_trial(loaded, probe, spec, trial, prefill_chunk, question)
-                    row = {"model": info.name, "backend": info.backend, "device": info.device, "dtype": info.dtype,
-                           "strategy": label, "context": context, "prefill_chunk": prefill_chunk, "task": task,
-                           "depth": depth, "trial": t, "question": question, **measured}
+                    measured = batched.pop(label, None) or _run_trial(
+                        loaded, probe, spec, trial, prefill_chunk, question
+                    )
+                    row = {
+                        "model": info.name,
+                        "backend": info.backend,
+                        "device": info.device,
+                        "dtype": info.dtype,
+                        "strategy": label,
+                        "context": context,
+                        "prefill_chunk": prefill_chunk,
+                        "task": task,
+                        "depth": depth,
+                        "trial": t,
+                        "question": question,
+                        **measured,
+                    }
                     rows.append(row)
                     if on_sample is not None:
                         on_sample(row)
@@ -290,7 +334,9 @@ def _split(trial: Trial, question: str) -> tuple[list[int], list[int], int]:
     return trial.prefill, trial.cue + trial.key, len(trial.cue)
 
 
-def _run_trial(loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chunk: int, question: str = "prompt") -> dict:
+def _run_trial(
+    loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chunk: int, question: str = "prompt"
+) -> dict:
     """One strategy on one trial, with a fresh cache: the prompt prefilled in chunks, then the
     rest teacher-forced one token at a time (see :func:`_split`)."""
     start = time.perf_counter()
@@ -303,8 +349,15 @@ def _run_trial(loaded: LoadedModel, probe, spec: Spec, trial: Trial, prefill_chu
     return _scored(loaded, spec, trial, logits[first:], views, time.perf_counter() - start)
 
 
-def _run_batch(loaded: LoadedModel, probe, specs: Sequence[Spec], trial: Trial, prefill_chunk: int, question: str,
-               notes: dict[str, str]) -> dict[str, dict]:
+def _run_batch(
+    loaded: LoadedModel,
+    probe,
+    specs: Sequence[Spec],
+    trial: Trial,
+    prefill_chunk: int,
+    question: str,
+    notes: dict[str, str],
+) -> dict[str, dict]:
     """The trial's strategies that can share one strategy batch, measured together: label ->
     the row's measured columns. Empty when fewer than two can (a batch of one is the run alone);
     ``notes`` gets, per strategy that cannot join, why."""
@@ -324,7 +377,10 @@ def _run_batch(loaded: LoadedModel, probe, specs: Sequence[Spec], trial: Trial, 
     prefix, forced, first = _split(trial, question)
     logits = teacher_forced_logits_rows(loaded, caches, prefix, forced, prefill_chunk)
     seconds = time.perf_counter() - start  # the batch's time, shared by its rows
-    return {label: _scored(loaded, spec, trial, logits[i, first:], probe.views(c), seconds) for i, ((label, spec), c) in enumerate(zip(joined, caches))}
+    return {
+        label: _scored(loaded, spec, trial, logits[i, first:], probe.views(c), seconds)
+        for i, ((label, spec), c) in enumerate(zip(joined, caches))
+    }
 
 
 def _scored(loaded: LoadedModel, spec: Spec, trial: Trial, key_logits: np.ndarray, views, seconds: float) -> dict:

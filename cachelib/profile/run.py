@@ -34,8 +34,15 @@ from ..plan import arch_from_model_info
 from ..plan.accounting import Replay, replay
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .guard import (DEFAULT_SHARE, MemoryGuard, check_fits, check_memory_limit, parse_memory_limit, planned_arch,
-                    warn_past_positions)  # fmt: skip
+from .guard import (
+    DEFAULT_SHARE,
+    MemoryGuard,
+    check_fits,
+    check_memory_limit,
+    parse_memory_limit,
+    planned_arch,
+    warn_past_positions,
+)
 from .probes import Probes
 from .quality import Baseline, compare
 from .store import Profile, ProfileWriter
@@ -148,7 +155,11 @@ def run_profile(
     if (prompt is None) == (text is None):
         raise ValueError("give exactly one of prompt= (chat prompt) or text= (evaluation text)")
     if not (prompt if prompt is not None else text).strip():
-        raise ValueError("the prompt is empty; give some text to decode from" if prompt is not None else "the evaluation text is empty")
+        raise ValueError(
+            "the prompt is empty; give some text to decode from"
+            if prompt is not None
+            else "the evaluation text is empty"
+        )
     if text is not None and free_running:
         raise ValueError("free-running mode decodes from a prompt; an evaluation text is teacher-forced")
     probes = probes or Probes()
@@ -159,8 +170,16 @@ def run_profile(
     elif not isinstance(model, LoadedModel):  # what cannot fit even for one token is refused before the model loads
         arch, on, dtype = planned_arch(model, backend, device)
         if arch is not None:
-            check_fits(arch, specs, backend=backend, dtype=dtype, device=on, prompt_tokens=1, steps=1,
-                       rows=1 if one_by_one else len(specs))  # fmt: skip
+            check_fits(
+                arch,
+                specs,
+                backend=backend,
+                dtype=dtype,
+                device=on,
+                prompt_tokens=1,
+                steps=1,
+                rows=1 if one_by_one else len(specs),
+            )
     run_id = uuid.uuid4().hex[:12]
     # Claims a partial file of this run's own: a path that cannot be written fails here, before any work.
     writer = ProfileWriter(out, run_id) if out is not None else None
@@ -214,7 +233,9 @@ def run_profile(
             event = StepEvent(step, max_tokens, profile)
             baseline = None  # the baseline's distribution, computed once per step for every row
             target = None
-            batched = batch.step(probe, probes, step, last, lambda st: feed if not free_running or step == 0 else [st.last_token])
+            batched = batch.step(
+                probe, probes, step, last, lambda st: feed if not free_running or step == 0 else [st.last_token]
+            )
             for i, st in enumerate(states):
                 if st.label in batched:
                     logits, rows = batched[st.label]
@@ -273,8 +294,14 @@ def _predictors(loaded: LoadedModel, specs: Sequence[Spec]) -> list[Replay]:
     return [replay(arch, spec, loaded.info.backend, dtype=loaded.info.dtype) for spec in specs]
 
 
-def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt_tokens: int, max_tokens: int,
-           one_by_one: bool = False) -> MemoryGuard | None:  # fmt: skip
+def _guard(
+    loaded: LoadedModel,
+    specs: Sequence[Spec],
+    limit: int | None,
+    prompt_tokens: int,
+    max_tokens: int,
+    one_by_one: bool = False,
+) -> MemoryGuard | None:
     """The run's memory guard. Given a ``limit``, it stops the run before the caches pass it.
     Without one, a run the planner predicts not to fit in the memory this process may use is
     refused (:func:`~cachelib.profile.guard.check_fits`: ValueError with the figures) and the
@@ -288,12 +315,21 @@ def _guard(loaded: LoadedModel, specs: Sequence[Spec], limit: int | None, prompt
         predictors = _predictors(loaded, specs)
     except ValueError:  # an architecture the planner cannot account: no default guard
         return None
-    need = check_fits(arch, specs, backend=info.backend, dtype=info.dtype, device=info.device,
-                      prompt_tokens=prompt_tokens, steps=max_tokens, rows=1 if one_by_one else len(specs))  # fmt: skip
+    need = check_fits(
+        arch,
+        specs,
+        backend=info.backend,
+        dtype=info.dtype,
+        device=info.device,
+        prompt_tokens=prompt_tokens,
+        steps=max_tokens,
+        rows=1 if one_by_one else len(specs),
+    )
     if need is None:
         return None
-    return MemoryGuard(need.default_limit, predictors,
-                       source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start")  # fmt: skip
+    return MemoryGuard(
+        need.default_limit, predictors, source=f"the default: {DEFAULT_SHARE:.0%} of the memory available at the start"
+    )
 
 
 def _close(profile: Profile, writer: ProfileWriter | None, status: str, reason: str, completed: int) -> None:
@@ -350,8 +386,12 @@ class _StrategyBatch:
         # the process's memory after the one forward is every row's: read it once, not once a row
         system = (*probe.device_memory(), _rss()) if probes.on("system", step, last) else None
         return {
-            st.label: (logits[r], _after_step(probe, probes, st, step, last, ids[r], logits[r], wall, *before[r], views[r],
-                                              system=system))  # fmt: skip
+            st.label: (
+                logits[r],
+                _after_step(
+                    probe, probes, st, step, last, ids[r], logits[r], wall, *before[r], views[r], system=system
+                ),
+            )
             for r, st in enumerate(self.states)
         }
 
@@ -364,7 +404,9 @@ def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bo
     with probe.capture(st.cache):  # importance caches get the step's queries (a no-op otherwise)
         logits = runner.step(st.cache, ids, extra=lambda: probe.pending([st.cache]))
     wall = time.perf_counter() - start
-    return logits, _after_step(probe, probes, st, step, last, ids, logits, wall, masks_raw, want_error, probe.views(st.cache))
+    return logits, _after_step(
+        probe, probes, st, step, last, ids, logits, wall, masks_raw, want_error, probe.views(st.cache)
+    )
 
 
 def _before_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, n: int):
@@ -377,8 +419,20 @@ def _before_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, n:
     return masks_raw, want_error
 
 
-def _after_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, ids: list[int], logits, wall: float,
-                masks_raw, want_error: bool, views: list[CacheView], system: tuple | None = None) -> dict[str, Any]:
+def _after_step(
+    probe,
+    probes: Probes,
+    st: _Strategy,
+    step: int,
+    last: bool,
+    ids: list[int],
+    logits,
+    wall: float,
+    masks_raw,
+    want_error: bool,
+    views: list[CacheView],
+    system: tuple | None = None,
+) -> dict[str, Any]:
     """The rows of ``st``'s step, read from its cache after the forward that gave ``logits``;
     ``views`` are its views taken after that forward, while error tracking was still on (so
     they carry this step's quantization error). ``system``: (device active, device peak, RSS)
@@ -556,7 +610,9 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _meta(loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name, run_id) -> dict:
+def _meta(
+    loaded, specs, labels, probes, limit, prompt, text, prompt_ids, max_tokens, free_running, name, run_id
+) -> dict:
     info = loaded.info
     return {
         "schema_version": 1,

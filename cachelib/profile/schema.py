@@ -101,11 +101,41 @@ STATUSES = ("running", "complete", "incomplete")
 # What the reader accepts beyond each column's type (a column means one thing in every table).
 # Integers fit int64 and floats are finite everywhere, except the values NONFINITE lists;
 # LIMITS bounds numbers (inclusive; None: open).
-_COUNTS = ("step", "layer", "query", "tokens_in", "token_id", "cache_tokens_held", "cache_bytes_used",
-           "cache_bytes_allocated", "device_active_bytes", "device_peak_bytes", "rss_bytes", "offset", "tokens_held",
-           "capacity", "max_capacity", "bytes_used", "bytes_allocated", "write_index", "keep", "evicted", "key_bits",
-           "value_bits", "group_size", "quantized_tokens", "wall_seconds", "tokens_per_second", "kl", "key_rel_rms",
-           "key_max_abs", "value_rel_rms", "value_max_abs", "head", "score_seconds")  # fmt: skip
+_COUNTS = (
+    "step",
+    "layer",
+    "query",
+    "tokens_in",
+    "token_id",
+    "cache_tokens_held",
+    "cache_bytes_used",
+    "cache_bytes_allocated",
+    "device_active_bytes",
+    "device_peak_bytes",
+    "rss_bytes",
+    "offset",
+    "tokens_held",
+    "capacity",
+    "max_capacity",
+    "bytes_used",
+    "bytes_allocated",
+    "write_index",
+    "keep",
+    "evicted",
+    "key_bits",
+    "value_bits",
+    "group_size",
+    "quantized_tokens",
+    "wall_seconds",
+    "tokens_per_second",
+    "kl",
+    "key_rel_rms",
+    "key_max_abs",
+    "value_rel_rms",
+    "value_max_abs",
+    "head",
+    "score_seconds",
+)
 LIMITS: dict[str, tuple[float | None, float | None]] = {c: (0, None) for c in _COUNTS}
 LIMITS["logprob_target"] = (None, 0)
 NONFINITE: dict[str, tuple[float, ...]] = {"logprob_target": (float("-inf"),)}  # a token the strategy rules out

@@ -38,9 +38,21 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from ..core.reader import check_regular
 from ..core.cells import escape_cell
-from .schema import ADDED_IN_V1, COLUMNS, DTYPES, LIMITS, META_REQUIRED, NONFINITE, PATTERNS, REQUIRED, SCHEMA_VERSION, STATUSES, TABLES
+from ..core.reader import check_regular
+from .schema import (
+    ADDED_IN_V1,
+    COLUMNS,
+    DTYPES,
+    LIMITS,
+    META_REQUIRED,
+    NONFINITE,
+    PATTERNS,
+    REQUIRED,
+    SCHEMA_VERSION,
+    STATUSES,
+    TABLES,
+)
 
 try:  # POSIX: a running writer holds a lock on its partial file, so a listing can tell it from an orphan
     import fcntl
@@ -146,7 +158,15 @@ def _typed(df: pd.DataFrame, table: str) -> pd.DataFrame:
         if kind == "int":
             s = pd.to_numeric(s, errors="raise").astype("Int64")
         elif kind == "bool":
-            s = s.map(lambda v: pd.NA if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else _FLAGS.get(v, v) if isinstance(v, str) else bool(v))
+            s = s.map(
+                lambda v: (
+                    pd.NA
+                    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+                    else _FLAGS.get(v, v)
+                    if isinstance(v, str)
+                    else bool(v)
+                )
+            )
             s = s.astype("boolean")
         elif kind == "float":
             s = pd.to_numeric(s, errors="raise").astype("float64")
@@ -411,7 +431,9 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
     except pd.errors.EmptyDataError:
         raise ValueError(f"{label}: not a cachelib profile (the file is empty)") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
+        raise ValueError(
+            f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at offset {e.start})"
+        ) from None
     except (pd.errors.ParserError, ValueError, OSError) as e:
         raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
     for col in ADDED_IN_V1:
@@ -452,7 +474,7 @@ def _bad(label: str, source, index: int, column: str, problem: str) -> ValueErro
 
 
 def _where(source, index: int) -> str:
-    """"line N" of the ``index``-th data row (quoted cells may span lines), or "row N"."""
+    """ "line N" of the ``index``-th data row (quoted cells may span lines), or "row N"."""
     try:
         if isinstance(source, (str, os.PathLike)) and not str(source).lower().endswith(".parquet"):
             text = io.StringIO(Path(source).read_text(encoding="utf-8", errors="replace"), newline="")
@@ -531,7 +553,10 @@ def _check_tables(long: pd.DataFrame, label: str, source) -> None:
                     raise _bad(label, source, i, col, f"{_short(vals[i])} is not {pattern[1]}")
             continue
         lo, hi = LIMITS.get(col, (None, None))
-        for out, allowed in ((None if lo is None else nums < lo, f">= {lo}"), (None if hi is None else nums > hi, f"<= {hi}")):
+        for out, allowed in (
+            (None if lo is None else nums < lo, f">= {lo}"),
+            (None if hi is None else nums > hi, f"<= {hi}"),
+        ):
             if out is not None and out.any():
                 i = out.idxmax()
                 raise _bad(label, source, i, col, f"{s[i]} is out of range ({col} must be {allowed})")
@@ -563,7 +588,9 @@ def _checked_meta(long: pd.DataFrame, label: str, source=None) -> dict[str, str]
     if version is None:
         raise ValueError(f"{label}: profile has no schema_version")
     if str(version) != str(SCHEMA_VERSION):
-        raise ValueError(f"{label}: profile schema version {version} is not supported; this cachelib reads version {SCHEMA_VERSION}")
+        raise ValueError(
+            f"{label}: profile schema version {version} is not supported; this cachelib reads version {SCHEMA_VERSION}"
+        )
     lacking = [k for k in META_REQUIRED if k not in meta]
     if lacking:
         raise ValueError(f"{label}: profile metadata lacks {', '.join(lacking)}")
@@ -586,9 +613,13 @@ def _checked_meta(long: pd.DataFrame, label: str, source=None) -> dict[str, str]
         # named a copy "spec#2"); "specs" may repeat a spec text only as such a labelled copy.
         repeated = next((v for v in value if value.count(v) > 1), None)
         if repeated is not None and key == "strategies":
-            raise bad(key, f"{_short(meta[key])} names the strategy {repeated!r} twice; each strategy needs its own name")
+            raise bad(
+                key, f"{_short(meta[key])} names the strategy {repeated!r} twice; each strategy needs its own name"
+            )
     if "specs" in meta and len(json.loads(meta["specs"])) != len(json.loads(meta["strategies"])):
-        raise bad("specs", f"{_short(meta['specs'])} does not give one spec per strategy of {_short(meta['strategies'])}")
+        raise bad(
+            "specs", f"{_short(meta['specs'])} does not give one spec per strategy of {_short(meta['strategies'])}"
+        )
     if meta["baseline"] not in json.loads(meta["strategies"]):
         raise bad("baseline", f"{_short(meta['baseline'])} is not one of the run's strategies")
     if meta.get("probes"):
@@ -610,14 +641,24 @@ def _checked_meta(long: pd.DataFrame, label: str, source=None) -> dict[str, str]
         else:
             meta["status"] = "incomplete"
             meta["reason"] = meta.get("reason") or (
-                f"{ENDED_WITHOUT_CLOSING}" if running is False else "running, or ended without closing (cannot tell here)"
+                f"{ENDED_WITHOUT_CLOSING}"
+                if running is False
+                else "running, or ended without closing (cannot tell here)"
             )
     return meta
 
 
 ENDED_WITHOUT_CLOSING = "ended without closing: the run stopped (killed, or the machine went down)"
-META_INTS = ("schema_version", "steps_completed", "max_tokens", "prompt_tokens", "num_layers", "num_kv_heads",
-             "head_dim", "memory_limit")  # fmt: skip
+META_INTS = (
+    "schema_version",
+    "steps_completed",
+    "max_tokens",
+    "prompt_tokens",
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "memory_limit",
+)
 
 
 # --- a folder of profiles --------------------------------------------------------------------
@@ -663,9 +704,14 @@ def list_profiles(folder: str | os.PathLike) -> list[ProfileFile]:
             names = sorted(p.name for p in where.iterdir() if p.is_file())
         except OSError:  # a folder we may not read lists nothing
             return []
-        out = [ProfileFile(prefix + n, where / n, prefix.rstrip("/"))
-               for n in names if n.endswith(".csv") and not n.startswith(".") and not (prefix and n == "index.csv")]
-        out += [ProfileFile(prefix + n, where / n, prefix.rstrip("/"), partial=True) for n in names if _PARTIAL.match(n)]
+        out = [
+            ProfileFile(prefix + n, where / n, prefix.rstrip("/"))
+            for n in names
+            if n.endswith(".csv") and not n.startswith(".") and not (prefix and n == "index.csv")
+        ]
+        out += [
+            ProfileFile(prefix + n, where / n, prefix.rstrip("/"), partial=True) for n in names if _PARTIAL.match(n)
+        ]
         return out
 
     out = files(folder, "")

@@ -54,9 +54,15 @@ def full_cache_bytes_per_token(meta: dict) -> int | None:
         return None
     # Query heads and hidden size are not recorded and do not enter the cache's bytes.
     arch = Arch(
-        name=str(meta.get("model", "")), model_type=str(meta.get("architecture", "")), num_layers=layers,
-        hidden_size=heads * dim, num_heads=heads, num_kv_heads=heads, head_dim=dim, layer_kinds=("full",) * layers,
-    )  # fmt: skip
+        name=str(meta.get("model", "")),
+        model_type=str(meta.get("architecture", "")),
+        num_layers=layers,
+        hidden_size=heads * dim,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=dim,
+        layer_kinds=("full",) * layers,
+    )
     try:
         return kv_bytes_per_token(arch, str(meta.get("dtype", "")))
     except ValueError:  # a dtype the planner does not know

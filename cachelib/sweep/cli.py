@@ -49,9 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="list the points and what would run; run nothing")
     p.add_argument(
-        "--one-by-one", action="store_true",
+        "--one-by-one",
+        action="store_true",
         help="each point advances its strategies by a forward each (default: one strategy batch per point)",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,9 +70,13 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress()
     try:
         result = run_sweep(
-            args.grid, args.out, scheduler=args.scheduler, workers=args.workers, on_event=progress,
+            args.grid,
+            args.out,
+            scheduler=args.scheduler,
+            workers=args.workers,
+            on_event=progress,
             one_by_one=args.one_by_one,
-        )  # fmt: skip
+        )
     finally:
         progress.close()
     counts = ", ".join(f"{result.count(s)} {s}" for s in ("done", "stopped", "failed"))

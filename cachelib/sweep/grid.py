@@ -152,7 +152,6 @@ class Point(_Run):
         }
         return _digest(ident)
 
-
     @property
     def mode(self) -> str:
         return "free-running" if self.free_running else "teacher-forced"
@@ -212,7 +211,6 @@ class EvaluationPoint(_Run):
             "prefill_chunk": self.prefill_chunk,
         }
         return _digest(ident)
-
 
     @property
     def input(self) -> Input:
@@ -467,23 +465,28 @@ class _Reader:
         for key in PROFILE_ONLY:
             if key in self.data:
                 raise self.fail(
-                    key, f"{key!r} is for profile grids; an evaluation grid (it has 'contexts') scores texts "
-                    "(see 'texts', 'score_tokens', 'windows', 'prefill_chunk')"
-                )  # fmt: skip
+                    key,
+                    f"{key!r} is for profile grids; an evaluation grid (it has 'contexts') scores texts "
+                    "(see 'texts', 'score_tokens', 'windows', 'prefill_chunk')",
+                )
         baseline = self.baseline(backends)
         if not baseline.lossless:
             raise self.fail(
-                "baseline", f"'baseline': {baseline} is not a full cache; an evaluation measures against a lossless "
-                "one (standard, concat, static, offloaded)"
-            )  # fmt: skip
+                "baseline",
+                f"'baseline': {baseline} is not a full cache; an evaluation measures against a lossless "
+                "one (standard, concat, static, offloaded)",
+            )
         settings = self.strategies(backends, baseline)
         contexts = self.axis("contexts", int)
         for c in contexts:
             if c < 1:
                 raise self.fail("contexts", f"'contexts' must be >= 1, got {c}")
         counts = {}
-        for key, default in (("score_tokens", DEFAULT_SCORE_TOKENS), ("windows", DEFAULT_WINDOWS),
-                             ("prefill_chunk", DEFAULT_PREFILL_CHUNK)):  # fmt: skip
+        for key, default in (
+            ("score_tokens", DEFAULT_SCORE_TOKENS),
+            ("windows", DEFAULT_WINDOWS),
+            ("prefill_chunk", DEFAULT_PREFILL_CHUNK),
+        ):
             counts[key] = self.scalar(key, int, default)
             if counts[key] < 1:
                 raise self.fail(key, f"{key!r} must be >= 1, got {counts[key]}")
@@ -640,8 +643,9 @@ class _Reader:
             try:
                 content = read_text(file, "text file")  # bounded: no device, pipe or socket
             except FileNotFoundError:
-                raise self.fail("texts", f"text file {clip_input(rel)!r} not found (looked at "
-                                f"{clip_input(str(file))!r})") from None  # fmt: skip
+                raise self.fail(
+                    "texts", f"text file {clip_input(rel)!r} not found (looked at {clip_input(str(file))!r})"
+                ) from None
             except (OSError, ValueError) as e:
                 raise self.fail("texts", f"cannot read text file {clip_input(rel)!r} ({e})") from None
             if not content.strip():

@@ -200,7 +200,9 @@ class QuantErrorProbe:
         self._last_error = self._pending_error = None
         if not pairs:
             return
-        flat = [torch.cat([p[i].flatten() for p in pairs]) if len(pairs) > 1 else pairs[0][i].flatten() for i in range(4)]
+        flat = [
+            torch.cat([p[i].flatten() for p in pairs]) if len(pairs) > 1 else pairs[0][i].flatten() for i in range(4)
+        ]
         self._pending_error = [(flat[0], flat[1]), (flat[2], flat[3])]
         if flat[0].numel() > DEFERRED_ERROR_ELEMENTS:
             resolve_errors([self])
@@ -237,7 +239,9 @@ def resolve_errors(layers) -> None:
             continue
         x = torch.stack([it[2] for it in items]).double()
         diff = torch.stack([it[3] for it in items]).double() - x
-        terms = torch.stack([torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(diff, dim=1), diff.abs().amax(dim=1)], 1)
+        terms = torch.stack(
+            [torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(diff, dim=1), diff.abs().amax(dim=1)], 1
+        )
         for (slot, j, _, _), (norm, err, worst) in zip(items, terms.tolist()):
             slot[2 * j], slot[2 * j + 1] = (err / norm if norm > 0 else 0.0), worst
     for layer, slot in pending:

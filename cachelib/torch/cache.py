@@ -105,7 +105,9 @@ class Cache(_tf.Cache):
         offload_only_non_sliding: bool = True,
     ):
         if (layers is None) == (layer_class_to_replicate is None):
-            raise ValueError("Cache: give exactly one of `layers` (a list of layer caches) or `layer_class_to_replicate`")
+            raise ValueError(
+                "Cache: give exactly one of `layers` (a list of layer caches) or `layer_class_to_replicate`"
+            )
         self.layers = list(layers) if layers is not None else []
         self.layer_class_to_replicate = layer_class_to_replicate
         self.offloading = bool(offloading)
@@ -227,7 +229,9 @@ class Cache(_tf.Cache):
         if _has_tokens(self.layers[layer_idx]):
             return layer_idx
         if layer_idx != 0:
-            raise ValueError(f"{what}: layer {layer_idx} is a {type(self.layers[layer_idx]).__name__}, which has no token axis")
+            raise ValueError(
+                f"{what}: layer {layer_idx} is a {type(self.layers[layer_idx]).__name__}, which has no token axis"
+            )
         for i, layer in enumerate(self.layers):
             if _has_tokens(layer):
                 return i
@@ -465,7 +469,9 @@ class QuantizedCache(Cache):
         backend: str = "cachelib",
     ):
         if backend not in self.BACKENDS:
-            raise ValueError(f"QuantizedCache: backend={backend!r} is not supported; allowed: {', '.join(self.BACKENDS)}")
+            raise ValueError(
+                f"QuantizedCache: backend={backend!r} is not supported; allowed: {', '.join(self.BACKENDS)}"
+            )
         if backend == "cachelib":
             make = lambda: QuantizedLayer(nbits, q_group_size, residual_length)  # noqa: E731
             make()  # validate the arguments now, not at the first update
@@ -508,5 +514,7 @@ def build_kivi(spec, config) -> QuantizedCache:
 def build_sliding(spec, config) -> DynamicCache:
     """The spec's window on every attention layer, the model's own sliding layers included."""
     window = spec.get("window")
-    layers = build_layers(config, lambda: DynamicSlidingWindowLayer(window), lambda _own: DynamicSlidingWindowLayer(window))
+    layers = build_layers(
+        config, lambda: DynamicSlidingWindowLayer(window), lambda _own: DynamicSlidingWindowLayer(window)
+    )
     return DynamicCache(layers=layers)

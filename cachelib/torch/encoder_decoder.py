@@ -28,7 +28,9 @@ class EncoderDecoderCache(_tf.EncoderDecoderCache):
                     self_data.append(data[:2])
                     cross_data.append(data[2:])
                 else:
-                    raise ValueError(f"EncoderDecoderCache: each layer's data must have 4 or 6 tensors, got {len(data)}")
+                    raise ValueError(
+                        f"EncoderDecoderCache: each layer's data must have 4 or 6 tensors, got {len(data)}"
+                    )
             self.self_attention_cache = DynamicCache(self_data)
             self.cross_attention_cache = DynamicCache(cross_data)
         elif len(caches) == 2:

@@ -18,6 +18,7 @@ from ..core.units import STEP
 from .base import QuantErrorProbe, tokens
 from .mlx_style import KVCacheLayer, StrategyCache
 
+
 def _roundf(v: torch.Tensor) -> torch.Tensor:
     """C's roundf (halves away from zero), exact for every float32 (no ``floor(a + 0.5)``)."""
     a = v.abs()

@@ -174,7 +174,9 @@ class ImportanceLayer(AttentionLayer):
         if compresses_now(self.policy, n, self.compressed):
             self.compressed = True
         new_pos = np.broadcast_to(np.arange(self.offset, self.offset + n, dtype=np.int64), (B, H, n))
-        new_scores = self._knorm(key_states) if self.policy.method == "knorm" else np.full((B, H, n), np.nan, np.float32)
+        new_scores = (
+            self._knorm(key_states) if self.policy.method == "knorm" else np.full((B, H, n), np.nan, np.float32)
+        )
         if self.keys is None or self.held == 0:
             self.keys, self.values = key_states, value_states
             self.positions, self.scores = new_pos.copy(), new_scores
@@ -210,7 +212,9 @@ class ImportanceLayer(AttentionLayer):
         p = self.policy
         if p.scoring == "snapkv":
             if self.held > min(p.window, queries.shape[2]):
-                s = score_keys("snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale)
+                s = score_keys(
+                    "snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale
+                )
                 self.scores = s.cpu().numpy()
         elif p.method == "tova":
             self.scores = score_keys("tova", self.keys, queries, scale=scale).cpu().numpy()

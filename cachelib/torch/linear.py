@@ -19,9 +19,9 @@ from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerM
 
 from ..introspect import CacheView
 from .base import AttentionLayer, CropError, check_ignored_keywords, dtype_name
+from .layers import DynamicLayer
 from .sliding import DynamicSlidingWindowLayer
 from .static import StaticLayer, StaticSlidingWindowLayer
-from .layers import DynamicLayer
 
 
 class LinearAttentionLayer(LinearAttentionCacheLayerMixin):
@@ -68,7 +68,9 @@ class LinearAttentionLayer(LinearAttentionCacheLayerMixin):
             self.recurrent_states[state_idx] = torch.zeros_like(recurrent_states)
             self.is_recurrent_states_initialized[state_idx] = True
 
-    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None, **kwargs):
+    def update_conv_state(
+        self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None, **kwargs
+    ):
         """Append the convolution inputs ``conv_states`` (B, C, T); return the window the causal
         convolution needs (previous inputs + these), and keep the last ``kernel`` inputs."""
         if not self.is_conv_states_initialized[state_idx]:
@@ -167,7 +169,9 @@ class LinearAttentionLayer(LinearAttentionCacheLayerMixin):
                 "before the updates you may want to crop"
             )
         if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int) or tokens_to_remove > 0:
-            raise CropError(f"LinearAttentionLayer.crop: tokens_to_remove must be an int <= 0, got {tokens_to_remove!r}")
+            raise CropError(
+                f"LinearAttentionLayer.crop: tokens_to_remove must be an int <= 0, got {tokens_to_remove!r}"
+            )
         n = -tokens_to_remove
         for conv in self.conv_states.values():
             if conv is not None and n > conv.shape[-1]:

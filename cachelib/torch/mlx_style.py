@@ -105,7 +105,10 @@ class KVCacheLayer(StepLayer):
         new_keys, new_values = self._encode(key_states, value_states)
         prev, n_new = self.offset, key_states.shape[-2]
         if self.keys is None:
-            self.keys, self.values = zeros(new_keys, _growth(self.step, n_new)), zeros(new_values, _growth(self.step, n_new))
+            self.keys, self.values = (
+                zeros(new_keys, _growth(self.step, n_new)),
+                zeros(new_values, _growth(self.step, n_new)),
+            )
         elif prev + n_new > tokens(self.keys):
             # Drop unused slots past a partial step first (mlx-lm does), then add whole steps.
             keep = prev if prev % self.step else tokens(self.keys)
@@ -357,9 +360,13 @@ def build_standard(spec, config) -> KVCache:
 
 def build_quantized(spec, config) -> QuantizedKVCache:
     return QuantizedKVCache(
-        spec.get("group_size"), spec.get("bits"), start=spec.get("start"),
-        key_bits=spec.key_bits, value_bits=spec.value_bits, config=config,
-    )  # fmt: skip
+        spec.get("group_size"),
+        spec.get("bits"),
+        start=spec.get("start"),
+        key_bits=spec.key_bits,
+        value_bits=spec.value_bits,
+        config=config,
+    )
 
 
 def build_chunked(spec, config) -> ChunkedKVCache:

@@ -101,7 +101,11 @@ class Quantizer:
         codes, scale, bias = packed
         q = self._unpack(codes, scale.dtype).view(*scale.shape, self.group_size)  # (..., G, group)
         # In place on the fresh buffer: much faster on CPU than a broadcasting addcmul.
-        return q.mul_(scale.unsqueeze(-1)).add_(bias.unsqueeze(-1)).view(*scale.shape[:-1], scale.shape[-1] * self.group_size)
+        return (
+            q.mul_(scale.unsqueeze(-1))
+            .add_(bias.unsqueeze(-1))
+            .view(*scale.shape[:-1], scale.shape[-1] * self.group_size)
+        )
 
     def _pack(self, codes: torch.Tensor) -> torch.Tensor:
         if self.bits == 8:

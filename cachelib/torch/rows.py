@@ -90,7 +90,9 @@ class RowsCache(_tf.Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         seen = {row.get_seq_length(layer_idx) for row in self.rows}
         if len(seen) != 1:
-            raise ValueError(f"strategy batch: the rows have seen different token counts {sorted(seen)}; they must advance together")
+            raise ValueError(
+                f"strategy batch: the rows have seen different token counts {sorted(seen)}; they must advance together"
+            )
         return seen.pop()
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
@@ -106,7 +108,9 @@ class RowsCache(_tf.Cache):
         for r, row in enumerate(self.rows):
             sizes = {row.get_mask_sizes(n, layer) for layer in range(len(row.layers))}
             if len(sizes) != 1:
-                raise ValueError(f"strategy batch: row {r}'s layers give different mask sizes {sorted(sizes)}; run it on its own")
+                raise ValueError(
+                    f"strategy batch: row {r}'s layers give different mask sizes {sorted(sizes)}; run it on its own"
+                )
             kv_length, kv_offset = sizes.pop()
             # keys past the last query's position are hidden from every query (a static row's
             # unwritten slots): the batch leaves them out rather than pad every row to them
@@ -124,7 +128,9 @@ class RowsCache(_tf.Cache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if key_states.shape[0] != len(self.rows):
-            raise ValueError(f"strategy batch: the forward has {key_states.shape[0]} rows but the batch holds {len(self.rows)} caches")
+            raise ValueError(
+                f"strategy batch: the forward has {key_states.shape[0]} rows but the batch holds {len(self.rows)} caches"
+            )
         out_k, out_v = [], []
         for i, row in enumerate(self.rows):
             k, v = row.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx, *args, **kwargs)
@@ -133,7 +139,9 @@ class RowsCache(_tf.Cache):
         lengths = [k.shape[-2] for k in out_k]
         promised = self._lengths.pop(layer_idx, None)
         if promised is None:
-            raise ValueError("strategy batch: call attention_mask(n, device) before each forward and pass its mask to the model")
+            raise ValueError(
+                "strategy batch: call attention_mask(n, device) before each forward and pass its mask to the model"
+            )
         if lengths != promised[0]:
             raise ValueError(
                 f"strategy batch: layer {layer_idx}'s rows returned {lengths} keys but their masks covered {promised[0]}; "

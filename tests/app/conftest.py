@@ -33,12 +33,23 @@ def tiny_profiles(tmp_path_factory, load_model):
     model = load_model("tiny-llama", "mlx")
     probes = Probes(masks=8)
     run_profile(
-        model, TINY_STRATEGIES, prompt="Hello there", max_tokens=24, probes=probes,
-        out=folder / "tiny-complete.csv", name="tiny-complete",
-    )  # fmt: skip
+        model,
+        TINY_STRATEGIES,
+        prompt="Hello there",
+        max_tokens=24,
+        probes=probes,
+        out=folder / "tiny-complete.csv",
+        name="tiny-complete",
+    )
     steps = iter(range(10**6))
     run_profile(
-        model, TINY_STRATEGIES[:2], prompt="Hello there", max_tokens=24, probes=probes,
-        out=folder / "tiny-stopped.csv", name="tiny-stopped", should_stop=lambda: next(steps) >= 5,
-    )  # fmt: skip
+        model,
+        TINY_STRATEGIES[:2],
+        prompt="Hello there",
+        max_tokens=24,
+        probes=probes,
+        out=folder / "tiny-stopped.csv",
+        name="tiny-stopped",
+        should_stop=lambda: next(steps) >= 5,
+    )
     return folder

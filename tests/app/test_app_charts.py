@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from app_helpers import figure_json
 
 from app import charts, figures
-from app_helpers import figure_json
 from cachelib.profile import Profile
 
 MIB = 2**20
@@ -30,14 +30,29 @@ def steps_table():
         phase = "prefill" if step == 0 else "decode"
         common = {"step": step, "phase": phase, "position": 3 + step, "rss_bytes": (500 + step) * MIB}
         rows.append(
-            {**common, "strategy": A, "cache_bytes_used": (i + 1) * MIB, "cache_bytes_allocated": 4 * MIB,
-             "kl": 0.0, "top1_agree": True, "tokens_per_second": 50.0 + step, "device_active_bytes": 900 * MIB}
-        )  # fmt: skip
+            {
+                **common,
+                "strategy": A,
+                "cache_bytes_used": (i + 1) * MIB,
+                "cache_bytes_allocated": 4 * MIB,
+                "kl": 0.0,
+                "top1_agree": True,
+                "tokens_per_second": 50.0 + step,
+                "device_active_bytes": 900 * MIB,
+            }
+        )
         rows.append(
-            {**common, "strategy": B, "cache_bytes_used": MIB, "cache_bytes_allocated": MIB,
-             "kl": [0.1, 0.2, 0.0][i], "top1_agree": [True, False, True][i], "tokens_per_second": 60.0 + step,
-             "device_active_bytes": 901 * MIB}
-        )  # fmt: skip
+            {
+                **common,
+                "strategy": B,
+                "cache_bytes_used": MIB,
+                "cache_bytes_allocated": MIB,
+                "kl": [0.1, 0.2, 0.0][i],
+                "top1_agree": [True, False, True][i],
+                "tokens_per_second": 60.0 + step,
+                "device_active_bytes": 901 * MIB,
+            }
+        )
     return table("steps", rows)
 
 
@@ -58,9 +73,19 @@ def test_twelve_strategies_get_twelve_distinct_colours_that_stay_with_them_in_a_
     # A figure drawing a subset with the run's colours draws each strategy in its own colour.
     steps = table(
         "steps",
-        [{"strategy": s, "step": t, "phase": "decode", "position": t, "cache_bytes_used": MIB, "cache_bytes_allocated": MIB}
-         for s in twelve for t in (1, 2)],
-    )  # fmt: skip
+        [
+            {
+                "strategy": s,
+                "step": t,
+                "phase": "decode",
+                "position": t,
+                "cache_bytes_used": MIB,
+                "cache_bytes_allocated": MIB,
+            }
+            for s in twelve
+            for t in (1, 2)
+        ],
+    )
     info = charts._memory_info(steps, twelve[5:8], None, colors)
     assert [s.color for s in info.series] == [colors[s] for s in twelve[5:8]]
 
@@ -104,8 +129,13 @@ def sampled_steps_table(every: int = 4, last: int = 9):
     rows = []
     for s in (A, B):
         for step in range(last + 1):
-            row = {"strategy": s, "step": step, "phase": "prefill" if step == 0 else "decode", "position": 3 + step,
-                   "tokens_per_second": 10.0}  # fmt: skip
+            row = {
+                "strategy": s,
+                "step": step,
+                "phase": "prefill" if step == 0 else "decode",
+                "position": 3 + step,
+                "tokens_per_second": 10.0,
+            }
             if step % every == 0 or step == last:
                 row.update(cache_bytes_used=(step + 1) * MIB, cache_bytes_allocated=16 * MIB)
             rows.append(row)
@@ -141,10 +171,17 @@ def test_committed_example_recorded_with_memory_4_draws_its_memory_lines():
 def test_memory_figure_draws_one_panel_per_strategy_from_seven_on_shared_axes(n):
     many = [f"rotating:max_size={16 * (i + 1)},keep=4" for i in range(n)]
     rows = [
-        {"strategy": s, "step": t, "phase": "decode", "position": t, "cache_bytes_used": (i + 1) * MIB,
-         "cache_bytes_allocated": (i + 2) * MIB}
-        for i, s in enumerate(many) for t in (1, 2, 3)
-    ]  # fmt: skip
+        {
+            "strategy": s,
+            "step": t,
+            "phase": "decode",
+            "position": t,
+            "cache_bytes_used": (i + 1) * MIB,
+            "cache_bytes_allocated": (i + 2) * MIB,
+        }
+        for i, s in enumerate(many)
+        for t in (1, 2, 3)
+    ]
     steps = table("steps", rows)
     ref = pd.DataFrame({"step": [1, 2, 3], "bytes": [MIB, 2 * MIB, 3 * MIB], "label": "full cache (exact fit)"})
     fig = figure_json(charts.cache_memory_figure(steps, many, ref))
@@ -182,10 +219,18 @@ def layers_table():
         for step in (0, 1):
             for layer in (0, 1, 2):
                 rows.append(
-                    {"strategy": s, "step": step, "layer": layer, "kind": "X", "offset": 4 + step,
-                     "tokens_held": 4 + step, "capacity": 8, "bytes_used": per_layer * (layer + 1) * (step + 1),
-                     "bytes_allocated": 2048 * (layer + 1) if s == A else 1024}
-                )  # fmt: skip
+                    {
+                        "strategy": s,
+                        "step": step,
+                        "layer": layer,
+                        "kind": "X",
+                        "offset": 4 + step,
+                        "tokens_held": 4 + step,
+                        "capacity": 8,
+                        "bytes_used": per_layer * (layer + 1) * (step + 1),
+                        "bytes_allocated": 2048 * (layer + 1) if s == A else 1024,
+                    }
+                )
     return table("layers", rows)
 
 
@@ -244,9 +289,18 @@ def error_layers():
     for step in (0, 4):
         for layer in (0, 1):
             rows.append(
-                {"strategy": C, "step": step, "layer": layer, "kind": "q", "offset": 3, "tokens_held": 3, "capacity": 64,
-                 "key_rel_rms": 0.1 * (layer + 1) + step / 100, "value_rel_rms": 0.05 * (layer + 1)}
-            )  # fmt: skip
+                {
+                    "strategy": C,
+                    "step": step,
+                    "layer": layer,
+                    "kind": "q",
+                    "offset": 3,
+                    "tokens_held": 3,
+                    "capacity": 64,
+                    "key_rel_rms": 0.1 * (layer + 1) + step / 100,
+                    "value_rel_rms": 0.05 * (layer + 1),
+                }
+            )
     rows.append({"strategy": A, "step": 0, "layer": 0, "kind": "kv", "offset": 3, "tokens_held": 3, "capacity": 64})
     return table("layers", rows)
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from app import data, state
 from cachelib.profile import Profile, list_profiles, load_profile
-
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,28 +17,74 @@ ROOT = Path(__file__).resolve().parents[2]
 def profile_with_steps(rows, **meta) -> Profile:
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
     p = Profile(
-        {"schema_version": 1, "name": "p", "status": "complete", "strategies": json.dumps(strategies),
-         "baseline": strategies[0], "num_layers": 2, "num_kv_heads": 3, "head_dim": 4, "dtype": "float16", **meta}
-    )  # fmt: skip
+        {
+            "schema_version": 1,
+            "name": "p",
+            "status": "complete",
+            "strategies": json.dumps(strategies),
+            "baseline": strategies[0],
+            "num_layers": 2,
+            "num_kv_heads": 3,
+            "head_dim": 4,
+            "dtype": "float16",
+            **meta,
+        }
+    )
     p.add("steps", rows)
     return p
 
 
 PER_TOKEN = 2 * 2 * 3 * 4 * 2  # K and V, 2 layers, 3 KV heads, head_dim 4, float16
 ROWS = [
-    {"strategy": "standard", "step": 0, "phase": "prefill", "position": 9, "cache_bytes_allocated": 1000,
-     "cache_bytes_used": 10 * PER_TOKEN, "cache_tokens_held": 10, "kl": 0.0, "top1_agree": True,
-     "tokens_per_second": 100.0},
-    {"strategy": "standard", "step": 1, "phase": "decode", "position": 10, "cache_bytes_allocated": 1000,
-     "cache_bytes_used": 11 * PER_TOKEN, "cache_tokens_held": 11, "kl": 0.0, "top1_agree": True,
-     "tokens_per_second": 10.0},
-    {"strategy": "rotating:max_size=4", "step": 0, "phase": "prefill", "position": 9, "cache_bytes_allocated": 250,
-     "cache_bytes_used": 4 * PER_TOKEN, "cache_tokens_held": 4, "kl": 0.0, "top1_agree": True,
-     "tokens_per_second": 100.0},
-    {"strategy": "rotating:max_size=4", "step": 1, "phase": "decode", "position": 10, "cache_bytes_allocated": 250,
-     "cache_bytes_used": 4 * PER_TOKEN, "cache_tokens_held": 4, "kl": 0.02, "top1_agree": False,
-     "tokens_per_second": 12.0},
-]  # fmt: skip
+    {
+        "strategy": "standard",
+        "step": 0,
+        "phase": "prefill",
+        "position": 9,
+        "cache_bytes_allocated": 1000,
+        "cache_bytes_used": 10 * PER_TOKEN,
+        "cache_tokens_held": 10,
+        "kl": 0.0,
+        "top1_agree": True,
+        "tokens_per_second": 100.0,
+    },
+    {
+        "strategy": "standard",
+        "step": 1,
+        "phase": "decode",
+        "position": 10,
+        "cache_bytes_allocated": 1000,
+        "cache_bytes_used": 11 * PER_TOKEN,
+        "cache_tokens_held": 11,
+        "kl": 0.0,
+        "top1_agree": True,
+        "tokens_per_second": 10.0,
+    },
+    {
+        "strategy": "rotating:max_size=4",
+        "step": 0,
+        "phase": "prefill",
+        "position": 9,
+        "cache_bytes_allocated": 250,
+        "cache_bytes_used": 4 * PER_TOKEN,
+        "cache_tokens_held": 4,
+        "kl": 0.0,
+        "top1_agree": True,
+        "tokens_per_second": 100.0,
+    },
+    {
+        "strategy": "rotating:max_size=4",
+        "step": 1,
+        "phase": "decode",
+        "position": 10,
+        "cache_bytes_allocated": 250,
+        "cache_bytes_used": 4 * PER_TOKEN,
+        "cache_tokens_held": 4,
+        "kl": 0.02,
+        "top1_agree": False,
+        "tokens_per_second": 12.0,
+    },
+]
 
 
 def test_full_cache_reference_is_two_times_layers_heads_dim_element_size_per_token():
@@ -116,8 +160,11 @@ def test_combine_labels_strategies_by_profile_and_keeps_each_baseline():
     b = data.run_view(profile_with_steps(ROWS, status="incomplete", reason="stopped by request before step 2"), "run-b")
     both = data.combine([a, b])
     assert both.strategies == [
-        "run-a / standard", "run-a / rotating:max_size=4", "run-b / standard", "run-b / rotating:max_size=4",
-    ]  # fmt: skip
+        "run-a / standard",
+        "run-a / rotating:max_size=4",
+        "run-b / standard",
+        "run-b / rotating:max_size=4",
+    ]
     assert both.baselines == ["run-a / standard", "run-b / standard"]
     assert set(both.steps["strategy"]) == set(both.strategies)
     assert both.summary["strategy"].tolist() == both.strategies

@@ -4,12 +4,12 @@ is what the ring's own slot table recorded, and evicted positions are never draw
 from __future__ import annotations
 
 import numpy as np
+from app_helpers import MAIN, plotly_figures
 from streamlit.testing.v1 import AppTest
 
 from app import inspector_charts as ic
 from app.data import run_view
 from app.keys import Keys
-from app_helpers import MAIN, plotly_figures
 from cachelib.profile import load_profile
 
 RING = "rotating:max_size=16,keep=2"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from app_helpers import figure_json
 
 from app import inspector_charts as ic
-from app_helpers import figure_json
 from cachelib.introspect import ring_slot_positions
 from cachelib.profile import Profile
 
@@ -28,12 +28,32 @@ def ring_tables():
     layers = table(
         "layers",
         [
-            {"strategy": B, "step": 5, "layer": 0, "kind": "ring", "offset": 9, "tokens_held": 6, "capacity": 6,
-             "write_index": 3, "keep": 2, "evicted": 3},
-            {"strategy": A, "step": 5, "layer": 0, "kind": "linear", "offset": 9, "tokens_held": 9, "capacity": 12,
-             "write_index": 9, "keep": 0, "evicted": 0},
+            {
+                "strategy": B,
+                "step": 5,
+                "layer": 0,
+                "kind": "ring",
+                "offset": 9,
+                "tokens_held": 6,
+                "capacity": 6,
+                "write_index": 3,
+                "keep": 2,
+                "evicted": 3,
+            },
+            {
+                "strategy": A,
+                "step": 5,
+                "layer": 0,
+                "kind": "linear",
+                "offset": 9,
+                "tokens_held": 9,
+                "capacity": 12,
+                "write_index": 9,
+                "keep": 0,
+                "evicted": 0,
+            },
         ],
-    )  # fmt: skip
+    )
     return slots, layers
 
 
@@ -50,10 +70,26 @@ def test_ring_figure_colours_slots_by_position_and_marks_pointer_and_keep():
 
 
 def test_ring_figure_labels_empty_slots_empty_and_keeps_a_one_row_colour_bar_readable():
-    layers = table("layers", [{"strategy": B, "step": 0, "layer": 0, "kind": "ring", "offset": 3, "tokens_held": 3,
-                               "capacity": 6, "write_index": 3, "keep": 2, "evicted": 0}])  # fmt: skip
-    slots = table("slots", [{"strategy": B, "step": 0, "layer": 0, "write_index": 3, "keep": 2,
-                             "positions": "0 1 2 -1 -1 -1"}])  # fmt: skip
+    layers = table(
+        "layers",
+        [
+            {
+                "strategy": B,
+                "step": 0,
+                "layer": 0,
+                "kind": "ring",
+                "offset": 3,
+                "tokens_held": 3,
+                "capacity": 6,
+                "write_index": 3,
+                "keep": 2,
+                "evicted": 0,
+            }
+        ],
+    )
+    slots = table(
+        "slots", [{"strategy": B, "step": 0, "layer": 0, "write_index": 3, "keep": 2, "positions": "0 1 2 -1 -1 -1"}]
+    )
     fig = figure_json(ic.ring_figure(slots, layers, B, 0, 0))
     heat = fig["data"][0]
     assert np.asarray(heat["text"]).tolist() == [["0", "1", "2", "empty", "empty", "empty"]]
@@ -80,14 +116,35 @@ def masks_table():
     return table(
         "masks",
         [
-            {"strategy": B, "step": 4, "layer": 1, "query": 0, "query_position": 4, "mask": "1101",
-             "key_positions": "0 1 4 3"},
-            {"strategy": B, "step": 0, "layer": 1, "query": 0, "query_position": 0, "mask": "1000",
-             "key_positions": "0 1 2 -1"},
-            {"strategy": B, "step": 0, "layer": 1, "query": 1, "query_position": 1, "mask": "1100",
-             "key_positions": "0 1 2 -1"},
+            {
+                "strategy": B,
+                "step": 4,
+                "layer": 1,
+                "query": 0,
+                "query_position": 4,
+                "mask": "1101",
+                "key_positions": "0 1 4 3",
+            },
+            {
+                "strategy": B,
+                "step": 0,
+                "layer": 1,
+                "query": 0,
+                "query_position": 0,
+                "mask": "1000",
+                "key_positions": "0 1 2 -1",
+            },
+            {
+                "strategy": B,
+                "step": 0,
+                "layer": 1,
+                "query": 1,
+                "query_position": 1,
+                "mask": "1100",
+                "key_positions": "0 1 2 -1",
+            },
         ],
-    )  # fmt: skip
+    )
 
 
 def test_mask_figure_in_slot_order_keeps_the_cache_order():
@@ -123,9 +180,18 @@ def ring_past_its_size_masks():
     keys = [0, 1, 17, 18, 19, 20, 15, 16]
     return table(
         "masks",
-        [{"strategy": B, "step": 12, "layer": 0, "query": 0, "query_position": 20, "mask": "1" * 8,
-          "key_positions": " ".join(map(str, keys))}],
-    )  # fmt: skip
+        [
+            {
+                "strategy": B,
+                "step": 12,
+                "layer": 0,
+                "query": 0,
+                "query_position": 20,
+                "mask": "1" * 8,
+                "key_positions": " ".join(map(str, keys)),
+            }
+        ],
+    )
 
 
 def test_temporal_mask_of_a_ring_past_its_size_shows_evicted_positions_as_evicted():
@@ -150,8 +216,11 @@ def test_slot_and_temporal_masks_name_the_same_slot_and_position_on_hover():
     temporal_cells = np.asarray(temporal["customdata"]).tolist()[0]
     by_slot = {tuple(c[:2]) for c in slot_cells}
     by_position = {tuple(c[:2]) for c in temporal_cells if c[0] != ic.NOT_HELD}
-    assert by_slot == by_position == {("2", "17"), ("6", "15"), ("0", "0"), ("1", "1"), ("3", "18"),
-                                      ("4", "19"), ("5", "20"), ("7", "16")}  # fmt: skip
+    assert (
+        by_slot
+        == by_position
+        == {("2", "17"), ("6", "15"), ("0", "0"), ("1", "1"), ("3", "18"), ("4", "19"), ("5", "20"), ("7", "16")}
+    )
     assert temporal_cells[5] == [ic.NOT_HELD, "5", "evicted"]
 
 
@@ -168,16 +237,34 @@ def ring_run_tables(capacity: int = 6, keep: int = 2, prompt: int = 3, last: int
     steps, slots = [], []
     for step in range(last + 1):
         offset = prompt + step
-        steps.append({"strategy": B, "step": step, "phase": "prefill" if step == 0 else "decode",
-                      "position": offset - 1})  # fmt: skip
+        steps.append(
+            {"strategy": B, "step": step, "phase": "prefill" if step == 0 else "decode", "position": offset - 1}
+        )
         write = min(offset, capacity) if offset <= capacity else keep + (offset - keep) % (capacity - keep)
         positions = ring_slot_positions(offset=offset, write_index=write, keep=keep, capacity=capacity)
-        slots.append({"strategy": B, "step": step, "layer": 0, "write_index": write, "keep": keep,
-                      "positions": " ".join(map(str, positions))})  # fmt: skip
+        slots.append(
+            {
+                "strategy": B,
+                "step": step,
+                "layer": 0,
+                "write_index": write,
+                "keep": keep,
+                "positions": " ".join(map(str, positions)),
+            }
+        )
     held = [int(p) for p in slots[8]["positions"].split()]
     mask = "".join("0" if p == 10 else "1" for p in held)  # as if the mask hid position 10 at step 8
-    masks = [{"strategy": B, "step": 8, "layer": 0, "query": 0, "query_position": 10, "mask": mask,
-              "key_positions": slots[8]["positions"]}]  # fmt: skip
+    masks = [
+        {
+            "strategy": B,
+            "step": 8,
+            "layer": 0,
+            "query": 0,
+            "query_position": 10,
+            "mask": mask,
+            "key_positions": slots[8]["positions"],
+        }
+    ]
     return table("steps", steps), table("slots", slots), table("masks", masks)
 
 
@@ -205,10 +292,17 @@ def test_mask_over_the_run_shows_a_rings_sliding_window_and_its_sink_columns():
 
 
 def test_mask_over_the_run_of_an_append_only_cache_comes_from_its_layers_rows():
-    steps = table("steps", [{"strategy": A, "step": t, "phase": "decode" if t else "prefill", "position": 2 + t}
-                            for t in range(0, 9, 2)])  # fmt: skip
-    layers = table("layers", [{"strategy": A, "step": t, "layer": 0, "kind": "kv", "offset": 3 + t,
-                               "tokens_held": 3 + t, "capacity": 256} for t in range(0, 9, 2)])  # fmt: skip
+    steps = table(
+        "steps",
+        [{"strategy": A, "step": t, "phase": "decode" if t else "prefill", "position": 2 + t} for t in range(0, 9, 2)],
+    )
+    layers = table(
+        "layers",
+        [
+            {"strategy": A, "step": t, "layer": 0, "kind": "kv", "offset": 3 + t, "tokens_held": 3 + t, "capacity": 256}
+            for t in range(0, 9, 2)
+        ],
+    )
     info = ic._mask_run_info(steps, layers, table("slots", []), table("masks", []), A, 0, 8)
     assert info.source == "layers" and info.steps.tolist() == [2, 4, 6, 8] and info.every == 2
     assert not (info.state == ic.EVICTED).any()

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from app_helpers import MAIN, figure_json, plain, plotly_figures
 from streamlit.testing.v1 import AppTest
 
 from app import importance_charts as kc
 from app.data import run_view
 from app.keys import Keys
-from app_helpers import MAIN, figure_json, plain, plotly_figures
 from cachelib.profile import Probes, load_profile, run_profile
 
 PROMPT = "Summarise the rules of chess in a few short sentences, please."
@@ -29,9 +29,14 @@ def kept_profile(tmp_path_factory, load_model):
     out = tmp_path_factory.mktemp("kept") / "kept.csv"
     probes = Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0)
     run_profile(
-        load_model("tiny-llama", "mlx"), STRATEGIES, prompt=PROMPT, max_tokens=STEPS, probes=probes,
-        out=out, name="kept",
-    )  # fmt: skip
+        load_model("tiny-llama", "mlx"),
+        STRATEGIES,
+        prompt=PROMPT,
+        max_tokens=STEPS,
+        probes=probes,
+        out=out,
+        name="kept",
+    )
     profile = load_profile(out)
     assert profile.complete, profile.meta["reason"]
     return profile
@@ -145,7 +150,9 @@ def test_inspector_draws_the_kept_positions(profiles_dir, kept_profile):
         assert not at.exception
         titles = [f["layout"]["title"]["text"] for f in plotly_figures(at)]
         assert any(t.startswith(f"kept positions per layer<br><sup>{strategy} · step 8") for t in titles), titles
-        assert any(t.startswith(f"kept positions over the run<br><sup>{strategy} · layer 0 · steps 0–8") for t in titles)
+        assert any(
+            t.startswith(f"kept positions over the run<br><sup>{strategy} · layer 0 · steps 0–8") for t in titles
+        )
     at.selectbox(key=Keys.INSP_STRATEGY).set_value("standard").run()
     assert not at.exception
     assert any("recorded no slot table" in c.value for c in at.caption)

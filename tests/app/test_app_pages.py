@@ -104,9 +104,11 @@ def test_strategy_rows_are_added_duplicated_removed_and_offer_each_strategys_kno
     run = at.session_state[Keys.LIVE]
     labels = [str(s) for s in run.strategies]  # the run holds the specs; their text labels the charts
     assert labels == [
-        "rotating:max_size=64,keep=4", "rotating:max_size=32,keep=4", "quantized:bits=4,group_size=64",
+        "rotating:max_size=64,keep=4",
+        "rotating:max_size=32,keep=4",
+        "quantized:bits=4,group_size=64",
         "chunked:chunk_size=256",
-    ]  # fmt: skip
+    ]
     finish_run(at)
     assert at.dataframe[0].value["strategy"].tolist() == labels
 

@@ -15,10 +15,11 @@ from app_helpers import MAIN, plotly_figures
 from streamlit.testing.v1 import AppTest
 
 from cachelib.cli import main as cli_main
-from cachelib.plan import GiB as GB, PlanRequest, cache_budget, max_batch, plan, plan_request, preset
+from cachelib.core.units import human_gib as human_bytes  # the planner counts device memory in GiB
+from cachelib.plan import GiB as GB
+from cachelib.plan import PlanRequest, cache_budget, max_batch, plan, plan_request, preset
 from cachelib.plan.answer import default_strategies
 from cachelib.profile.evidence import load_evidence
-from cachelib.core.units import human_gib as human_bytes  # the planner counts device memory in GiB
 
 TIMEOUT = 60
 DEFAULT_SPECS = list(default_strategies("mlx-lm"))  # the page opens on mlx-lm: its standard set
@@ -47,8 +48,15 @@ def figures(at) -> dict[str, dict]:
     out = {}
     for fig in plotly_figures(at):
         title = fig["layout"]["title"]["text"]
-        kind = ("frontier" if title.startswith("Fit frontier") else "quality" if title.startswith("Quality")
-                else "retrieval" if title.startswith("Retrieval") else "memory")  # fmt: skip
+        kind = (
+            "frontier"
+            if title.startswith("Fit frontier")
+            else "quality"
+            if title.startswith("Quality")
+            else "retrieval"
+            if title.startswith("Retrieval")
+            else "memory"
+        )
         out[kind] = fig
     return out
 
@@ -71,7 +79,18 @@ def cli_table(command: str, capsys, *extra: str) -> tuple[list[dict[str, str]], 
 def same_as_cli(shown: pd.DataFrame, cli: list[dict[str, str]]) -> None:
     assert len(cli) and shown["strategy"].tolist() == [r["strategy"] for r in cli]
     for (_, ours), theirs in zip(shown.iterrows(), cli):
-        for col in ("allocated", "used", "peak", "per token", "fits", "headroom", "budget needed", "mean KL", "top-1", "activations"):
+        for col in (
+            "allocated",
+            "used",
+            "peak",
+            "per token",
+            "fits",
+            "headroom",
+            "budget needed",
+            "mean KL",
+            "top-1",
+            "activations",
+        ):
             if col in theirs:
                 expected = "–" if theirs[col] == "-" else theirs[col]  # no value
                 assert ours[col] == expected, (ours["strategy"], col)
@@ -134,10 +153,17 @@ def test_changing_the_budget_moves_the_frontier_and_the_inputs_survive_a_page_vi
     assert after["x"] == before["x"]
     request = PlanRequest(["quantized:bits=4"], context=32768, prefill_chunk=2048)
     assert after["y"] == [
-        max_batch(LLAMA, "quantized:bits=4", available, context=n, prefill_chunk=2048, deployment=request.deployment,
-                  row_bytes=request.forward_bytes(LLAMA, request.strategies[0], context=n, batch=1)[0])
+        max_batch(
+            LLAMA,
+            "quantized:bits=4",
+            available,
+            context=n,
+            prefill_chunk=2048,
+            deployment=request.deployment,
+            row_bytes=request.forward_bytes(LLAMA, request.strategies[0], context=n, batch=1)[0],
+        )
         for n in after["x"]
-    ]  # fmt: skip
+    ]
     assert all(a >= b for a, b in zip(after["y"], before["y"])) and after["y"] != before["y"]
     budget_line = [s for s in figures(at)["memory"]["layout"]["shapes"] if s["y0"] == s["y1"]]
     assert budget_line[0]["y0"] == pytest.approx(available / GB)
@@ -213,8 +239,14 @@ def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
 
     arch = preset("tiny-llama")
     evidence = load_evidence([picked])
-    request = PlanRequest(["standard", "quantized:bits=8"], context=2048, budget_bytes=GB, weights_bytes=round(0.01 * GB),
-                          max_kl=100.0, runtime="mlx-lm")  # fmt: skip
+    request = PlanRequest(
+        ["standard", "quantized:bits=8"],
+        context=2048,
+        budget_bytes=GB,
+        weights_bytes=round(0.01 * GB),
+        max_kl=100.0,
+        runtime="mlx-lm",
+    )
     result = plan_request(arch, request, evidence.points)
     rec = result.recommendation
     # the lossless standard serves the request: it is the answer, whatever the evidence says of the others

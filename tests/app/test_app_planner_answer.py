@@ -132,8 +132,9 @@ def test_fifteen_strategies_are_charted_through_the_strategies_shown_picker(prof
     assert not at.exception and not at.error and len(at.dataframe[0].value) == 15
     picked = at.multiselect(key="plan_shown").value
     assert len(picked) == 6 and picked[0] == "standard"
-    drawn = [t["name"] for f in plotly_figures(at) for t in f["data"]
-             if t.get("mode") == "lines" and t.get("meta") != "peak"]  # fmt: skip
+    drawn = [
+        t["name"] for f in plotly_figures(at) for t in f["data"] if t.get("mode") == "lines" and t.get("meta") != "peak"
+    ]
     assert set(drawn) == set(picked)
     at.multiselect(key="plan_shown").set_value([*picked, "quantized:bits=4"]).run()
     drawn = {t["name"] for f in plotly_figures(at) for t in f["data"] if t.get("mode") == "lines"}

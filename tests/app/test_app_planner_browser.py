@@ -8,7 +8,9 @@ import pytest
 from test_browser import UI_TIMEOUT, _shoot, app_url, browser  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-PlaywrightTimeout = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed").TimeoutError
+PlaywrightTimeout = pytest.importorskip(
+    "playwright.sync_api", reason="the playwright package is not installed"
+).TimeoutError
 
 SPECS = ["standard", *(f"rotating:max_size={256 * k}" for k in range(1, 13)), "quantized:bits=8", "quantized:bits=4"]
 PLOT_AREAS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => ({
@@ -17,7 +19,9 @@ PLOT_AREAS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).m
 
 
 def test_the_answer_is_on_screen_and_fifteen_strategies_keep_every_chart_300_px(
-    app_url, browser, tmp_path  # noqa: F811
+    app_url,
+    browser,
+    tmp_path,  # noqa: F811
 ):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(UI_TIMEOUT * 1000)

@@ -34,11 +34,14 @@ def _answer(at) -> str:
     return next(m.value for m in at.markdown if m.value.startswith("**answer:"))
 
 
-@pytest.mark.parametrize("key, label, typed, why", [
-    ("plan_context", "Context (tokens)", "1e12", "is not a whole number in digits"),
-    ("plan_sessions", "Sessions", "-5", "is out of range"),
-    ("plan_batch", "Batch", "abc", "is not a whole number in digits"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "key, label, typed, why",
+    [
+        ("plan_context", "Context (tokens)", "1e12", "is not a whole number in digits"),
+        ("plan_sessions", "Sessions", "-5", "is out of range"),
+        ("plan_batch", "Batch", "abc", "is not a whole number in digits"),
+    ],
+)
 def test_a_bad_number_keeps_the_last_plan_under_one_message(at, key, label, typed, why):
     at.text_input(key="plan_context").set_value("8192")
     at.text_input(key="plan_sessions").set_value("")
@@ -50,8 +53,9 @@ def test_a_bad_number_keeps_the_last_plan_under_one_message(at, key, label, type
     at.text_input(key=key).set_value(typed).run()
     assert not at.exception
     shown = repr(typed) if why.startswith("is not") else typed
-    assert _errors(at) == [f"{label} = {shown} {why}; allowed: a whole number >= 1"
-                                           + (" (empty: any)" if key == "plan_sessions" else "")]  # fmt: skip
+    assert _errors(at) == [
+        f"{label} = {shown} {why}; allowed: a whole number >= 1" + (" (empty: any)" if key == "plan_sessions" else "")
+    ]
     assert at.text_input(key=key).value == typed  # the field shows what was typed, not a rounded or older value
     assert _answer(at) == before  # the previous answer, not one planned from another value
     assert at.session_state[Keys.PLANNER_LAST] is planned  # nothing was planned

@@ -69,8 +69,13 @@ def test_a_whole_number_field_refuses_what_it_cannot_use_beside_the_field_and_ru
 
 def test_parse_int_reads_digits_only_and_names_the_range():
     assert parse_int("64", 1, 100) == 64 and parse_int(" 1_000 ", 0) == 1000 and parse_int("", 0, empty="off") is None
-    for typed, says in (("1e12", "not a whole number in digits"), ("2.0", "not a whole number"), ("-5", "out of range"),
-                        ("", "is empty"), ("101", "out of range")):  # fmt: skip
+    for typed, says in (
+        ("1e12", "not a whole number in digits"),
+        ("2.0", "not a whole number"),
+        ("-5", "out of range"),
+        ("", "is empty"),
+        ("101", "out of range"),
+    ):
         with pytest.raises(ValueError, match=says) as e:
             parse_int(typed, 0, 100, what="max_size")
         assert "allowed: a whole number from 0 to 100" in str(e.value)

@@ -23,8 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 START_TIMEOUT = 90  # seconds for the server to answer
 RUN_TIMEOUT = 300  # seconds for the default run (model load + 32 steps x 3 strategies) on a busy 2-core machine
 UI_TIMEOUT = 60  # seconds for anything else the page does
@@ -60,9 +64,20 @@ def app_url(tmp_path):
     log = tmp_path / "streamlit.log"
     env = {**os.environ, "CACHELIB_PROFILES_DIR": str(tmp_path / "profiles")}
     cmd = [
-        sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
-        "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app/main.py",
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
     with open(log, "w") as out:
         server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_browser import UI_TIMEOUT, _shoot, app_url, browser  # noqa: F401  (fixtures)
 
 from app import inspector_charts as ic
 from cachelib.profile import Probes, load_profile, run_profile
-from test_browser import UI_TIMEOUT, _shoot, app_url, browser  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -28,19 +28,34 @@ FIRST_PAGE_TIMEOUT = 240
 EXAMPLE = ROOT / "profiles" / "examples" / "smollm2-mlx-256t.csv"
 RING = "rotating:max_size=16,keep=2"
 TWELVE = [
-    "standard", "rotating:max_size=16,keep=2", "rotating:max_size=24,keep=4", "rotating:max_size=32,keep=0",
-    "quantized:bits=8,group_size=32", "quantized:bits=4,group_size=32", "quantized:bits=4,group_size=32,start=8",
-    "kivi:bits=2,group_size=32,residual=32", "chunked:chunk_size=16", "static:max_len=128", "sliding:window=16",
+    "standard",
+    "rotating:max_size=16,keep=2",
+    "rotating:max_size=24,keep=4",
+    "rotating:max_size=32,keep=0",
+    "quantized:bits=8,group_size=32",
+    "quantized:bits=4,group_size=32",
+    "quantized:bits=4,group_size=32,start=8",
+    "kivi:bits=2,group_size=32,residual=32",
+    "chunked:chunk_size=16",
+    "static:max_len=128",
+    "sliding:window=16",
     "concat",
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="session")
 def twelve_profile(tmp_path_factory, load_model):
     """A real 12-strategy run of the tiny-llama preset (16 tokens)."""
     out = tmp_path_factory.mktemp("twelve") / "twelve.csv"
-    run_profile(load_model("tiny-llama", "mlx"), TWELVE, prompt="Hello there", max_tokens=16, probes=Probes(), out=out,
-                name="twelve")  # fmt: skip
+    run_profile(
+        load_model("tiny-llama", "mlx"),
+        TWELVE,
+        prompt="Hello there",
+        max_tokens=16,
+        probes=Probes(),
+        out=out,
+        name="twelve",
+    )
     return out
 
 
@@ -77,7 +92,10 @@ def _figure(page, key: str) -> dict:
 
 
 def test_temporal_mask_of_a_ring_past_its_size_draws_evicted_positions_as_evicted(
-    app_url, browser, tmp_path, tiny_profiles  # noqa: F811
+    app_url,
+    browser,
+    tmp_path,
+    tiny_profiles,  # noqa: F811
 ):
     page = browser.new_page(viewport={"width": 1440, "height": 2400})
     page.set_default_timeout(2 * UI_TIMEOUT * 1000)  # a shared 2-core machine is slow to redraw
@@ -138,13 +156,19 @@ def test_committed_example_sampled_every_4th_step_draws_visible_memory_lines(app
 
 
 def _overlaps(a: dict, b: dict) -> bool:
-    return a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"] and a["y"] < b["y"] + b["height"] and (
-        b["y"] < a["y"] + a["height"]
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and (b["y"] < a["y"] + a["height"])
     )
 
 
 def test_twelve_strategies_draw_distinct_colours_and_no_legend_over_a_plot(
-    app_url, browser, tmp_path, twelve_profile  # noqa: F811
+    app_url,
+    browser,
+    tmp_path,
+    twelve_profile,  # noqa: F811
 ):
     page = browser.new_page(viewport={"width": 1440, "height": 2400})
     page.set_default_timeout(2 * UI_TIMEOUT * 1000)  # a shared 2-core machine is slow to redraw

@@ -62,7 +62,10 @@ def test_at_800_px_nothing_is_clipped_and_charts_stack(app_url, browser, tmp_pat
     page.locator(".st-key-strategy_add").wait_for()  # the strategy rows (expanded before a run)
     page.wait_for_timeout(1000)
 
-    assert page.evaluate("() => document.querySelector('section[data-testid=stSidebar]').getBoundingClientRect().width") <= 260
+    assert (
+        page.evaluate("() => document.querySelector('section[data-testid=stSidebar]').getBoundingClientRect().width")
+        <= 260
+    )
     for key in ("strategy_0_dup", "strategy_0_del", "strategy_1_dup", "strategy_1_del"):
         assert page.locator(f".st-key-{key} button").inner_text().strip() in ("Duplicate", "Remove")
     assert page.evaluate(LAYOUT_PROBLEMS) == []
@@ -117,7 +120,9 @@ def _download(page, button: str):
                 raise
 
 
-def test_the_html_report_downloaded_from_the_app_opens_offline_with_its_figures(app_url, browser, tmp_path, tiny_profiles):  # noqa: F811
+def test_the_html_report_downloaded_from_the_app_opens_offline_with_its_figures(
+    app_url, browser, tmp_path, tiny_profiles
+):  # noqa: F811
     folder = tmp_path / "profiles"
     folder.mkdir(exist_ok=True)
     (folder / "tiny-complete.csv").write_bytes((tiny_profiles / "tiny-complete.csv").read_bytes())
@@ -135,11 +140,15 @@ def test_the_html_report_downloaded_from_the_app_opens_offline_with_its_figures(
 
     offline = browser.new_context(offline=True)
     fetched = []
-    offline.route(lambda url: not url.startswith("file:"), lambda route: (fetched.append(route.request.url), route.abort()))
+    offline.route(
+        lambda url: not url.startswith("file:"), lambda route: (fetched.append(route.request.url), route.abort())
+    )
     view = offline.new_page()
     view.goto(report.as_uri())
     view.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length === 3", timeout=60_000)
-    traces = view.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => (d.data || []).length)")
+    traces = view.evaluate(
+        "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => (d.data || []).length)"
+    )
     assert fetched == [] and traces == [2 * 3 + 1, 2 * 2, 3], traces  # 3 strategies: used + allocated + full cache, ...
     assert view.get_by_text("Generated text").count() == 1  # the preset's tokenizer is on this machine
     offline.close()

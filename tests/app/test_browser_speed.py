@@ -36,7 +36,9 @@ def test_stop_pressed_while_charts_refresh_ends_the_run_at_the_next_step(app_url
     slider = page.get_by_role("slider", name="Tokens to decode")
     slider.focus()
     slider.press("End")
-    page.wait_for_function(f"() => document.querySelector('[data-testid=stSliderThumbValue]')?.innerText === '{TOKENS}'")
+    page.wait_for_function(
+        f"() => document.querySelector('[data-testid=stSliderThumbValue]')?.innerText === '{TOKENS}'"
+    )
     page.locator(".st-key-run button").click()
     page.wait_for_function(
         "() => { const m = (document.querySelector('[data-testid=stProgress]')?.innerText || '').match(/step (\\d+)\\//);"

@@ -33,9 +33,11 @@ def _open(browser, url: str, width: int = 1440):  # noqa: F811
 def _visible_errors(page, mentioning: str | None = None) -> list[str]:
     """The error boxes shown; with ``mentioning``, once one mentions it (or none shows, when "")."""
     if mentioning is not None:
-        script = ("(m) => { const e = Array.from(document.querySelectorAll('[data-testid=stAlertContentError]'))"
-                  ".filter(e => e.getBoundingClientRect().width > 0);"
-                  " return m === '' ? e.length === 0 : e.some(x => x.innerText.includes(m)); }")  # fmt: skip
+        script = (
+            "(m) => { const e = Array.from(document.querySelectorAll('[data-testid=stAlertContentError]'))"
+            ".filter(e => e.getBoundingClientRect().width > 0);"
+            " return m === '' ? e.length === 0 : e.some(x => x.innerText.includes(m)); }"
+        )
         try:
             page.wait_for_function(script, arg=mentioning, timeout=20_000)
         except Exception:  # noqa: BLE001 (a timeout: report what the page shows)
@@ -140,7 +142,9 @@ PLOTS = """(keys) => keys.map(k => {
 
 
 def test_two_example_profiles_leave_every_plot_wide_with_every_series_in_its_legend(
-    app_url, browser, tmp_path  # noqa: F811
+    app_url,
+    browser,
+    tmp_path,  # noqa: F811
 ):
     folder = tmp_path / "profiles"
     folder.mkdir(exist_ok=True)
@@ -162,8 +166,10 @@ def test_two_example_profiles_leave_every_plot_wide_with_every_series_in_its_leg
         assert p is not None and p["width"] >= 300, p
         assert p["shown"] and sorted(p["shown"]) == sorted(p["legend"]), p
     # The summary table of the 15 strategies: every column in view at 1,440 px, no sideways scroll.
-    scroll = page.evaluate("() => { const s = Array.from(document.querySelectorAll('[data-testid=stDataFrame] "
-                           ".dvn-scroller')).pop(); return s ? [s.scrollWidth, s.clientWidth] : null; }")  # fmt: skip
+    scroll = page.evaluate(
+        "() => { const s = Array.from(document.querySelectorAll('[data-testid=stDataFrame] "
+        ".dvn-scroller')).pop(); return s ? [s.scrollWidth, s.clientWidth] : null; }"
+    )
     assert scroll is not None and scroll[0] <= scroll[1] + 1, scroll
     quality = plots[0]
     assert any(s.endswith("/ sliding:window=64") for s in quality["legend"])  # the worst series, in view

@@ -3,9 +3,8 @@ that every number is the planner library's (and the CLI's) for the same inputs."
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,9 +12,20 @@ from app_helpers import figure_json
 
 from app import plan_charts
 from app.figures import strategy_colors
-from cachelib.core.units import GiB, human_gib as human_bytes  # the planner's unit
-from cachelib.plan import GB, PlanRequest, Quality, account, attach_quality, frontier_curves, memory_curves, plan, preset
 from cachelib.cli.plan import format_table
+from cachelib.core.units import GiB  # the planner's unit
+from cachelib.core.units import human_gib as human_bytes
+from cachelib.plan import (
+    GB,
+    PlanRequest,
+    Quality,
+    account,
+    attach_quality,
+    frontier_curves,
+    memory_curves,
+    plan,
+    preset,
+)
 from cachelib.plan.quality import Evidence
 
 SMOL = preset("smollm2")  # 30 layers, 3 KV heads x 64, max_position_embeddings 8192
@@ -25,8 +35,9 @@ CONTEXTS = [1, 100, 256, 257, 1000]
 
 def small_plan(budget: int | None = int(0.4 * GB)):
     # 256-token prompt chunks keep the logits (chunk x vocab) within the 0.1 GB left for cache and activations
-    return plan(SMOL, PlanRequest(SPECS, context=1000, prefill_chunk=256, budget_bytes=budget,
-                                  weights_bytes=int(0.3 * GB)))  # fmt: skip
+    return plan(
+        SMOL, PlanRequest(SPECS, context=1000, prefill_chunk=256, budget_bytes=budget, weights_bytes=int(0.3 * GB))
+    )
 
 
 def test_memory_figure_draws_allocated_and_peak_in_gb_with_the_budget_and_where_memory_stops_each():
@@ -99,21 +110,47 @@ def test_plan_table_holds_the_fits_numbers_and_shows_them_as_the_cli_prints_them
     fits = attach_quality(small_plan(), quality)
     table = plan_charts.plan_table(fits)
     assert list(table.columns) == [
-        "strategy", "allocated", "used", "peak", "per token", "activations", "mean KL", "top-1", "measured on", "fits", "headroom",
-        "max context", "limited by", "max batch", "sessions", "budget needed",
-    ]  # fmt: skip
+        "strategy",
+        "allocated",
+        "used",
+        "peak",
+        "per token",
+        "activations",
+        "mean KL",
+        "top-1",
+        "measured on",
+        "fits",
+        "headroom",
+        "max context",
+        "limited by",
+        "max batch",
+        "sessions",
+        "budget needed",
+    ]
     for f, row in zip(fits, table.itertuples(index=False)):
         assert (row.strategy, row.peak, row.headroom, row.sessions) == (
-            f.spec, f.cache.peak_bytes, f.headroom_bytes, f.sessions,
-        )  # fmt: skip
+            f.spec,
+            f.cache.peak_bytes,
+            f.headroom_bytes,
+            f.sessions,
+        )
     assert table["limited by"].tolist() == [plan_charts.LIMITS[f.context_limit] for f in fits]
     assert table["mean KL"].isna().tolist() == [True, True, False]
 
     shown, cli = shown_cells(table), cli_cells(fits, budgeted=True)
     assert len(shown) == len(cli) == 3
     for ours, theirs in zip(shown, cli):
-        for col in ("allocated", "used", "peak", "per token", "activations", "headroom", "budget needed", "mean KL",
-                    "top-1"):  # fmt: skip
+        for col in (
+            "allocated",
+            "used",
+            "peak",
+            "per token",
+            "activations",
+            "headroom",
+            "budget needed",
+            "mean KL",
+            "top-1",
+        ):
             assert ours[col] == ("–" if theirs[col] == "-" else theirs[col]), (ours["strategy"], col)  # no value
         assert ours["mean KL"] == theirs["mean KL"]  # "not covered" on both
         assert ours["max batch"] == theirs["max batch"] and ours["fits"] == theirs["fits"]
@@ -129,7 +166,17 @@ def test_the_page_shows_the_deciding_columns_first_and_keeps_every_column():
     quality = {"quantized:bits=4": Quality(0.0123456, 0.875, "smollm2", "a.csv")}
     table = plan_charts.plan_table(attach_quality(small_plan(), quality))
     order = plan_charts.page_column_order(table)
-    assert order[:9] == ["strategy", "fits", "sessions", "max batch", "max context", "mean KL", "top-1", "peak", "per token"]
+    assert order[:9] == [
+        "strategy",
+        "fits",
+        "sessions",
+        "max batch",
+        "max context",
+        "mean KL",
+        "top-1",
+        "peak",
+        "per token",
+    ]
     assert sorted(order) == sorted(table.columns)  # nothing dropped, nothing repeated
     bare = plan_charts.plan_table(small_plan(budget=None))
     assert plan_charts.page_column_order(bare) == ["strategy", "peak", "per token", "allocated", "used", "activations"]
@@ -166,17 +213,25 @@ def test_evidence_table_lists_each_measured_point_with_its_confidence_interval()
     table = plan_charts.evidence_table([ev])
     row = table.iloc[0]
     assert (row["strategy"], row["context"], row["samples"], row["mean KL"], row["± KL"], row["files"]) == (
-        "quantized:bits=4", 4096, 4, 0.05, 0.01, "a.csv, b.csv"
+        "quantized:bits=4",
+        4096,
+        4,
+        0.05,
+        0.01,
+        "a.csv, b.csv",
     )
 
 
 def test_quality_info_places_each_planned_lossy_strategy_on_the_evidence_it_is_judged_by():
-    rings = [Evidence(f"rotating:max_size={n},keep=4", "smollm2", "mlx", 8192, n / 8192, 4, kl, 0.9, 0.01)
-             for n, kl in ((256, 0.4), (1024, 0.08))]  # fmt: skip
+    rings = [
+        Evidence(f"rotating:max_size={n},keep=4", "smollm2", "mlx", 8192, n / 8192, 4, kl, 0.9, 0.01)
+        for n, kl in ((256, 0.4), (1024, 0.08))
+    ]
     fits = [replace(f, spec="rotating:max_size=4096,keep=4") for f in small_plan()[:1]]
     info = plan_charts.quality_info(rings, fits, 32768, "mlx")
     assert [(p.family, p.context, p.kept_fraction, p.mean_kl) for p in info.points] == [
-        ("rotating keep=4", 8192, 1 / 32, 0.4), ("rotating keep=4", 8192, 1 / 8, 0.08)
+        ("rotating keep=4", 8192, 1 / 32, 0.4),
+        ("rotating keep=4", 8192, 1 / 8, 0.08),
     ]
     context = fits[0].cache.context
     assert info.targets == [("rotating keep=4", "rotating:max_size=4096,keep=4", min(1.0, 4096 / context))]

@@ -18,8 +18,14 @@ from plotly.offline import get_plotlyjs
 from cachelib.cli import main
 from cachelib.profile import Profile, load_profile
 from cachelib.profile.report import (
-    ReportRun, memory_info, quality_info, report_html, speed_info, stream_segments, token_streams,
-)  # fmt: skip
+    ReportRun,
+    memory_info,
+    quality_info,
+    report_html,
+    speed_info,
+    stream_segments,
+    token_streams,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "profiles" / "examples" / "smollm2-mlx-256t.csv"
@@ -32,16 +38,42 @@ def example():
 
 def steps_profile(tokens: dict[str, list[int]], mode: str = "teacher-forced", **meta) -> Profile:
     strategies = list(tokens)
-    p = Profile({"schema_version": 1, "name": "t", "status": "complete", "strategies": json.dumps(strategies),
-                 "baseline": strategies[0], "mode": mode, "num_layers": 1, "num_kv_heads": 1, "head_dim": 2,
-                 "dtype": "float32", **meta})  # fmt: skip
-    p.add("steps", [
-        {"strategy": s, "step": i, "phase": "prefill" if i == 0 else "decode", "position": 4 + i, "tokens_in": 1,
-         "token_id": t, "cache_bytes_used": 16 * (5 + i), "cache_tokens_held": 5 + i, "cache_bytes_allocated": 1024,
-         "kl": 0.0 if s == strategies[0] else 0.1 * i, "top1_agree": t == tokens[strategies[0]][i],
-         "tokens_per_second": 10.0}
-        for s, ids in tokens.items() for i, t in enumerate(ids)
-    ])  # fmt: skip
+    p = Profile(
+        {
+            "schema_version": 1,
+            "name": "t",
+            "status": "complete",
+            "strategies": json.dumps(strategies),
+            "baseline": strategies[0],
+            "mode": mode,
+            "num_layers": 1,
+            "num_kv_heads": 1,
+            "head_dim": 2,
+            "dtype": "float32",
+            **meta,
+        }
+    )
+    p.add(
+        "steps",
+        [
+            {
+                "strategy": s,
+                "step": i,
+                "phase": "prefill" if i == 0 else "decode",
+                "position": 4 + i,
+                "tokens_in": 1,
+                "token_id": t,
+                "cache_bytes_used": 16 * (5 + i),
+                "cache_tokens_held": 5 + i,
+                "cache_bytes_allocated": 1024,
+                "kl": 0.0 if s == strategies[0] else 0.1 * i,
+                "top1_agree": t == tokens[strategies[0]][i],
+                "tokens_per_second": 10.0,
+            }
+            for s, ids in tokens.items()
+            for i, t in enumerate(ids)
+        ],
+    )
     return p
 
 
@@ -121,9 +153,16 @@ def test_token_streams_find_the_first_departure_from_the_baseline():
     decode = lambda ids: "".join(f"<{i}>" for i in ids)  # noqa: E731
     # Teacher-forced: the baseline's text, the strategy's own choice where it departs, what it replaced.
     assert stream_segments(ring, base, "teacher-forced", decode) == [
-        ("<5><6>", "same"), ("<9>", "departure"), ("<7>", "instead"), ("<8>", "after"),
-    ]  # fmt: skip
-    assert stream_segments(ring, base, "free-running", decode) == [("<5><6>", "same"), ("<9>", "departure"), ("<8>", "after")]
+        ("<5><6>", "same"),
+        ("<9>", "departure"),
+        ("<7>", "instead"),
+        ("<8>", "after"),
+    ]
+    assert stream_segments(ring, base, "free-running", decode) == [
+        ("<5><6>", "same"),
+        ("<9>", "departure"),
+        ("<8>", "after"),
+    ]
     assert stream_segments(same, base, "teacher-forced", decode) == [("<5><6><7><8>", "same")]
 
 
@@ -157,8 +196,9 @@ def test_report_command_writes_the_page_and_refuses_bad_input_with_one_line(tmp_
         ([str(EXAMPLE), "--out", str(tmp_path / "r.txt")], "use a .html name"),
         ([str(tmp_path / "missing.csv"), "--out", str(out)], "missing.csv"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "cachelib", "report", *args], capture_output=True, text=True,
-                              timeout=120, cwd=ROOT)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "cachelib", "report", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
 
@@ -174,15 +214,21 @@ def test_the_report_opens_offline_in_chromium_and_draws_its_figures(example, tmp
     path.write_text(report_html([example], ["smollm2-mlx-256t"]), encoding="utf-8")
     monkeypatch.delenv("LD_PRELOAD", raising=False)  # see test_browser.py
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"], headless=True)
+        browser = p.chromium.launch(
+            executable_path=str(chromium), args=["--no-sandbox", "--disable-gpu"], headless=True
+        )
         try:
             context = browser.new_context(offline=True)
             requests = []
-            context.route(re.compile(r"^(?!file:).*"), lambda route: (requests.append(route.request.url), route.abort()))
+            context.route(
+                re.compile(r"^(?!file:).*"), lambda route: (requests.append(route.request.url), route.abort())
+            )
             page = context.new_page()
             page.goto(path.as_uri())
             page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length === 3", timeout=60_000)
-            traces = page.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => (d.data || []).length)")
+            traces = page.evaluate(
+                "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => (d.data || []).length)"
+            )
             drawn = page.evaluate("() => document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length")
         finally:
             browser.close()
@@ -203,8 +249,10 @@ def test_the_cli_summary_prints_bytes_per_token_held_and_what_saved_is_measured_
     assert printed[-1] == (
         "B/token = bytes used / tokens held; saved = 1 - bytes used / bytes used by a float16 full cache at 7 tokens"
     )
-    assert summarize(p).pipe(lambda s: verdict(s.iloc[1], "standard")).startswith(
-        "used 100% more memory vs a float16 full cache at 7 tokens"
+    assert (
+        summarize(p)
+        .pipe(lambda s: verdict(s.iloc[1], "standard"))
+        .startswith("used 100% more memory vs a float16 full cache at 7 tokens")
     )
 
 
@@ -220,11 +268,13 @@ def test_streams_markdown_styles_the_departure_and_escapes_the_text():
 def _app_colors(views) -> dict[str, str]:
     """Strategy -> colour as the app's charts draw it (the combined view of the loaded profiles)."""
     from app.charts import cache_memory_figure
-    from app.data import combine, run_view
+    from app.data import combine
     from app.figures import strategy_colors
 
     view = combine(views)
-    fig = cache_memory_figure(view.steps, view.strategies, None, strategy_colors(view.strategies), small_multiples=False)
+    fig = cache_memory_figure(
+        view.steps, view.strategies, None, strategy_colors(view.strategies), small_multiples=False
+    )
     return {t.name: t.line.color for t in fig.data if t.meta == "used"}
 
 
@@ -247,8 +297,11 @@ def test_the_report_gives_each_strategy_the_apps_colour_binary_byte_axes_and_a_t
     assert 1 < top < 2**14  # MiB, not bytes (~13.9 MiB for 301 float32 tokens)
     page = report_html(runs)
     title = re.search(r"<h1>(.*?)</h1>", page).group(1)
-    assert title == ("cachelib profile: smollm2-mlx-256t" if count == 1 else
-                     "cachelib comparison: smollm2-mlx-256t + smollm2-torch-256t")  # fmt: skip
+    assert title == (
+        "cachelib profile: smollm2-mlx-256t"
+        if count == 1
+        else "cachelib comparison: smollm2-mlx-256t + smollm2-torch-256t"
+    )
 
 
 def test_report_figures_keep_their_plot_size_and_every_legend_entry_however_many_series(example):

@@ -11,7 +11,6 @@ from app_helpers import figure_json
 
 from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
 
-
 COLUMNS = ["model", "backend", "task", "strategy", "context", "depth", "trial", "exact_match", "kept_fraction"]
 
 
@@ -78,4 +77,6 @@ def test_more_than_four_strategies_wrap_onto_a_second_row_of_panels():
     rows = [("m", "mlx", "passkey", f"rotating:max_size={64 * (i + 1)},keep=4", 1024, 0.5, 0, 1, 0.1) for i in range(6)]
     fig = figure_json(retrieval_heatmap(retrieval_heatmap_info(samples(rows))))
     assert len([t for t in fig["data"] if t["type"] == "heatmap"]) == 6
-    assert fig["data"][4]["xaxis"] == "x5" and fig["layout"]["yaxis5"]["domain"][1] < fig["layout"]["yaxis"]["domain"][0]
+    assert (
+        fig["data"][4]["xaxis"] == "x5" and fig["layout"]["yaxis5"]["domain"][1] < fig["layout"]["yaxis"]["domain"][0]
+    )

@@ -149,9 +149,15 @@ def test_kivi_quantizes_the_prompt_then_flushes_the_residual_like_transformers(k
         np.testing.assert_allclose(np.array(got_k), ref_k.numpy(), atol=1e-5)
         np.testing.assert_allclose(np.array(got_v), ref_v.numpy(), atol=1e-5)
         view, ref_view = cache.introspect(), layer.introspect()
-        assert (view.tokens_held, view.quantized_tokens, view.offset) == (
-            ref_view.tokens_held, ref_view.quantized_tokens, ref_view.offset,
-        ) == (n, view.quantized_tokens, n)
+        assert (
+            (view.tokens_held, view.quantized_tokens, view.offset)
+            == (
+                ref_view.tokens_held,
+                ref_view.quantized_tokens,
+                ref_view.offset,
+            )
+            == (n, view.quantized_tokens, n)
+        )
         assert view.bytes_allocated == ref_view.bytes_allocated
         assert n - view.quantized_tokens < 5  # the residual never reaches residual_length
         quantized = view.quantized_tokens

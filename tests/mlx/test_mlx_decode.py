@@ -50,7 +50,12 @@ def test_quantize_after_start_decodes_like_mlx_lm_quantized_kv_start(smollm2_mlx
     start = prompt.size + 12
     steps = 40
     theirs = generate_step(
-        prompt, model, max_tokens=steps, kv_bits=4, kv_group_size=64, quantized_kv_start=start,
+        prompt,
+        model,
+        max_tokens=steps,
+        kv_bits=4,
+        kv_group_size=64,
+        quantized_kv_start=start,
         prompt_cache=ref.make_prompt_cache(model),
     )
     want = [int(t) for t, _ in theirs]

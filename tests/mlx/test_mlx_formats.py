@@ -12,8 +12,8 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from cachelib.core.rules import format_bytes
-from cachelib.mlx.formats import FormatKVCache, decode, encode
 from cachelib.mlx.factory import make_cache
+from cachelib.mlx.formats import FormatKVCache, decode, encode
 from cachelib.torch import formats as torch_formats
 
 GGML = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}

@@ -34,10 +34,17 @@ def _arrays(rng, B, h_kv, h_q, T, tq, D):
     return k, q
 
 
-@pytest.mark.parametrize("method,kw", [
-    ("knorm", {}), ("tova", {}), ("h2o", {}),
-    ("snapkv", {"window": 4}), ("snapkv", {"window": 6, "kernel": 3, "pooling": "max"}), ("snapkv", {"window": 3, "kernel": 1}),
-])
+@pytest.mark.parametrize(
+    "method,kw",
+    [
+        ("knorm", {}),
+        ("tova", {}),
+        ("h2o", {}),
+        ("snapkv", {"window": 4}),
+        ("snapkv", {"window": 6, "kernel": 3, "pooling": "max"}),
+        ("snapkv", {"window": 3, "kernel": 1}),
+    ],
+)
 def test_scores_equal_on_both_backends(method, kw):
     rng = np.random.default_rng(0)
     for B, h_kv, h_q, T, tq, D in [(1, 1, 2, 20, 8, 32), (2, 2, 6, 33, 6, 16)]:
@@ -48,10 +55,16 @@ def test_scores_equal_on_both_backends(method, kw):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("policy", [
-    Policy("knorm", 9), Policy("tova", 10), Policy("h2o", 10, window=3),
-    Policy("snapkv", 10, window=4), Policy("snapkv", 12, window=5, kernel=3, pooling="max"),
-])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        Policy("knorm", 9),
+        Policy("tova", 10),
+        Policy("h2o", 10, window=3),
+        Policy("snapkv", 10, window=4),
+        Policy("snapkv", 12, window=5, kernel=3, pooling="max"),
+    ],
+)
 def test_cache_calls_keep_the_same_positions_on_both_backends(policy):
     """Same keys, values and queries, call for call: the same positions kept, the same arrays."""
     rng = np.random.default_rng(1)

@@ -112,7 +112,11 @@ def test_static_cache_refuses_to_grow_and_stays_unchanged():
         (ours.ArraysCache, ([], None, None), ["ArraysCache state: cache must be a non-empty list"]),
         (ours.CacheList, [((None, None, 0), "NoSuchCache")], ["unknown cache class 'NoSuchCache'", "KVCache"]),
         # one padding entry for several rows loads (mlx-lm's own files do that); two for three rows cannot
-        (ours.BatchKVCache, (None, None, mx.array([0, 1, 2]), mx.array([0, 1]), 0), ["left_padding has 2 entries", "one per row"]),
+        (
+            ours.BatchKVCache,
+            (None, None, mx.array([0, 1, 2]), mx.array([0, 1]), 0),
+            ["left_padding has 2 entries", "one per row"],
+        ),
     ],
 )
 def test_inconsistent_state_is_refused_naming_the_class(cls, state, words):

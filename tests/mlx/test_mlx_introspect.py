@@ -226,7 +226,11 @@ def test_quantized_bytes_follow_the_planner_formula():
         assert view.bytes_allocated == B * H * view.capacity * (per_token[kb] + per_token[vb])
         assert view.bytes_used == B * H * 7 * (per_token[kb] + per_token[vb])
         assert (view.key_bits, view.value_bits, view.group_size, view.quantized_tokens, view.dtype) == (
-            kb, vb, gs, 7, "float16"
+            kb,
+            vb,
+            gs,
+            7,
+            "float16",
         )
 
 

@@ -31,7 +31,11 @@ STRATEGIES = [
     "kivi:bits=4,group_size=32,residual=4",
 ]
 # rows that take the other paths: a quantized ring, a ring without sinks, KIVI flushing every step
-MORE = ["rotating:max_size=10,keep=1,bits=4,group_size=32", "rotating:max_size=7,keep=0", "kivi:bits=8,group_size=32,residual=1"]
+MORE = [
+    "rotating:max_size=10,keep=1,bits=4,group_size=32",
+    "rotating:max_size=7,keep=0",
+    "kivi:bits=8,group_size=32,residual=1",
+]
 
 
 def _decode(loaded, buffer_bytes: int, prompt: list[int], steps: int, strategies=STRATEGIES):

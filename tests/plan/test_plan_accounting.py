@@ -14,12 +14,32 @@ GEMMA = preset("tiny-gemma3")  # 2 sliding (window 32) + 1 global, twice
 LLAMA = preset("tiny-llama")
 MAMBA = preset("tiny-mamba")
 SPECS = {
-    "mlx": ["standard", "standard:step=64", "concat", "rotating:max_size=100,keep=4", "rotating:max_size=64,bits=4",
-            "quantized:bits=4", "quantized:bits=8,start=300", "kivi:bits=2,group_size=32,residual=16",
-            "chunked:chunk_size=100", "static:max_len=3000", "sliding:window=50"],
-    "torch": ["standard", "concat", "rotating:max_size=100,keep=4", "quantized:bits=4,start=40", "kivi:bits=4",
-              "chunked:chunk_size=300", "static:max_len=3000", "sliding:window=50", "sliding:window=1", "offloaded"],
-}  # fmt: skip
+    "mlx": [
+        "standard",
+        "standard:step=64",
+        "concat",
+        "rotating:max_size=100,keep=4",
+        "rotating:max_size=64,bits=4",
+        "quantized:bits=4",
+        "quantized:bits=8,start=300",
+        "kivi:bits=2,group_size=32,residual=16",
+        "chunked:chunk_size=100",
+        "static:max_len=3000",
+        "sliding:window=50",
+    ],
+    "torch": [
+        "standard",
+        "concat",
+        "rotating:max_size=100,keep=4",
+        "quantized:bits=4,start=40",
+        "kivi:bits=4",
+        "chunked:chunk_size=300",
+        "static:max_len=3000",
+        "sliding:window=50",
+        "sliding:window=1",
+        "offloaded",
+    ],
+}
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
@@ -36,7 +56,11 @@ def test_fast_account_equals_the_last_step_of_the_full_trace(arch, backend):
             fast = account(arch, spec, backend, context=context, prefill=prefill, prefill_chunk=chunk)
             last = full.steps[-1]
             assert (fast.bytes_allocated, fast.bytes_used, fast.device_bytes, fast.host_bytes) == (
-                last.bytes_allocated, last.bytes_used, last.device_bytes, last.host_bytes), (spec, context)
+                last.bytes_allocated,
+                last.bytes_used,
+                last.device_bytes,
+                last.host_bytes,
+            ), (spec, context)
             assert fast.peak_bytes == full.peak_bytes, (spec, context, prefill, chunk)
             assert fast.max_resident_bytes == max(s.device_bytes for s in full.steps)
             assert [la.bytes_allocated for la in fast.layers] == list(last.layer_bytes)
@@ -47,7 +71,9 @@ def test_model_sliding_layers_keep_their_window_cache_whatever_the_strategy():
     for spec in ("standard", "quantized:bits=4", "chunked:chunk_size=64", "kivi:bits=2,group_size=32"):
         kinds = [c.kind for c in cache_layout(GEMMA, spec, "mlx")]
         assert kinds[0] == kinds[1] == "RotatingKVCache" and dict(cache_layout(GEMMA, spec, "mlx")[0].knobs) == {
-            "max_size": 32, "keep": 0}
+            "max_size": 32,
+            "keep": 0,
+        }
         assert kinds[2] != "RotatingKVCache" or spec.startswith("rotating")
     torch_kinds = [c.kind for c in cache_layout(GEMMA, "quantized:bits=4", "torch")]
     assert torch_kinds[:3] == ["DynamicSlidingWindowLayer", "DynamicSlidingWindowLayer", "QuantizedKVCache"]
@@ -121,14 +147,17 @@ def test_schedule_splits_the_prompt_then_decodes():
     assert schedule(4, 0) == [Update(1, 4, "decode")]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(context=0), "context must be >= 1"),
-    (dict(context=-5), "context must be >= 1"),
-    (dict(context=10, prefill=11), "prefill=11 must be <= context=10"),
-    (dict(context=10, prefill_chunk=0), None),  # 0 means one update
-    (dict(context=10, batch=0), "batch must be >= 1"),
-    (dict(context=10, dtype="int8"), "unknown dtype 'int8'; allowed: float32, float16, bfloat16"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(context=0), "context must be >= 1"),
+        (dict(context=-5), "context must be >= 1"),
+        (dict(context=10, prefill=11), "prefill=11 must be <= context=10"),
+        (dict(context=10, prefill_chunk=0), None),  # 0 means one update
+        (dict(context=10, batch=0), "batch must be >= 1"),
+        (dict(context=10, dtype="int8"), "unknown dtype 'int8'; allowed: float32, float16, bfloat16"),
+    ],
+)
 def test_bad_workloads_are_refused_with_the_argument_named(kwargs, message):
     if message is None:
         account(LLAMA, "standard", **kwargs)
@@ -171,13 +200,19 @@ def test_jumping_over_cycles_of_equal_updates_is_exact(backend, monkeypatch):
             fast = account(arch, spec, backend, **kw)
             where = (arch.name, spec, kw)
             assert (fast.bytes_allocated, fast.bytes_used, fast.peak_bytes) == (
-                full.steps[-1].bytes_allocated, full.steps[-1].bytes_used, full.peak_bytes), where
+                full.steps[-1].bytes_allocated,
+                full.steps[-1].bytes_used,
+                full.peak_bytes,
+            ), where
             assert fast.max_resident_bytes == max(s.device_bytes for s in full.steps), where
     jump = Replay._jump
     for arch in (GEMMA, LLAMA):
         for spec in SPECS[backend]:
-            kw = dict(context=rng.randint(40_000, 120_000), prefill=rng.choice([None, 5000]),
-                      prefill_chunk=rng.choice([64, 1000, 2048]))  # fmt: skip
+            kw = dict(
+                context=rng.randint(40_000, 120_000),
+                prefill=rng.choice([None, 5000]),
+                prefill_chunk=rng.choice([64, 1000, 2048]),
+            )
             if spec.startswith("static"):
                 continue  # refused past max_len: the test below
             fast = account(arch, spec, backend, **kw)

@@ -58,8 +58,12 @@ def test_mlx_lm_flags_read_back_by_mlx_lm_s_own_parser_are_the_same_cache(spec, 
     argv = shlex.split(command)
     assert argv[0] == "mlx_lm.generate"
     args = generate.setup_arg_parser().parse_args(argv[1:])  # what mlx_lm.generate itself reads
-    built = mlx_lm_spec(max_kv_size=args.max_kv_size, kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
-                        quantized_kv_start=args.quantized_kv_start)  # fmt: skip
+    built = mlx_lm_spec(
+        max_kv_size=args.max_kv_size,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
+    )
     # what mlx-lm builds for the flags is what the plan accounts under mlx-lm (--quantized-kv-start 0: start=1)
     assert parse_spec(built).key == runtime_spec(spec, Deployment.make("mlx-lm", "mlx")).key
 
@@ -84,8 +88,10 @@ def test_vllm_llama_cpp_and_transformers_commands():
     assert runtime_flags("quantized:bits=8", "vllm") is None and runtime_flags("rotating:max_size=64", "vllm") is None
     cpp = PlanRequest(["standard"], context=8192, runtime="llama.cpp", kv_format="q8_0")
     # -c is shared by the -np slots: 4 sessions of 8,192 tokens need -c 32768
-    assert runtime_command(cpp, "standard", "m.gguf", sessions=4) == "llama-server -m m.gguf -c 32768 -np 4 " \
+    assert (
+        runtime_command(cpp, "standard", "m.gguf", sessions=4) == "llama-server -m m.gguf -c 32768 -np 4 "
         "-ctk q8_0 -ctv q8_0 -fa on"
+    )
     tf = PlanRequest(["standard"], context=8192, runtime="transformers")
     assert "StaticCache(config=model.config, max_cache_len=9000)" in runtime_command(tf, "static:max_len=9000", "m")
     assert runtime_flags("kivi", "transformers") is None
@@ -108,8 +114,7 @@ def test_a_threshold_is_met_by_the_interval_s_bound_not_the_mean():
 
 
 def test_the_issue_s_llama_at_32k_in_24_gib_on_mlx_lm_answers_with_an_mlx_lm_flag_set():
-    request = PlanRequest(ISSUE, context=32768, budget_bytes=24 * GiB, runtime="mlx-lm", max_kl=0.1,
-                          min_agreement=0.9)  # fmt: skip
+    request = PlanRequest(ISSUE, context=32768, budget_bytes=24 * GiB, runtime="mlx-lm", max_kl=0.1, min_agreement=0.9)
     result = plan_request(LLAMA, request, EVIDENCE)
     rec = result.choice
     assert rec.fit is not None and runtime_flags(rec.fit.spec, "mlx-lm") is not None
@@ -126,8 +131,9 @@ def test_the_issue_s_llama_at_32k_in_24_gib_on_mlx_lm_answers_with_an_mlx_lm_fla
 
 
 def test_lossy_only_when_the_lossless_one_does_not_serve_the_sessions_and_in_mlx_lm_flags():
-    base = PlanRequest(ISSUE, context=8192, prefill_chunk=512, budget_bytes=24 * GiB, runtime="mlx-lm", max_kl=0.1,
-                       min_agreement=0.9)  # fmt: skip
+    base = PlanRequest(
+        ISSUE, context=8192, prefill_chunk=512, budget_bytes=24 * GiB, runtime="mlx-lm", max_kl=0.1, min_agreement=0.9
+    )
     few = plan_request(LLAMA, replace(base, sessions=2), EVIDENCE).choice
     assert few.fit.spec == "standard"
     many = plan_request(LLAMA, replace(base, sessions=16), EVIDENCE)
@@ -143,8 +149,9 @@ def test_lossy_only_when_the_lossless_one_does_not_serve_the_sessions_and_in_mlx
 def test_ties_go_to_the_simplest_flag_set():
     same = dict(kl=0.001, kl_ci=0.001, top1=0.99, top1_ci=0.005)
     evidence = [point("quantized:bits=8", **same), point("quantized:bits=8,start=5000", **same)]
-    request = PlanRequest(["quantized:bits=8", "quantized:bits=8,start=5000"], context=4096, runtime="mlx-lm",
-                          max_kl=0.1)  # fmt: skip
+    request = PlanRequest(
+        ["quantized:bits=8", "quantized:bits=8,start=5000"], context=4096, runtime="mlx-lm", max_kl=0.1
+    )
     rec = plan_request(preset("smollm2"), request, evidence).choice
     # --kv-bits 8 alone, against --kv-bits 8 --quantized-kv-start 0
     assert rec.fit.spec == "quantized:bits=8,start=5000"
@@ -174,8 +181,17 @@ def test_vllm_fp8_is_judged_by_its_evidence_or_said_not_measured_and_the_answer_
 
 
 def test_the_solve_shows_the_ring_and_the_kv_bits_for_the_same_sessions_side_by_side():
-    request = PlanRequest(ISSUE[:2], context=8192, prefill_chunk=512, budget_bytes=24 * GiB, runtime="mlx-lm",
-                          sessions=16, solve="max_kv_size", max_kl=0.1, min_agreement=0.9)  # fmt: skip
+    request = PlanRequest(
+        ISSUE[:2],
+        context=8192,
+        prefill_chunk=512,
+        budget_bytes=24 * GiB,
+        runtime="mlx-lm",
+        sessions=16,
+        solve="max_kv_size",
+        max_kl=0.1,
+        min_agreement=0.9,
+    )
     result = plan_request(LLAMA, request, EVIDENCE)
     assert [s.spec.name for s in result.solved] == ["rotating", "quantized"]
     ring = result.solved[0]
@@ -218,12 +234,29 @@ def test_the_runtime_s_standard_set_is_planned_when_no_strategy_is_given(capsys)
 
 
 def test_cli_opens_with_the_answer_and_explains_and_lists_commands_on_request(capsys):
-    args = ["plan", "--model", "llama-3.1-8b", "--context", "32768", "--budget", "24", "--runtime", "mlx-lm",
-            "--strategy", "standard", "--strategy", "rotating:max_size=128,keep=4", "--max-kl", "0.1"]  # fmt: skip
+    args = [
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--context",
+        "32768",
+        "--budget",
+        "24",
+        "--runtime",
+        "mlx-lm",
+        "--strategy",
+        "standard",
+        "--strategy",
+        "rotating:max_size=128,keep=4",
+        "--max-kl",
+        "0.1",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith("answer: standard (no cache flag) on mlx-lm for llama-3.1-8b at 32,768 tokens\n"
-                          "  mlx_lm.generate --model meta-llama/Llama-3.1-8B\n")  # fmt: skip
+    assert out.startswith(
+        "answer: standard (no cache flag) on mlx-lm for llama-3.1-8b at 32,768 tokens\n"
+        "  mlx_lm.generate --model meta-llama/Llama-3.1-8B\n"
+    )
     assert "how: " not in out and "cachelib evaluate" not in out and "--commands prints them" in out
     assert main([*args, "--explain", "--commands"]) == 0
     out = capsys.readouterr().out
@@ -237,9 +270,19 @@ def test_the_defaults_have_one_source():
 
     args = build_parser().parse_args(["plan", "--model", "smollm2", "--context", "64"])
     d = request_defaults()
-    pairs = (("batch", "batch"), ("backend", "backend"), ("dtype", "dtype"), ("tp", "tp"), ("pp", "pp"),
-             ("device", "device"), ("reserve", "reserve_bytes"), ("max_kl", "max_kl"), ("sessions", "sessions"),
-             ("suggest", "suggest"), ("most_sessions", "most_sessions"))  # fmt: skip
+    pairs = (
+        ("batch", "batch"),
+        ("backend", "backend"),
+        ("dtype", "dtype"),
+        ("tp", "tp"),
+        ("pp", "pp"),
+        ("device", "device"),
+        ("reserve", "reserve_bytes"),
+        ("max_kl", "max_kl"),
+        ("sessions", "sessions"),
+        ("suggest", "suggest"),
+        ("most_sessions", "most_sessions"),
+    )
     for flag, field in pairs:
         assert getattr(args, flag) == d[field], flag
 

@@ -66,10 +66,19 @@ def test_unknown_preset_lists_the_presets():
 
 def test_multimodal_config_reads_its_text_config():
     arch = arch_from_config(
-        {"model_type": "gemma3", "vision_config": {"hidden_size": 1152},
-         "text_config": {"model_type": "gemma3_text", "hidden_size": 128, "num_hidden_layers": 12,
-                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
-                         "sliding_window": 512}},  # fmt: skip
+        {
+            "model_type": "gemma3",
+            "vision_config": {"hidden_size": 1152},
+            "text_config": {
+                "model_type": "gemma3_text",
+                "hidden_size": 128,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "head_dim": 64,
+                "sliding_window": 512,
+            },
+        },
         name="g3",
     )
     # transformers' default pattern: every 6th layer is global
@@ -89,8 +98,9 @@ def test_mistral_window_slides_every_layer_and_null_means_none():
 
 
 def test_explicit_layer_types_win_and_unknown_ones_are_named():
-    arch = arch_from_config({**LLAMA, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-                             "sliding_window": 16})  # fmt: skip
+    arch = arch_from_config(
+        {**LLAMA, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "sliding_window": 16}
+    )
     assert arch.layer_kinds == ("sliding", "full", "sliding")
     with pytest.raises(ValueError, match=r"layer type\(s\) \['chunked_attention'\] are not modelled"):
         arch_from_config({**LLAMA, "layer_types": ["chunked_attention"] * 3})
@@ -104,8 +114,17 @@ def test_unsupported_recurrent_family_is_named():
 
 
 def test_mamba_config_gives_the_recurrent_state_shape():
-    arch = arch_from_config({"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24, "state_size": 16,
-                             "conv_kernel": 4, "expand": 2, "vocab_size": 50280})  # fmt: skip
+    arch = arch_from_config(
+        {
+            "model_type": "mamba",
+            "hidden_size": 768,
+            "num_hidden_layers": 24,
+            "state_size": 16,
+            "conv_kernel": 4,
+            "expand": 2,
+            "vocab_size": 50280,
+        }
+    )
     assert arch.layer_kinds == ("recurrent",) * 24
     assert (arch.recurrent.channels, arch.recurrent.conv_kernel, arch.recurrent.state_size) == (1536, 4, 16)
     with pytest.raises(ValueError, match="missing required field.*state_size"):
@@ -128,8 +147,16 @@ def test_smollm2_preset_matches_the_bundled_gguf():
 
     config = gguf.read_config(str(gguf.bundled_path()))
     arch, ref = arch_from_config(config, name="bundled"), preset("smollm2")
-    for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-              "vocab_size", "num_params"):  # fmt: skip
+    for f in (
+        "num_layers",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "num_params",
+    ):
         assert getattr(arch, f) == getattr(ref, f), f
 
 
@@ -145,8 +172,9 @@ def test_kv_channels_is_the_head_dim_where_a_config_names_it_so():
 
 
 def test_a_latent_cache_does_not_need_heads_divisible_by_kv_heads():
-    arch = arch_from_config({**LLAMA, "model_type": "deepseek_v3", "num_key_value_heads": 32, "kv_lora_rank": 32,
-                             "qk_rope_head_dim": 16})  # fmt: skip
+    arch = arch_from_config(
+        {**LLAMA, "model_type": "deepseek_v3", "num_key_value_heads": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16}
+    )
     assert (arch.kv_heads, arch.key_dim, arch.value_dim) == (1, 32, 16)
 
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cachelib.spec import parse_spec
 from cachelib.plan import (
     GB,
     PlanRequest,
@@ -23,6 +22,7 @@ from cachelib.plan import (
     preset,
 )
 from cachelib.plan.accounting import Replay
+from cachelib.spec import parse_spec
 
 SMOL = preset("smollm2")  # 30 layers, 3 KV heads x 64, max_position_embeddings 8192
 SPECS = ["standard", "rotating:max_size=256,keep=4", "quantized:bits=4"]
@@ -54,8 +54,9 @@ def test_memory_curves_are_the_accounts_of_each_context():
     assert len(curves) == len(SPECS) * len(CONTEXTS)
     for row in curves.itertuples():
         # a run shorter than the prompt is all prompt, as the solver counts it
-        acc = account(SMOL, row.strategy, "mlx", context=row.context, batch=2, dtype="bfloat16",
-                      prefill=min(200, row.context))  # fmt: skip
+        acc = account(
+            SMOL, row.strategy, "mlx", context=row.context, batch=2, dtype="bfloat16", prefill=min(200, row.context)
+        )
         assert (row.bytes_allocated, row.peak_bytes) == (acc.bytes_allocated, acc.peak_bytes)
     std = curves[curves["strategy"] == "standard"].set_index("context")
     assert std.loc[256, "bytes_allocated"] < std.loc[257, "bytes_allocated"]  # the next 256-token block
@@ -71,8 +72,9 @@ def test_memory_curves_leave_gaps_where_a_strategy_refuses_the_run_and_raise_whe
 
 def test_frontier_curves_are_max_batch_and_sessions_of_each_context():
     # cachelib's own loop: what the solver's functions plan (no runtime)
-    request = PlanRequest(SPECS, context=1000, backend="torch", budget_bytes=350 * 10**6, weights_bytes=300 * 10**6,
-                          runtime="cachelib")  # fmt: skip
+    request = PlanRequest(
+        SPECS, context=1000, backend="torch", budget_bytes=350 * 10**6, weights_bytes=300 * 10**6, runtime="cachelib"
+    )
     available = request.cache_budget(SMOL)
     frontier = frontier_curves(SMOL, request, CONTEXTS)
     for row in frontier.itertuples():
@@ -88,18 +90,46 @@ def test_frontier_curves_are_max_batch_and_sessions_of_each_context():
 
 GRID = [1, 2, 31, 32, 33, 64, 100, 255, 256, 257, 300, 513, 1000, 1500]
 CASES = [  # (model, backend, specs)
-    ("tiny-llama", "mlx", ["standard", "concat", "rotating:max_size=64,keep=4", "quantized:bits=4,group_size=32",
-                           "kivi:group_size=32,residual=64", "chunked:chunk_size=100", "static:max_len=300",
-                           "sliding:window=50"]),
-    ("tiny-llama", "torch", ["standard", "rotating:max_size=64,keep=4", "quantized:bits=4,group_size=32",
-                             "offloaded", "static:max_len=300", "sliding:window=50"]),
+    (
+        "tiny-llama",
+        "mlx",
+        [
+            "standard",
+            "concat",
+            "rotating:max_size=64,keep=4",
+            "quantized:bits=4,group_size=32",
+            "kivi:group_size=32,residual=64",
+            "chunked:chunk_size=100",
+            "static:max_len=300",
+            "sliding:window=50",
+        ],
+    ),
+    (
+        "tiny-llama",
+        "torch",
+        [
+            "standard",
+            "rotating:max_size=64,keep=4",
+            "quantized:bits=4,group_size=32",
+            "offloaded",
+            "static:max_len=300",
+            "sliding:window=50",
+        ],
+    ),
     ("tiny-gemma3", "mlx", ["standard", "rotating:max_size=128", "quantized:bits=8,group_size=32"]),
     ("tiny-gemma3", "torch", ["standard", "offloaded", "kivi:group_size=32,residual=64"]),
     ("tiny-mamba", "mlx", ["standard"]),
-]  # fmt: skip
+]
 FEEDS = [  # (prefill, prefill_chunk)
-    (None, None), (None, 64), (None, 1), (0, None), (100, None), (100, 32), (700, 256), (200, 1),
-]  # fmt: skip
+    (None, None),
+    (None, 64),
+    (None, 1),
+    (0, None),
+    (100, None),
+    (100, 32),
+    (700, 256),
+    (200, 1),
+]
 
 
 @pytest.mark.parametrize("model, backend, specs", CASES, ids=[f"{m}-{b}" for m, b, _ in CASES])
@@ -107,8 +137,9 @@ def test_one_walk_per_strategy_gives_each_contexts_own_account(model, backend, s
     # the curves share one replay across the grid; each point must still be its own run's numbers
     arch = preset(model)
     for prefill, chunk in FEEDS:
-        request = PlanRequest(specs, context=1, backend=backend, batch=3, prefill=prefill, prefill_chunk=chunk,
-                              runtime="cachelib")  # cachelib's loop: what account() and the solver plan  # fmt: skip
+        request = PlanRequest(
+            specs, context=1, backend=backend, batch=3, prefill=prefill, prefill_chunk=chunk, runtime="cachelib"
+        )  # cachelib's loop: what account() and the solver plan
         curves = memory_curves(arch, request, GRID).set_index(["strategy", "context"])
         budget = replace(request, budget_bytes=10**9 + 4 * 10**6, weights_bytes=10**9)  # room for a few caches
         available = budget.cache_budget(arch)
@@ -129,8 +160,9 @@ def test_one_walk_per_strategy_gives_each_contexts_own_account(model, backend, s
                 forward = budget.forward_bytes(arch, parse_spec(spec), context=n, batch=1)[0]  # counted too
                 most = max_batch(arch, spec, available, row_bytes=forward, **kw)
                 assert frontier.loc[(spec, n), "max_batch"] == most, where
-                assert frontier.loc[(spec, n), "sessions"] == max_sessions(arch, spec, available, forward_bytes=forward,
-                                                                           **kw), where  # fmt: skip
+                assert frontier.loc[(spec, n), "sessions"] == max_sessions(
+                    arch, spec, available, forward_bytes=forward, **kw
+                ), where
 
 
 def test_the_grid_costs_the_same_whatever_the_context(monkeypatch):

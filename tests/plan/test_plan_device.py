@@ -13,8 +13,12 @@ import pytest
 from cachelib.cli import plan as cli
 from cachelib.plan import GiB, PlanRequest, account, plan, preset
 from cachelib.plan.device import (
-    WEIGHT_FORMATS, activation_peak, published_weights, weights_format, weights_per_device,
-)  # fmt: skip
+    WEIGHT_FORMATS,
+    activation_peak,
+    published_weights,
+    weights_format,
+    weights_per_device,
+)
 from cachelib.plan.request import solve_sessions
 from cachelib.plan.runtimes import stage_sizes
 
@@ -59,7 +63,9 @@ def test_weights_are_split_over_tensor_and_pipeline_parallel_devices():
 
 def test_a_budget_below_one_devices_weights_is_refused_and_tp_makes_it_fit():
     request = PlanRequest(["standard"], context=8192, runtime="vllm", budget_bytes=80 * GiB)
-    with pytest.raises(ValueError, match=r"budget 80\.00 GiB per device is below the weights on one device \(131\.42 GiB\)"):
+    with pytest.raises(
+        ValueError, match=r"budget 80\.00 GiB per device is below the weights on one device \(131\.42 GiB\)"
+    ):
         plan(LLAMA70, request)
     fit = plan(LLAMA70, replace(request, tp=2))[0]
     assert fit.weights_bytes == -(-LLAMA70.num_params * 2 // 2) and fit.fits
@@ -124,8 +130,15 @@ def test_predicted_peak_is_within_10_percent_of_mlxs_measured_peak(model):
     loaded = load(model, "mlx", device="cpu", dtype="float32")
     weights = int(loaded.info.weight_bytes)
     for spec in ("standard", "quantized:bits=4"):
-        request = PlanRequest([spec], context=512, prefill_chunk=256, dtype="float32", weights_bytes=weights, device="cpu",
-                              runtime="cachelib")  # _measured_peak runs cachelib's loop: every position's logits
+        request = PlanRequest(
+            [spec],
+            context=512,
+            prefill_chunk=256,
+            dtype="float32",
+            weights_bytes=weights,
+            device="cpu",
+            runtime="cachelib",
+        )  # _measured_peak runs cachelib's loop: every position's logits
         fit = plan(preset(model), request)[0]
         beyond = _measured_peak(loaded, spec, 512, 256)  # the cache and the activations, where the model could be wrong
         assert fit.cache.peak_bytes + fit.activation_bytes == pytest.approx(beyond, rel=0.10), (model, spec)
@@ -134,8 +147,9 @@ def test_predicted_peak_is_within_10_percent_of_mlxs_measured_peak(model):
 
 def test_solve_max_kv_size_is_the_largest_ring_that_fits_the_sessions():
     arch = preset("llama-3.1-8b")
-    request = PlanRequest(["standard"], context=8192, prefill_chunk=512, budget_bytes=24 * GiB, sessions=16,
-                          solve="max_kv_size")  # fmt: skip
+    request = PlanRequest(
+        ["standard"], context=8192, prefill_chunk=512, budget_bytes=24 * GiB, sessions=16, solve="max_kv_size"
+    )
     found = solve_sessions(arch, request)
     assert found.sessions >= 16 and found.value < 8192
     ring = replace(request, strategies=(found.spec,), solve=None)
@@ -156,8 +170,26 @@ def _run(argv: list[str]) -> int:
 
 
 def test_cli_solves_and_explains_sessions_against_batch(capsys):
-    assert _run(["--model", "llama-3.1-8b", "--context", "8192", "--prefill-chunk", "512", "--budget", "24GiB",
-                 "--sessions", "16", "--solve", "max_kv_size", "--no-default-evidence"]) == 0  # fmt: skip
+    assert (
+        _run(
+            [
+                "--model",
+                "llama-3.1-8b",
+                "--context",
+                "8192",
+                "--prefill-chunk",
+                "512",
+                "--budget",
+                "24GiB",
+                "--sessions",
+                "16",
+                "--solve",
+                "max_kv_size",
+                "--no-default-evidence",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "--solve max_kv_size: " in out and "is the largest max_kv_size" in out
     assert "sessions: independent conversations of this context served concurrently" in out
@@ -165,18 +197,40 @@ def test_cli_solves_and_explains_sessions_against_batch(capsys):
 
 
 def test_a_context_past_the_models_limit_is_planned_with_a_warning(capsys):
-    assert _run(["--model", "llama-3.1-8b", "--context", "1000000", "--prefill-chunk", "2048",
-                 "--no-default-evidence"]) == 0  # fmt: skip
+    assert (
+        _run(["--model", "llama-3.1-8b", "--context", "1000000", "--prefill-chunk", "2048", "--no-default-evidence"])
+        == 0
+    )
     err = capsys.readouterr().err
     assert "context 1,000,000 is past llama-3.1-8b's limit of 131,072 tokens (max_position_embeddings)" in err
 
 
 def test_tp_8_on_llama_70b_holds_40960_bytes_per_token_per_gpu_and_the_table_says_all_devices(capsys):
-    assert _run(["--model", "llama-3.1-70b", "--runtime", "vllm", "--tp", "8", "--context", "8192", "--budget", "80",
-                 "--no-default-evidence"]) == 0  # fmt: skip
+    assert (
+        _run(
+            [
+                "--model",
+                "llama-3.1-70b",
+                "--runtime",
+                "vllm",
+                "--tp",
+                "8",
+                "--context",
+                "8192",
+                "--budget",
+                "80",
+                "--no-default-evidence",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.startswith("strategy"))
     assert "all devices" in head
-    acc = account(LLAMA70, "standard", context=8192, deployment=PlanRequest(["standard"], context=1, runtime="vllm",
-                                                                          tp=8).deployment)  # fmt: skip
+    acc = account(
+        LLAMA70,
+        "standard",
+        context=8192,
+        deployment=PlanRequest(["standard"], context=1, runtime="vllm", tp=8).deployment,
+    )
     assert acc.bytes_per_token == 40_960 and acc.total_bytes == 8 * acc.bytes_allocated

@@ -13,8 +13,9 @@ SMOL = "SmolLM2-135M-Instruct"
 
 
 def point(spec, context, kl, top1, backend="mlx", model=SMOL, samples=4, ci=0.01):
-    return Evidence(spec, model, backend, context, kept_fraction(spec, context), samples, kl, top1, ci, 0.02,
-                    files=("e.csv",))  # fmt: skip
+    return Evidence(
+        spec, model, backend, context, kept_fraction(spec, context), samples, kl, top1, ci, 0.02, files=("e.csv",)
+    )
 
 
 # a ring family measured on the bundled model at 8k: only the large kept fractions pass KL <= 0.1
@@ -55,7 +56,9 @@ def test_the_printed_command_is_one_the_evaluation_accepts_on_the_bundled_model(
         args = build_parser().parse_args(argv[3:])  # what `python -m cachelib` parses
         assert args.model == "smollm2" and args.context == [8128] and args.score_tokens == 64
         # the bundled model's limit: the check evaluate runs before it loads anything
-        check_limit(SimpleNamespace(name="SmolLM2-135M-Instruct", max_position_embeddings=8192), args.context, args.score_tokens)
+        check_limit(
+            SimpleNamespace(name="SmolLM2-135M-Instruct", max_position_embeddings=8192), args.context, args.score_tokens
+        )
 
 
 def test_keep_zero_is_another_family_than_keep_four():
@@ -71,7 +74,10 @@ def test_a_bound_that_holds_the_whole_context_is_exact():
 def test_a_pyramid_is_exact_only_when_its_top_layer_holds_the_whole_context():
     # PyramidKV's mean budget is its bound, but its top layer keeps budget/beta: 1,024 / 20 = 51
     assert judge([], "pyramidkv:budget=1024,beta=20", backend="mlx", context=512).quality is None
-    assert judge([], "pyramidkv:budget=1024,beta=2", backend="mlx", context=512).quality == judge([], "snapkv:budget=1024", backend="mlx", context=512).quality
+    assert (
+        judge([], "pyramidkv:budget=1024,beta=2", backend="mlx", context=512).quality
+        == judge([], "snapkv:budget=1024", backend="mlx", context=512).quality
+    )
     assert judge([], "pyramidkv:budget=1024,beta=2", backend="mlx", context=600).quality is None
 
 
@@ -94,7 +100,10 @@ def test_the_planned_backend_wins_and_the_other_backend_is_named():
 def test_an_extrapolated_point_says_what_the_other_backend_measured_further():
     """The planned backend's 2,048-token point is judged; torch's 8,128-token point is quoted
     beside it, not used in its place."""
-    points = [point("quantized:bits=8", 2048, 0.0005, 0.99), point("quantized:bits=8", 8128, 0.0007, 0.98, backend="torch")]
+    points = [
+        point("quantized:bits=8", 2048, 0.0005, 0.99),
+        point("quantized:bits=8", 8128, 0.0007, 0.98, backend="torch"),
+    ]
     j = judge(points, "quantized:bits=8", backend="mlx", context=32768)
     assert j.quality.mean_kl == 0.0005 and j.quality.backend == "mlx" and j.quality.context == 2048
     assert "extrapolated: measured up to 2,048 tokens" in j.quality.note
@@ -122,9 +131,15 @@ def test_scaled_candidates_keep_the_measured_kept_fraction_at_the_target():
 
 def test_llama_at_32k_is_never_recommended_a_ring_below_the_passing_kept_fraction():
     """The issue's case: the default thresholds at 32,768 tokens. Only rings keeping >= 12.5% pass."""
-    request = PlanRequest(["standard", "rotating:max_size=128,keep=4", "quantized:bits=8"], context=32768,
-                          prefill_chunk=2048, budget_bytes=24 * 10**9, reserve_bytes=10**9, max_kl=0.1,
-                          min_agreement=0.9)  # fmt: skip
+    request = PlanRequest(
+        ["standard", "rotating:max_size=128,keep=4", "quantized:bits=8"],
+        context=32768,
+        prefill_chunk=2048,
+        budget_bytes=24 * 10**9,
+        reserve_bytes=10**9,
+        max_kl=0.1,
+        min_agreement=0.9,
+    )
     result = plan_request(preset("llama-3.1-8b"), request, RINGS + QUANT)
     rec = result.recommendation
     assert rec.fit is not None

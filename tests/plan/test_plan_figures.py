@@ -87,9 +87,22 @@ def test_jamba_is_one_attention_layer_in_eight_and_mamba_elsewhere():
 
 def test_every_required_preset_exists():
     names = set(preset_names())
-    for required in ("llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "qwen3-8b", "qwen3-32b", "mistral-7b",
-                     "gemma-2-9b", "gemma-3-27b", "deepseek-v3", "jamba-v0.1", "smollm2", "tiny-llama",
-                     "tiny-gemma3", "tiny-mamba"):  # fmt: skip
+    for required in (
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "qwen2.5-7b",
+        "qwen3-8b",
+        "qwen3-32b",
+        "mistral-7b",
+        "gemma-2-9b",
+        "gemma-3-27b",
+        "deepseek-v3",
+        "jamba-v0.1",
+        "smollm2",
+        "tiny-llama",
+        "tiny-gemma3",
+        "tiny-mamba",
+    ):
         assert required in names
     for name in names:
         assert preset(name).num_params, f"{name} has no parameter count"

@@ -18,12 +18,28 @@ ARCH = preset("smollm2")
 
 
 def point(spec: str, context: int, kl: float, top1: float, backend: str = "torch") -> Evidence:
-    return Evidence(spec, "SmolLM2-135M-Instruct", backend, context, 1.0, 3, kl, top1, mean_kl_ci95=kl / 2,
-                    top1_ci95=0.01, files=(f"{spec}.csv",))  # fmt: skip
+    return Evidence(
+        spec,
+        "SmolLM2-135M-Instruct",
+        backend,
+        context,
+        1.0,
+        3,
+        kl,
+        top1,
+        mean_kl_ci95=kl / 2,
+        top1_ci95=0.01,
+        files=(f"{spec}.csv",),
+    )
 
 
-EVIDENCE = [point("fp8", 1024, 0.011, 0.97), point("fp8", 2048, 0.013, 0.96), point("q8_0", 2048, 0.0004, 1.0),
-            point("q4_0", 2048, 0.09, 0.88), point("quantized:bits=8", 2048, 0.0009, 0.99)]  # fmt: skip
+EVIDENCE = [
+    point("fp8", 1024, 0.011, 0.97),
+    point("fp8", 2048, 0.013, 0.96),
+    point("q8_0", 2048, 0.0004, 1.0),
+    point("q4_0", 2048, 0.09, 0.88),
+    point("quantized:bits=8", 2048, 0.0009, 0.99),
+]
 
 
 def planned(runtime: str, kv_format: str | None, evidence=EVIDENCE, context: int = 2048, **kw):
@@ -31,8 +47,9 @@ def planned(runtime: str, kv_format: str | None, evidence=EVIDENCE, context: int
     return plan_request(ARCH, request, evidence)
 
 
-@pytest.mark.parametrize(("runtime", "kv_format", "kl"), [("vllm", "fp8", 0.013), ("llama.cpp", "q8_0", 0.0004),
-                                                          ("llama.cpp", "q4_0", 0.09)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("runtime", "kv_format", "kl"), [("vllm", "fp8", 0.013), ("llama.cpp", "q8_0", 0.0004), ("llama.cpp", "q4_0", 0.09)]
+)
 def test_format_is_judged_by_its_strategys_measured_point(runtime, kv_format, kl):
     result = planned(runtime, kv_format)
     q = result.fits[0].quality
@@ -69,8 +86,9 @@ def test_without_a_format_the_runtimes_dtype_cache_stays_exact():
 def test_cli_prints_the_measured_figures_not_exact(capsys):
     parser = argparse.ArgumentParser(prog="cachelib plan")
     cli.add_arguments(parser)
-    rc = cli.run(parser.parse_args(["--model", "smollm2", "--runtime", "vllm", "--kv-format", "fp8",
-                                    "--context", "1024"]))  # fmt: skip
+    rc = cli.run(
+        parser.parse_args(["--model", "smollm2", "--runtime", "vllm", "--kv-format", "fp8", "--context", "1024"])
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "exact: keeps every token" not in out
     line = next(x for x in out.splitlines() if x.startswith("standard: "))

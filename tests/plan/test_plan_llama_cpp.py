@@ -79,17 +79,33 @@ def test_planner_bytes_equal_llama_cpps_own_log_line_on_the_whole_grid(workdir):
 
 # openai/gpt-oss-20b config.json: 24 layers (sliding, full alternating), 8 KV heads of 64, window 128
 GPT_OSS_20B = {
-    "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
-    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128,
-    "layer_types": ["sliding_attention", "full_attention"] * 12, "num_local_experts": 32,
-    "num_experts_per_tok": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
-}  # fmt: skip
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "vocab_size": 201088,
+    "max_position_embeddings": 131072,
+}
 # google/gemma-2-2b config.json: 26 layers, 4 KV heads of 256, window 4096
 GEMMA_2_2B = {
-    "model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
-    "vocab_size": 256000, "max_position_embeddings": 8192,
-}  # fmt: skip
+    "model_type": "gemma2",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "sliding_window": 4096,
+    "vocab_size": 256000,
+    "max_position_embeddings": 8192,
+}
 
 
 def _kv_mib(arch, n_ctx, **settings) -> dict[str, float]:
@@ -154,16 +170,19 @@ def test_gemma_2_2b_at_8192_with_llama_servers_default_four_slots_holds_832_mib(
 # llama.cpp's rules, by name
 
 
-@pytest.mark.parametrize("model_type, layers, window, text, sliding", [
-    ("gemma2", 4, 4096, {}, (0, 2)),
-    ("gemma3_text", 12, 1024, {}, (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)),
-    ("cohere2", 8, 4096, {}, (0, 1, 2, 4, 5, 6)),
-    ("llama4_text", 8, None, {"attention_chunk_size": 8192}, (0, 1, 2, 4, 5, 6)),
-    ("olmo3", 4, 4096, {"layer_types": ["sliding_attention", "full_attention"] * 2}, (0, 2)),
-    ("exaone4", 8, 4096, {}, ()),  # only the 64-layer model slides
-    ("mistral", 4, 4096, {}, ()),  # llama.cpp ignores a Mistral / Qwen2 sliding_window
-    ("qwen2", 4, 4096, {}, ()),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "model_type, layers, window, text, sliding",
+    [
+        ("gemma2", 4, 4096, {}, (0, 2)),
+        ("gemma3_text", 12, 1024, {}, (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)),
+        ("cohere2", 8, 4096, {}, (0, 1, 2, 4, 5, 6)),
+        ("llama4_text", 8, None, {"attention_chunk_size": 8192}, (0, 1, 2, 4, 5, 6)),
+        ("olmo3", 4, 4096, {"layer_types": ["sliding_attention", "full_attention"] * 2}, (0, 2)),
+        ("exaone4", 8, 4096, {}, ()),  # only the 64-layer model slides
+        ("mistral", 4, 4096, {}, ()),  # llama.cpp ignores a Mistral / Qwen2 sliding_window
+        ("qwen2", 4, 4096, {}, ()),
+    ],
+)
 def test_llama_cpp_slides_the_layers_its_model_table_names(model_type, layers, window, text, sliding):
     kinds, w = llama_cpp_layer_kinds(model_type, layers, window, text)
     assert tuple(i for i, k in enumerate(kinds) if k == "sliding") == sliding
@@ -181,8 +200,12 @@ def test_the_swa_cache_follows_ubatch_and_swa_full():
     arch = arch_from_config(GEMMA_2_2B)
     cells = {}
     for ub, full in ((512, False), (256, False), (512, True)):
-        acc = account(arch, "standard", context=1, deployment=Deployment.make(
-            "llama.cpp", max_model_len=16384, slots=1, ubatch=ub, swa_full=full))  # fmt: skip
+        acc = account(
+            arch,
+            "standard",
+            context=1,
+            deployment=Deployment.make("llama.cpp", max_model_len=16384, slots=1, ubatch=ub, swa_full=full),
+        )
         cells[(ub, full)] = {a.capacity for a in acc.layers if a.layer_type == "sliding"}
     assert cells == {(512, False): {4608}, (256, False): {4352}, (512, True): {16384}}
 
@@ -215,8 +238,17 @@ def test_without_minus_c_each_moment_is_the_smallest_context_that_holds_the_batc
 
 
 def test_the_request_and_its_command_line_carry_llama_cpps_flags():
-    r = PlanRequest(["standard"], context=4096, runtime="llama.cpp", slots=2, kv_unified=True, swa_full=True,
-                    flash_attn="on", ubatch=256, kv_format="q8_0")  # fmt: skip
+    r = PlanRequest(
+        ["standard"],
+        context=4096,
+        runtime="llama.cpp",
+        slots=2,
+        kv_unified=True,
+        swa_full=True,
+        flash_attn="on",
+        ubatch=256,
+        kv_format="q8_0",
+    )
     argv = r.to_argv("smollm2")
     for flag in ("--parallel", "2", "--kv-unified", "--swa-full", "--flash-attn", "on", "--ubatch-size", "256"):
         assert flag in argv
@@ -224,9 +256,15 @@ def test_the_request_and_its_command_line_carry_llama_cpps_flags():
         PlanRequest(["standard"], context=100, slots=2)
 
 
-@pytest.mark.parametrize("settings, batch", [
-    ({"slots": 4, "kv_unified": True}, 3), ({"slots": 3}, 2), ({"slots": 1, "swa_full": True}, 1), ({}, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "settings, batch",
+    [
+        ({"slots": 4, "kv_unified": True}, 3),
+        ({"slots": 3}, 2),
+        ({"slots": 1, "swa_full": True}, 1),
+        ({}, 1),
+    ],
+)
 def test_account_equals_the_step_by_step_trace_with_slots(settings, batch):
     from cachelib.plan import trace
 
@@ -234,18 +272,22 @@ def test_account_equals_the_step_by_step_trace_with_slots(settings, batch):
     d = Deployment.make("llama.cpp", **settings)
     for context, prefill, chunk in ((3000, 700, 100), (517, 0, None), (2048, 2048, 300)):
         t = trace(arch, "standard", context=context, prefill=prefill, prefill_chunk=chunk, batch=batch, deployment=d)
-        acc = account(arch, "standard", context=context, prefill=prefill, prefill_chunk=chunk, batch=batch,
-                      deployment=d)  # fmt: skip
+        acc = account(
+            arch, "standard", context=context, prefill=prefill, prefill_chunk=chunk, batch=batch, deployment=d
+        )
         assert acc.bytes_allocated == t.steps[-1].bytes_allocated and acc.peak_bytes == t.peak_bytes
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--runtime", "llama.cpp", "--parallel", "0"], "argument -np/--parallel: must be >= 1, got 0"),
-    (["--runtime", "vllm", "--swa-full"], "--swa-full: vllm has no such setting"),
-    (["--parallel", "2"], "--parallel: mlx-lm has no such setting"),
-    (["--runtime", "llama.cpp", "--kv-format", "q8_0", "-fa", "off"], "allowed: -fa on, -fa auto"),
-    (["--runtime", "llama.cpp", "--batch", "3", "-np", "2"], "allowed: batch <= 2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--runtime", "llama.cpp", "--parallel", "0"], "argument -np/--parallel: must be >= 1, got 0"),
+        (["--runtime", "vllm", "--swa-full"], "--swa-full: vllm has no such setting"),
+        (["--parallel", "2"], "--parallel: mlx-lm has no such setting"),
+        (["--runtime", "llama.cpp", "--kv-format", "q8_0", "-fa", "off"], "allowed: -fa on, -fa auto"),
+        (["--runtime", "llama.cpp", "--batch", "3", "-np", "2"], "allowed: batch <= 2"),
+    ],
+)
 def test_bad_llama_cpp_flags_exit_2_with_one_line(capsys, argv, message):
     from cachelib.cli import main
 

@@ -18,8 +18,14 @@ UPDATES = 40
 
 
 def _arch(kv_heads=2, head_dim=64, latent=False):
-    config = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 128, "num_attention_heads": 4,
-              "num_key_value_heads": kv_heads, "head_dim": head_dim}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+    }
     if latent:
         config |= {"model_type": "deepseek_v3", "kv_lora_rank": 128, "qk_rope_head_dim": 64}
     return arch_from_config(config, name="ref")
@@ -129,11 +135,14 @@ def test_custom_step_matches_kvcache_with_that_step():
         assert [s.bytes_allocated for s in ours.steps] == _replay_reference(arch, make, sizes, 1, mx.float32)
 
 
-@pytest.mark.parametrize("spec, make", [
-    ("standard", C.KVCache),
-    ("quantized:bits=4,group_size=64", lambda: C.QuantizedKVCache(64, 4)),
-    ("rotating:max_size=40,keep=4", lambda: C.RotatingKVCache(40, 4)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec, make",
+    [
+        ("standard", C.KVCache),
+        ("quantized:bits=4,group_size=64", lambda: C.QuantizedKVCache(64, 4)),
+        ("rotating:max_size=40,keep=4", lambda: C.RotatingKVCache(40, 4)),
+    ],
+)
 def test_latent_attention_shapes_match_mlx_lm(spec, make):
     """MLA caches one latent (keys, 128 wide here) and one RoPE key (values, 64 wide) per token."""
     arch, rng = _arch(latent=True), random.Random(spec)

@@ -11,7 +11,13 @@ from cachelib.plan import PlanRequest, plan, plan_request, preset
 from cachelib.plan.quality import Evidence, judge_fits, kept_fraction, recommend
 from cachelib.profile import load_evidence, run_profile
 
-SPECS = ["standard", "rotating:max_size=16,keep=4", "rotating:max_size=32,keep=4", "quantized:bits=8", "quantized:bits=4"]
+SPECS = [
+    "standard",
+    "rotating:max_size=16,keep=4",
+    "rotating:max_size=32,keep=4",
+    "quantized:bits=8",
+    "quantized:bits=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +59,9 @@ def test_profiles_single_samples_settle_no_threshold_so_the_lossless_strategy_is
     points = load_evidence([profiles_dir]).points
     context = max(p.context for p in points)  # the runs' own length: every point covers its strategy
     arch = preset("llama-3.1-8b")
-    fits, judged = judge_fits(plan(arch, PlanRequest(SPECS, context=context, prefill=24)), points, backend="torch",
-                              planned=arch)  # fmt: skip
+    fits, judged = judge_fits(
+        plan(arch, PlanRequest(SPECS, context=context, prefill=24)), points, backend="torch", planned=arch
+    )
     loose = max(p.mean_kl for p in points) + 1
     pick = recommend(fits, max_kl=loose, planned_model=arch, judgements=judged)
     # a profile is one run: no 95% interval, so no lossy strategy is shown to meet even a loose threshold
@@ -72,8 +79,22 @@ def test_threshold_errors_are_named():
 
 
 def test_plan_cli_judges_by_the_evidence_it_is_given_and_names_it(profiles_dir, capsys):
-    args = ["plan", "--model", "llama-3.1-8b", "--backend", "torch", "--context", "64", "--prefill", "16", "--no-default-evidence",
-            "--evidence", str(profiles_dir), "--max-kl", "100"]  # fmt: skip
+    args = [
+        "plan",
+        "--model",
+        "llama-3.1-8b",
+        "--backend",
+        "torch",
+        "--context",
+        "64",
+        "--prefill",
+        "16",
+        "--no-default-evidence",
+        "--evidence",
+        str(profiles_dir),
+        "--max-kl",
+        "100",
+    ]
     assert main(args) == 0
     captured = capsys.readouterr()
     assert "mean KL" in captured.out and "measured on tiny-llama, not on llama-3.1-8b" in captured.out
@@ -83,7 +104,9 @@ def test_plan_cli_judges_by_the_evidence_it_is_given_and_names_it(profiles_dir, 
 
 
 def test_plan_cli_refuses_an_evidence_path_that_does_not_exist(tmp_path, capsys):
-    code = main(["plan", "--model", "smollm2", "--context", "512", "--evidence", str(tmp_path / "none"), "--max-kl", "1"])
+    code = main(
+        ["plan", "--model", "smollm2", "--context", "512", "--evidence", str(tmp_path / "none"), "--max-kl", "1"]
+    )
     assert code == 2 and "no evidence at" in capsys.readouterr().err
 
 

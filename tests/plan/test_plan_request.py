@@ -8,10 +8,20 @@ from dataclasses import replace
 import pytest
 
 from cachelib.cli import build_parser
-from cachelib.plan.quality import Evidence
-from cachelib.plan import GB, GiB, PlanRequest, Quality, cache_budget, memory_bytes, plan, plan_request, preset, weight_bytes
-from cachelib.core.units import memory_text, parse_memory
 from cachelib.cli.plan import request_from_args
+from cachelib.core.units import memory_text, parse_memory
+from cachelib.plan import (
+    GB,
+    GiB,
+    PlanRequest,
+    cache_budget,
+    memory_bytes,
+    plan,
+    plan_request,
+    preset,
+    weight_bytes,
+)
+from cachelib.plan.quality import Evidence
 from cachelib.spec import parse_spec
 
 LLAMA = preset("llama-3.1-8b")
@@ -25,27 +35,53 @@ def _from_argv(argv: list[str]) -> PlanRequest:
 
 def test_to_argv_reads_back_as_the_same_request():
     request = PlanRequest(
-        ["standard", "rotating:keep=4,max_size=4096"], context=32768, batch=2, backend="torch", dtype="bfloat16",
-        prefill=1000, prefill_chunk=512, budget_bytes=24 * GiB, weights_dtype="q4_k", reserve_bytes=1_250_000_000,
-        max_kl=0.1, min_agreement=0.123456789, suggest=True, most_sessions=True,
-    )  # fmt: skip
+        ["standard", "rotating:keep=4,max_size=4096"],
+        context=32768,
+        batch=2,
+        backend="torch",
+        dtype="bfloat16",
+        prefill=1000,
+        prefill_chunk=512,
+        budget_bytes=24 * GiB,
+        weights_dtype="q4_k",
+        reserve_bytes=1_250_000_000,
+        max_kl=0.1,
+        min_agreement=0.123456789,
+        suggest=True,
+        most_sessions=True,
+    )
     argv = request.to_argv("llama-3.1-8b", ["my profiles"])
     assert _from_argv(argv) == request
     assert argv[argv.index("--budget") + 1] == "24GiB" and argv[argv.index("--reserve") + 1] == "1.25GB"
-    vllm = PlanRequest(["standard"], context=4096, runtime="vllm", tp=8, pp=2, kv_format="fp8", budget_bytes=80 * GiB,
-                       sessions=16, solve="max_kv_size", device="cpu")  # fmt: skip
+    vllm = PlanRequest(
+        ["standard"],
+        context=4096,
+        runtime="vllm",
+        tp=8,
+        pp=2,
+        kv_format="fp8",
+        budget_bytes=80 * GiB,
+        sessions=16,
+        solve="max_kv_size",
+        device="cpu",
+    )
     assert _from_argv(vllm.to_argv("llama-3.1-70b")) == vllm and vllm.backend == "torch"
     bits = PlanRequest(["standard"], context=10, weights_dtype=4.5)
     assert bits == PlanRequest(["standard"], context=10, weights_dtype="4.5") == _from_argv(bits.to_argv("smollm2"))
     args = build_parser().parse_args(argv[3:])
     assert (args.model, [str(p) for p in args.evidence], args.strategy) == (
-        "llama-3.1-8b", ["my profiles"], ["standard", "rotating:max_size=4096,keep=4"],  # canonical text
-    )  # fmt: skip
+        "llama-3.1-8b",
+        ["my profiles"],
+        ["standard", "rotating:max_size=4096,keep=4"],  # canonical text
+    )
 
 
 def test_to_argv_writes_only_what_differs_from_the_cli_defaults():
     plain = PlanRequest(["standard"], context=10).to_argv("smollm2")  # no runtime named: mlx's, written out
-    assert plain == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --runtime mlx-lm --dtype float16".split()
+    assert (
+        plain
+        == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --runtime mlx-lm --dtype float16".split()
+    )
     own = PlanRequest(["standard"], context=10, runtime="cachelib", backend="torch").to_argv("smollm2")
     assert own[-6:] == ["--runtime", "cachelib", "--backend", "torch", "--dtype", "float16"]
     given = PlanRequest(["standard"], context=10, weights_bytes=300_000_000, weights_dtype="4").to_argv("smollm2")
@@ -106,8 +142,9 @@ def test_plan_request_adds_measured_candidates_and_lists_what_it_cannot_plan():
         Evidence("quantized:bits=8", "smollm2", "mlx", 8192, 1.0, 4, 0.001, 0.99),
         Evidence("quantized:bits=4,group_size=128", "other", "mlx", 8192, 1.0, 4, 0.01, 0.99),  # 64-wide heads refuse
     ]
-    request = PlanRequest(["standard", "quantized:bits=4"], context=4096, budget_bytes=24 * GB, max_kl=0.01,
-                          suggest=True)  # fmt: skip
+    request = PlanRequest(
+        ["standard", "quantized:bits=4"], context=4096, budget_bytes=24 * GB, max_kl=0.01, suggest=True
+    )
     result = plan_request(SMOL, request, measured)
     assert [f.spec for f in result.fits] == ["standard", "quantized:bits=4", "quantized:bits=8"]
     assert result.added == ("quantized:bits=8",) and list(result.skipped) == ["quantized:bits=4,group_size=128"]
@@ -118,5 +155,3 @@ def test_plan_request_adds_measured_candidates_and_lists_what_it_cannot_plan():
     quiet = plan_request(SMOL, replace(request, suggest=False), measured)  # not asked for: nothing added
     assert [f.spec for f in quiet.fits] == ["standard", "quantized:bits=4"]
     assert plan_request(SMOL, replace(request, max_kl=None), measured).recommendation is None  # no threshold
-
-

@@ -13,8 +13,15 @@ from cachelib.plan.runtimes import Deployment, device_arch, runtime_names, stage
 
 
 def _arch(layers=4, heads=4, kv=2, head_dim=64, **extra):
-    config = {"model_type": "llama", "num_hidden_layers": layers, "hidden_size": heads * head_dim,
-              "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim, **extra}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": layers,
+        "hidden_size": heads * head_dim,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        **extra,
+    }
     return arch_from_config(config, name="t")
 
 
@@ -34,18 +41,27 @@ def test_runtime_profiles_carry_their_defaults_and_imply_their_backend():
     assert Deployment.make("vllm", tp=4, block_size=32).paged_block == 32
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(runtime="sglang"), "unknown runtime 'sglang'; allowed: mlx-lm, transformers, vllm, llama.cpp"),
-    (dict(runtime="vllm", backend="mlx"), "runtime vllm runs on backend 'torch'"),
-    (dict(backend="cuda"), "unknown backend 'cuda'; allowed: mlx, torch"),
-    (dict(runtime="vllm", tp=0), "tp must be a positive integer"),
-    (dict(runtime="mlx-lm", tp=2), "tp=2: mlx-lm is planned on one device here; tensor parallelism: transformers, vllm"),
-    (dict(runtime="transformers", pp=2), "pp=2: transformers .* pipeline parallelism: vllm, llama.cpp"),
-    (dict(runtime="llama.cpp", kv_format="fp8"), "kv_format 'fp8' is not a format of llama.cpp; allowed: q8_0, q4_0"),
-    (dict(runtime="mlx-lm", kv_format="q8_0"), "not a format of mlx-lm; allowed: none"),
-    (dict(runtime="llama.cpp", block_size=16), "does not allocate in blocks"),
-    (dict(runtime="vllm", gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(runtime="sglang"), "unknown runtime 'sglang'; allowed: mlx-lm, transformers, vllm, llama.cpp"),
+        (dict(runtime="vllm", backend="mlx"), "runtime vllm runs on backend 'torch'"),
+        (dict(backend="cuda"), "unknown backend 'cuda'; allowed: mlx, torch"),
+        (dict(runtime="vllm", tp=0), "tp must be a positive integer"),
+        (
+            dict(runtime="mlx-lm", tp=2),
+            "tp=2: mlx-lm is planned on one device here; tensor parallelism: transformers, vllm",
+        ),
+        (dict(runtime="transformers", pp=2), "pp=2: transformers .* pipeline parallelism: vllm, llama.cpp"),
+        (
+            dict(runtime="llama.cpp", kv_format="fp8"),
+            "kv_format 'fp8' is not a format of llama.cpp; allowed: q8_0, q4_0",
+        ),
+        (dict(runtime="mlx-lm", kv_format="q8_0"), "not a format of mlx-lm; allowed: none"),
+        (dict(runtime="llama.cpp", block_size=16), "does not allocate in blocks"),
+        (dict(runtime="vllm", gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),
+    ],
+)
 def test_bad_deployments_are_refused_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Deployment.make(**kwargs)
@@ -116,10 +132,13 @@ def test_a_latent_cache_is_replicated_on_every_rank():
     assert kv_bytes_per_token(arch, deployment=Deployment.make("vllm", tp=8)) == one
 
 
-@pytest.mark.parametrize("tp, message", [
-    (3, r"tp=3: vllm requires the attention heads \(64 in llama-3.1-70b\) divisible by the tensor-parallel size"),
-    (128, "tp=128: vllm requires the attention heads"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "tp, message",
+    [
+        (3, r"tp=3: vllm requires the attention heads \(64 in llama-3.1-70b\) divisible by the tensor-parallel size"),
+        (128, "tp=128: vllm requires the attention heads"),
+    ],
+)
 def test_a_tp_the_runtime_refuses_is_named(tp, message):
     with pytest.raises(ValueError, match=message):
         kv_bytes_per_token(preset("llama-3.1-70b"), deployment=Deployment.make("vllm", tp=tp))
@@ -183,13 +202,18 @@ def test_vllm_sliding_layers_hold_at_most_the_blocks_sliding_window_spec_bounds(
     assert t.steps[-1].layer_bytes[full] == -(-(8192 + 300) // block) * block * per_token
 
 
-@pytest.mark.parametrize("runtime, kwargs", [
-    ("vllm", {}), ("vllm", {"kv_format": "fp8", "block_size": 32}), ("llama.cpp", {"kv_format": "q4_0"}),
-    ("mlx-lm", {}), ("transformers", {}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "runtime, kwargs",
+    [
+        ("vllm", {}),
+        ("vllm", {"kv_format": "fp8", "block_size": 32}),
+        ("llama.cpp", {"kv_format": "q4_0"}),
+        ("mlx-lm", {}),
+        ("transformers", {}),
+    ],
+)
 def test_account_equals_the_last_step_of_the_trace_under_a_runtime(runtime, kwargs):
-    arch = _arch(layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                 sliding_window=40)  # fmt: skip
+    arch = _arch(layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=40)
     d = Deployment.make(runtime, **kwargs)
     for context, prefill, chunk in ((3000, 700, 100), (517, 0, None), (2048, 2048, 300)):
         spec = "concat" if runtime == "transformers" else "standard"
@@ -216,16 +240,30 @@ def test_llama_cpp_allocates_the_padded_context_at_start_and_a_small_swa_cache()
     for n in (100, 4000, 1000, 3000):
         run.update(n, "prefill", False)
         context = run.offset
-        assert run.totals()[0] == account(g, "standard", context=context, deployment=Deployment.make(
-            "llama.cpp", kv_format="q8_0", max_model_len=context, slots=1)).bytes_allocated  # fmt: skip
+        assert (
+            run.totals()[0]
+            == account(
+                g,
+                "standard",
+                context=context,
+                deployment=Deployment.make("llama.cpp", kv_format="q8_0", max_model_len=context, slots=1),
+            ).bytes_allocated
+        )
 
 
 def test_llama_cpp_slides_only_where_its_architecture_sets_a_pattern():
-    mistral = arch_from_config({"model_type": "mistral", "num_hidden_layers": 4, "hidden_size": 256,
-                                "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 64})  # fmt: skip
+    mistral = arch_from_config(
+        {
+            "model_type": "mistral",
+            "num_hidden_layers": 4,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "sliding_window": 64,
+        }
+    )
     layout = cache_layout(mistral, "standard", deployment=Deployment.make("llama.cpp"), context=1000)
     assert {c.layer_type for c in layout} == {"full"}
-
 
 
 def test_the_layout_is_described_as_the_runtime_builds_it():

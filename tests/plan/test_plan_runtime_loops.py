@@ -16,14 +16,22 @@ from pathlib import Path
 import pytest
 
 from cachelib.plan import PlanRequest, account, arch_from_config, plan, preset
-from cachelib.plan.request import solve_sessions
 from cachelib.plan.accounting import schedule
 from cachelib.plan.device import activation_peak, phase_activations
+from cachelib.plan.request import solve_sessions
 from cachelib.plan.runtimes import Deployment, mlx_lm_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
+TINY = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+}
 
 
 def test_mlx_lm_computes_no_logits_in_a_prefill_chunk_and_one_position_per_step():
@@ -68,10 +76,28 @@ def test_the_issues_question_gets_the_same_answer_without_a_runtime_and_says_whi
     none, named = (solve_sessions(arch, PlanRequest(["standard"], **kw, runtime=r)) for r in (None, "mlx-lm"))
     assert none == named and none.value is not None and none.sessions >= 16
     out = subprocess.run(
-        [sys.executable, "-m", "cachelib", "plan", "--model", "llama-3.1-8b", "--context", "8192", "--sessions", "16",
-         "--budget", "24", "--solve", "max_kv_size", "--no-default-evidence"],
-        capture_output=True, text=True, cwd=ROOT, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cachelib",
+            "plan",
+            "--model",
+            "llama-3.1-8b",
+            "--context",
+            "8192",
+            "--sessions",
+            "16",
+            "--budget",
+            "24",
+            "--solve",
+            "max_kv_size",
+            "--no-default-evidence",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
     assert "runtime: mlx-lm, the default on backend mlx" in out and "loop planned: mlx-lm 0.32.2 generate_step" in out
     assert f"{none.value:,} is the largest max_kv_size" in out
 
@@ -143,14 +169,29 @@ def _generate(config: dict, prompt: int, new: int, **options):
     model = AutoModelForCausalLM.from_config(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, prompt))
     with torch.inference_mode():
-        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             return_dict_in_generate=True, pad_token_id=0, **options)  # fmt: skip
+        out = model.generate(
+            ids,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            **options,
+        )
     return out.past_key_values
 
 
-SLIDING = {"model_type": "gemma3_text", "num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 1000,
-           "sliding_window": 64}  # fmt: skip
+SLIDING = {
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 6,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "sliding_window": 64,
+}
 
 
 @pytest.mark.parametrize("config", [TINY, SLIDING], ids=["llama", "gemma3-sliding"])
@@ -159,8 +200,14 @@ def test_transformers_standard_is_generates_own_dynamic_cache(config):
     cache = _generate(config, prompt, new)
     assert type(cache).__name__ == "DynamicCache"
     arch = arch_from_config(config, name="tiny")
-    planned = account(arch, "standard", context=prompt + new - 1, prefill=prompt, dtype="float32",
-                      deployment=Deployment.make("transformers"))  # fmt: skip
+    planned = account(
+        arch,
+        "standard",
+        context=prompt + new - 1,
+        prefill=prompt,
+        dtype="float32",
+        deployment=Deployment.make("transformers"),
+    )
     assert planned.bytes_allocated == _cache_bytes(cache)
     own = account(arch, "standard", "torch", context=prompt + new - 1, prefill=prompt, dtype="float32")
     assert own.bytes_allocated > planned.bytes_allocated  # cachelib's 256-token KVCache steps: not what runs
@@ -172,8 +219,14 @@ def test_transformers_static_cache_is_its_static_strategy():
     assert type(cache).__name__ == "StaticCache"
     length = cache.layers[0].keys.shape[-2]  # generate sizes it to max_length
     arch = arch_from_config(TINY, name="tiny")
-    planned = account(arch, f"static:max_len={length}", context=prompt + new - 1, prefill=prompt, dtype="float32",
-                      deployment=Deployment.make("transformers"))  # fmt: skip
+    planned = account(
+        arch,
+        f"static:max_len={length}",
+        context=prompt + new - 1,
+        prefill=prompt,
+        dtype="float32",
+        deployment=Deployment.make("transformers"),
+    )
     assert planned.bytes_allocated == _cache_bytes(cache)
 
 

@@ -24,8 +24,9 @@ from cachelib.plan.runtimes import Deployment  # noqa: E402
 UPDATES = [20, 1, 1, 7, 1]  # a prompt past the 8-token windows below, decode, a second prompt
 
 _NOT_MODELS = {"base", "cache", "switch_layers", "rope_utils", "activations", "ssm", "pipeline", "bitlinear_layers"}
-_MODULES = sorted(m.name for m in pkgutil.iter_modules(importlib.import_module("mlx_lm.models").__path__)
-                  if m.name not in _NOT_MODELS)  # fmt: skip
+_MODULES = sorted(
+    m.name for m in pkgutil.iter_modules(importlib.import_module("mlx_lm.models").__path__) if m.name not in _NOT_MODELS
+)
 
 
 def _reference(model, sizes):
@@ -59,7 +60,7 @@ def test_remapping_and_make_cache_tables_equal_the_installed_mlx_lm():
         try:
             mod = importlib.import_module(f"mlx_lm.models.{name}")
         except BaseException:  # noqa: BLE001 - a module that needs an extra package to import
-            source = (importlib.util.find_spec(f"mlx_lm.models.{name}").origin)
+            source = importlib.util.find_spec(f"mlx_lm.models.{name}").origin
             if "def make_cache" in open(source).read():
                 own.add(name)
             continue
@@ -72,12 +73,30 @@ def test_remapping_and_make_cache_tables_equal_the_installed_mlx_lm():
 # ---------------------------------------------------------------------------------------------
 # every model type mlx-lm builds from a small config
 
-SMALL = dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
-             num_key_value_heads=4, head_dim=16,
-             vocab_size=64, rms_norm_eps=1e-5, layer_norm_eps=1e-5, norm_eps=1e-5, max_position_embeddings=256,
-             rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False,
-             num_experts=4, num_experts_per_tok=2, n_routed_experts=4, num_local_experts=4,
-             moe_intermediate_size=32, sliding_window=8)  # fmt: skip
+SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=16,
+    vocab_size=64,
+    rms_norm_eps=1e-5,
+    layer_norm_eps=1e-5,
+    norm_eps=1e-5,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+    num_experts=4,
+    num_experts_per_tok=2,
+    n_routed_experts=4,
+    num_local_experts=4,
+    moe_intermediate_size=32,
+    sliding_window=8,
+)
 
 
 def _guess(field):
@@ -115,8 +134,11 @@ def _build_small(name):
     except BaseException as e:  # noqa: BLE001 - mlx-lm's own refusal of a made-up small config
         return None, f"{type(e).__name__}: {e}"
     plain = (int, float, str, bool, type(None))
-    resolved = {k: v for k, v in vars(args).items()
-                if isinstance(v, plain) or (isinstance(v, (list, tuple)) and all(isinstance(x, plain) for x in v))}
+    resolved = {
+        k: v
+        for k, v in vars(args).items()
+        if isinstance(v, plain) or (isinstance(v, (list, tuple)) and all(isinstance(x, plain) for x in v))
+    }
     return (resolved | {"model_type": name}, ref), None
 
 
@@ -143,8 +165,9 @@ def test_every_mlx_lm_model_type_built_small_is_planned_as_mlx_lm_builds_it_or_r
 
 
 def test_model_types_with_their_own_unmodelled_make_cache_are_refused_by_name():
-    arch = arch_from_config({"model_type": "exaone4", "num_hidden_layers": 2, "hidden_size": 64,
-                             "num_attention_heads": 4}, name="c")  # fmt: skip
+    arch = arch_from_config(
+        {"model_type": "exaone4", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}, name="c"
+    )
     with pytest.raises(ValueError, match="exaone4.*make_cache"):
         cache_layout(arch, "standard", "mlx")
     # transformers' layout is still planned on torch
@@ -154,10 +177,28 @@ def test_model_types_with_their_own_unmodelled_make_cache_are_refused_by_name():
 # ---------------------------------------------------------------------------------------------
 # every preset, at tiny sizes with its own layer pattern
 
-_SHRINK = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, vocab_size=64, head_dim=16,
-               kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
-               n_routed_experts=4, num_experts=4, num_experts_per_tok=2, mamba_d_state=4, mamba_dt_rank=8,
-               state_size=4, first_k_dense_replace=1, n_group=1, topk_group=1, expand=2)  # fmt: skip
+_SHRINK = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    vocab_size=64,
+    head_dim=16,
+    kv_lora_rank=32,
+    q_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    mamba_d_state=4,
+    mamba_dt_rank=8,
+    state_size=4,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    expand=2,
+)
 
 
 def _shrunk(config):
@@ -225,9 +266,18 @@ def test_gemma2_9b_on_mlx_holds_every_layer_in_full_as_mlx_lm_does():
 
 
 def test_a_mistral_config_with_sliding_window_is_all_full_attention_on_mlx():
-    config = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "sliding_window": 4096,
-              "vocab_size": 32000, "rms_norm_eps": 1e-5}  # fmt: skip
+    config = {
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "sliding_window": 4096,
+        "vocab_size": 32000,
+        "rms_norm_eps": 1e-5,
+    }
     arch = arch_from_config(config, name="mistral-v0.1")
     assert arch.layer_kinds == ("sliding",) * 32  # transformers slides every layer
     assert {c.layer_type for c in cache_layout(arch, "standard", "mlx")} == {"full"}
@@ -257,8 +307,17 @@ def test_mlx_lm_flags_are_the_specs_mlx_lm_builds():
     with pytest.raises(ValueError, match="ignores --max-kv-size for model_type 'llama'"):
         mlx_lm_spec("llama", max_kv_size=64)
     # --kv-bits: mlx-lm converts after each step once the offset reaches the start
-    arch = arch_from_config({"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 128,
-                             "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64}, name="q")  # fmt: skip
+    arch = arch_from_config(
+        {
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+        },
+        name="q",
+    )
     sizes = [300, 1, 1, 250, 1, 1]
     spec = mlx_lm_spec(kv_bits=4, quantized_kv_start=500)
     caches, ref = [C.KVCache()], []

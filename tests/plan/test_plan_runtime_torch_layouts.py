@@ -19,10 +19,28 @@ from cachelib.plan.runtimes import Deployment  # noqa: E402
 UPDATES = [20, 1, 1, 7, 1]
 
 # the same tiny sizes as the MLX reference (tests/plan/test_plan_runtime_mlx_layouts.py)
-_SHRINK = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, vocab_size=64, head_dim=16,
-               kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
-               n_routed_experts=4, num_experts=4, num_experts_per_tok=2, mamba_d_state=4, mamba_dt_rank=8,
-               state_size=4, first_k_dense_replace=1, n_group=1, topk_group=1, expand=2)  # fmt: skip
+_SHRINK = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    vocab_size=64,
+    head_dim=16,
+    kv_lora_rank=32,
+    q_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    mamba_d_state=4,
+    mamba_dt_rank=8,
+    state_size=4,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    expand=2,
+)
 
 
 def _shrunk(config):
@@ -108,12 +126,37 @@ def test_gemma2_9b_on_torch_keeps_its_sliding_layers():
 # ---------------------------------------------------------------------------------------------
 # every causal-LM model type transformers builds from a small config
 
-_SMALL = dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
-              head_dim=16, vocab_size=64, n_embd=64, n_layer=4, n_head=4, num_layers=4, d_model=64, ffn_dim=128,
-              n_inner=128, max_position_embeddings=512, num_experts=4, num_local_experts=4, n_routed_experts=4,
-              num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=8, kv_lora_rank=32, q_lora_rank=32,
-              qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, n_group=1, topk_group=1,
-              first_k_dense_replace=1)  # fmt: skip
+_SMALL = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=16,
+    vocab_size=64,
+    n_embd=64,
+    n_layer=4,
+    n_head=4,
+    num_layers=4,
+    d_model=64,
+    ffn_dim=128,
+    n_inner=128,
+    max_position_embeddings=512,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    sliding_window=8,
+    kv_lora_rank=32,
+    q_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+)
 _MAX_PARAMS = 3_000_000  # a default the generic shrink misses (a wide vocab, many experts): skipped
 
 
@@ -164,7 +207,20 @@ def test_every_transformers_causal_lm_built_small_is_planned_as_it_builds_its_ca
             continue
         (matched if planned == reference else wrong).append(model_type)
     assert not wrong, f"planned differently from transformers: {wrong}"
-    assert {"llama", "mistral", "gemma2", "gemma3_text", "qwen2", "qwen3", "deepseek_v3", "mamba", "mixtral",
-            "starcoder2", "olmo2", "cohere2", "gpt_oss"} <= set(matched)  # fmt: skip
+    assert {
+        "llama",
+        "mistral",
+        "gemma2",
+        "gemma3_text",
+        "qwen2",
+        "qwen3",
+        "deepseek_v3",
+        "mamba",
+        "mixtral",
+        "starcoder2",
+        "olmo2",
+        "cohere2",
+        "gpt_oss",
+    } <= set(matched)
     assert len(matched) >= 90, (len(matched), refused)
     print(f"{len(matched)} planned as transformers builds them, {len(refused)} refused, {len(unbuilt)} not built")

@@ -34,15 +34,18 @@ def _peak(arch, spec, backend, n, prefill, chunk):
     return account(arch, spec, backend, context=n, prefill=p, prefill_chunk=chunk).peak_bytes
 
 
-@pytest.mark.parametrize("arch, backend, spec", [
-    (GEMMA, "mlx", "standard"),
-    (GEMMA, "mlx", "rotating:max_size=100,keep=4"),
-    (GEMMA, "mlx", "sliding:window=50"),
-    (LLAMA, "mlx", "kivi:bits=2,group_size=32,residual=16"),
-    (LLAMA, "mlx", "quantized:bits=8,start=300"),
-    (GEMMA, "torch", "offloaded"),
-    (LLAMA, "torch", "chunked:chunk_size=100"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "arch, backend, spec",
+    [
+        (GEMMA, "mlx", "standard"),
+        (GEMMA, "mlx", "rotating:max_size=100,keep=4"),
+        (GEMMA, "mlx", "sliding:window=50"),
+        (LLAMA, "mlx", "kivi:bits=2,group_size=32,residual=16"),
+        (LLAMA, "mlx", "quantized:bits=8,start=300"),
+        (GEMMA, "torch", "offloaded"),
+        (LLAMA, "torch", "chunked:chunk_size=100"),
+    ],
+)
 def test_max_context_is_the_longest_context_whose_every_shorter_run_fits(arch, backend, spec):
     rng = random.Random(spec)
     scan = 700
@@ -89,8 +92,15 @@ def test_budget_needed_is_the_smallest_budget_that_fits():
     # the solver's functions plan cachelib's own caches and loop: so does the request
     asked = PlanRequest(["quantized:bits=4"], context=3000, batch=2, reserve_bytes=10, runtime="cachelib")
     forward = asked.forward_bytes(LLAMA, asked.strategies[0])[0]  # the whole device counts its activations
-    need = budget_needed(LLAMA, "quantized:bits=4", context=3000, batch=2, weights_bytes=weights, reserve_bytes=10,
-                         activation_bytes=forward)  # fmt: skip
+    need = budget_needed(
+        LLAMA,
+        "quantized:bits=4",
+        context=3000,
+        batch=2,
+        weights_bytes=weights,
+        reserve_bytes=10,
+        activation_bytes=forward,
+    )
     fit = plan(LLAMA, replace(asked, budget_bytes=need))[0]
     assert fit.fits and fit.headroom_bytes == 0 and fit.budget_needed == need and fit.activation_bytes == forward
     short = plan(LLAMA, replace(asked, budget_bytes=need - 1))[0]
@@ -98,8 +108,15 @@ def test_budget_needed_is_the_smallest_budget_that_fits():
 
 
 def test_plan_reports_every_strategy_against_the_budget():
-    fits = plan(preset("llama-3.1-8b"), PlanRequest(["standard", "rotating:max_size=4096,keep=4", "quantized:bits=4"],
-                                                    context=32768, budget_bytes=80 * GB, prefill_chunk=2048))  # fmt: skip
+    fits = plan(
+        preset("llama-3.1-8b"),
+        PlanRequest(
+            ["standard", "rotating:max_size=4096,keep=4", "quantized:bits=4"],
+            context=32768,
+            budget_bytes=80 * GB,
+            prefill_chunk=2048,
+        ),
+    )
     by = {f.spec: f for f in fits}
     assert by["standard"].cache.bytes_allocated == 32768 * 131_072
     assert by["standard"].weights_bytes == 2 * 8_030_261_248
@@ -114,7 +131,9 @@ def test_plan_reports_every_strategy_against_the_budget():
 
 
 def test_budget_below_the_weights_is_refused():
-    with pytest.raises(ValueError, match=r"budget 9\.31 GiB per device is below the weights on one device \(14\.96 GiB\)"):
+    with pytest.raises(
+        ValueError, match=r"budget 9\.31 GiB per device is below the weights on one device \(14\.96 GiB\)"
+    ):
         plan(preset("llama-3.1-8b"), PlanRequest(["standard"], context=100, budget_bytes=10 * GB))
     with pytest.raises(ValueError, match="but not the reserve"):
         cache_budget(100, 60, 50)

@@ -17,17 +17,28 @@ from cachelib.cli.plan import format_speed
 from cachelib.plan import GiB, PlanRequest, plan, preset
 from cachelib.plan.hardware import CALIBRATION, HARDWARE, Measurement, hardware
 from cachelib.plan.speed import (
-    SpeedModel, efficiency, measurement_cost, published_efficiency, speed_frontier, speed_report, step_time,
-)  # fmt: skip
+    SpeedModel,
+    efficiency,
+    measurement_cost,
+    published_efficiency,
+    speed_frontier,
+    speed_report,
+    step_time,
+)
 
 PR_4766_3090 = "https://github.com/ggml-org/llama.cpp/pull/4766 (JohannesGaessler, RTX 3090, master column)"
 DISC_4167 = "https://github.com/ggml-org/llama.cpp/discussions/4167 (build 8e672ef, Llama-2-7B Q4_0 3.56 GiB, tg128)"
-PR_5021 = ("https://github.com/ggml-org/llama.cpp/pull/5021 (ochafik, M3 Pro 18-core GPU, "
-           "Meta-Llama-3-8B-Instruct Q4_K_M 4.58 GiB)")
-PR_17505 = ("https://github.com/ggml-org/llama.cpp/pull/17505 (RTX 4090, llama 8B Q4_0 4.33 GiB, -fa 1, -ub 1, "
-            "pp512@d32768, master)")
-PR_17891 = ("https://github.com/ggml-org/llama.cpp/pull/17891 (RTX 3090, llama 7B Q4_0 3.56 GiB, -fa 1, -ub 1, "
-            "pp512@d32768)")
+PR_5021 = (
+    "https://github.com/ggml-org/llama.cpp/pull/5021 (ochafik, M3 Pro 18-core GPU, "
+    "Meta-Llama-3-8B-Instruct Q4_K_M 4.58 GiB)"
+)
+PR_17505 = (
+    "https://github.com/ggml-org/llama.cpp/pull/17505 (RTX 4090, llama 8B Q4_0 4.33 GiB, -fa 1, -ub 1, "
+    "pp512@d32768, master)"
+)
+PR_17891 = (
+    "https://github.com/ggml-org/llama.cpp/pull/17891 (RTX 3090, llama 7B Q4_0 3.56 GiB, -fa 1, -ub 1, pp512@d32768)"
+)
 NORMIE_40 = "https://github.com/brand-o/normiebench/issues/40 (M1 Max, llama 3.1 8b q4_k_m, llama.cpp Metal, tg128)"
 NORMIE_3 = "https://github.com/brand-o/normiebench/issues/3 (Mac mini M4, llama 3.1 8b q4_k_m, llama.cpp Metal, tg128)"
 
@@ -46,11 +57,19 @@ CHECKS = [
     (Measurement(PR_5021, "llama-3.1-8b", 4.58, "m3-pro", "llama.cpp", 25.75, flash_attn=True), "-fa 1, tg128"),
     (Measurement(NORMIE_40, "llama-3.1-8b", 4.58, "m1-max", "llama.cpp", 46.2), "M1 Max"),
     (Measurement(NORMIE_3, "llama-3.1-8b", 4.58, "m4", "llama.cpp", 20.87), "M4"),
-    (Measurement(PR_17505, "llama-3.1-8b", 4.33, "rtx-4090", "llama.cpp", 98.14, depth=32768, flash_attn=True,
-                 test="tg512"), "decode at 32,768 tokens of f16 K/V"),
-    (Measurement(PR_17891, "llama-2-7b", 3.56, "rtx-3090", "llama.cpp", 40.05, depth=32768, flash_attn=True,
-                 test="tg512"), "decode at 32,768 tokens of f16 K/V (32 KV heads: 17 GB of K/V)"),
-]  # fmt: skip
+    (
+        Measurement(
+            PR_17505, "llama-3.1-8b", 4.33, "rtx-4090", "llama.cpp", 98.14, depth=32768, flash_attn=True, test="tg512"
+        ),
+        "decode at 32,768 tokens of f16 K/V",
+    ),
+    (
+        Measurement(
+            PR_17891, "llama-2-7b", 3.56, "rtx-3090", "llama.cpp", 40.05, depth=32768, flash_attn=True, test="tg512"
+        ),
+        "decode at 32,768 tokens of f16 K/V (32 KV heads: 17 GB of K/V)",
+    ),
+]
 TOLERANCE = 0.25
 
 
@@ -99,8 +118,9 @@ def test_every_figure_has_a_source():
 
 
 def _h100(kv_format):
-    request = PlanRequest(["standard"], context=32768, runtime="vllm", kv_format=kv_format, budget_bytes=80 * 10**9,
-                          hardware="h100-sxm")  # fmt: skip
+    request = PlanRequest(
+        ["standard"], context=32768, runtime="vllm", kv_format=kv_format, budget_bytes=80 * 10**9, hardware="h100-sxm"
+    )
     arch = preset("llama-3.1-8b")
     return arch, request, plan(arch, request)
 
@@ -154,8 +174,14 @@ def test_bad_input_names_the_allowed_values():
 
 def test_min_tokens_per_s_and_the_frontier_agree():
     arch, r, fits = _h100(None)
-    r = PlanRequest(["standard", "quantized:bits=8"], context=32768, runtime="transformers", budget_bytes=80 * GiB,
-                    hardware="h100-sxm", min_tokens_per_s=60.0)  # fmt: skip
+    r = PlanRequest(
+        ["standard", "quantized:bits=8"],
+        context=32768,
+        runtime="transformers",
+        budget_bytes=80 * GiB,
+        hardware="h100-sxm",
+        min_tokens_per_s=60.0,
+    )
     fits = plan(arch, r)
     report = speed_report(arch, r, fits)
     model = SpeedModel(arch, r, "h100-sxm")
@@ -178,8 +204,23 @@ def _run(argv: list[str]) -> int:
 
 
 def test_cli_prints_speed_and_errors_in_one_line(capsys):
-    code = _run(["--model", "llama-3.1-8b", "--context", "32768", "--runtime", "vllm", "--budget", "80GB",
-                 "--hardware", "h100-sxm", "--no-default-evidence", "--min-tokens-per-s", "20"])  # fmt: skip
+    code = _run(
+        [
+            "--model",
+            "llama-3.1-8b",
+            "--context",
+            "32768",
+            "--runtime",
+            "vllm",
+            "--budget",
+            "80GB",
+            "--hardware",
+            "h100-sxm",
+            "--no-default-evidence",
+            "--min-tokens-per-s",
+            "20",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "tok/s/session" in out and "TTFT s" in out and "fp8 KV speed-up" in out
     assert "most sessions at >= 20 tokens/s each: standard:" in out
@@ -207,8 +248,16 @@ def test_planner_page_speed_agrees_with_the_cli(capsys):
     at.selectbox(key="plan_hardware").set_value("m2-ultra").run()
     assert not at.exception and not at.error
     table = next(d.value for d in at.dataframe if "tokens/s per session" in d.value.columns)
-    assert cli_main([*shlex.split(next(c.value for c in at.code if c.value.startswith("python -m cachelib plan")))[3:],
-                     "--hardware", "m2-ultra"]) == 0
+    assert (
+        cli_main(
+            [
+                *shlex.split(next(c.value for c in at.code if c.value.startswith("python -m cachelib plan")))[3:],
+                "--hardware",
+                "m2-ultra",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(out) if line.startswith("strategy") and "tok/s/session" in line)
     cli_rows = {line.split()[0]: float(line.split()[2]) for line in out[start + 1 : start + 1 + len(table)]}
@@ -220,8 +269,9 @@ def test_frontier_figure_draws_each_strategy_dotted_past_memory():
     from app.speed_charts import speed_frontier_figure
 
     arch = preset("llama-3.1-8b")
-    r = PlanRequest(["standard", "quantized:bits=4"], context=16384, runtime="mlx-lm", budget_bytes=64 * GiB,
-                    hardware="m2-ultra")  # fmt: skip
+    r = PlanRequest(
+        ["standard", "quantized:bits=4"], context=16384, runtime="mlx-lm", budget_bytes=64 * GiB, hardware="m2-ultra"
+    )
     fits = plan(arch, r)
     points = speed_frontier(SpeedModel(arch, r, "m2-ultra"), fits)
     fig = speed_frontier_figure(points, [f.spec for f in fits], min_tokens_per_s=10).to_dict()

@@ -17,8 +17,14 @@ from cachelib.plan import arch_from_config, preset, trace
 SEQUENCES = 25
 UPDATES = 40
 ARCH = arch_from_config(
-    {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 128, "num_attention_heads": 4,
-     "num_key_value_heads": 2, "head_dim": 64},  # fmt: skip
+    {
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+    },
     name="ref",
 )
 
@@ -84,11 +90,13 @@ CASES = {
     "sliding:window=50": (lambda: T.DynamicSlidingWindowLayer(50), 80),
     "sliding:window=2": (lambda: T.DynamicSlidingWindowLayer(2), 5),
     "static:max_len=5000": (lambda: T.StaticLayer(5000), 200),
-    "kivi:bits=4,group_size=64,residual=128": (lambda: PackedQuantizedLayer(4, q_group_size=64, residual_length=128),
-                                               300),
+    "kivi:bits=4,group_size=64,residual=128": (
+        lambda: PackedQuantizedLayer(4, q_group_size=64, residual_length=128),
+        300,
+    ),
     "kivi:bits=2,group_size=32,residual=16": (lambda: PackedQuantizedLayer(2, q_group_size=32, residual_length=16), 40),
     "kivi:bits=8,group_size=64,residual=1": (lambda: PackedQuantizedLayer(8, q_group_size=64, residual_length=1), 10),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("spec", list(CASES))
@@ -112,7 +120,11 @@ def test_window_of_one_holds_nothing_in_cachelib_unlike_transformers():
         k = torch.randn(1, 1, 2, 64)
         ours.update(k, k)
         theirs.update(k, k)
-    assert ours.introspect().bytes_allocated == 0 == trace(ARCH, "sliding:window=1", "torch", updates=[2, 2, 2]).steps[-1].bytes_allocated
+    assert (
+        ours.introspect().bytes_allocated
+        == 0
+        == trace(ARCH, "sliding:window=1", "torch", updates=[2, 2, 2]).steps[-1].bytes_allocated
+    )
     assert theirs.keys.shape[-2] == 6
 
 
@@ -120,9 +132,16 @@ def test_window_of_one_holds_nothing_in_cachelib_unlike_transformers():
 def test_static_sliding_window_layer_matches_transformers(max_len, window):
     """A gemma-style sliding layer inside a static cache: StaticSlidingWindowLayer."""
     arch = arch_from_config(
-        {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2,
-         "num_key_value_heads": 1, "head_dim": 64, "layer_types": ["sliding_attention", "full_attention"],
-         "sliding_window": window},  # fmt: skip
+        {
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": window,
+        },
         name="s",
     )
     rng = random.Random(max_len)
@@ -170,12 +189,15 @@ def _torch_model_run(loaded, cache, sizes):
     return out
 
 
-@pytest.mark.parametrize("name, spec", [
-    ("tiny-gemma3", "concat"),  # DynamicCache(config): DynamicLayer + DynamicSlidingWindowLayer
-    ("tiny-gemma3", "static:max_len=100"),  # StaticCache: StaticLayer + StaticSlidingWindowLayer
-    ("tiny-mamba", "concat"),  # LinearAttentionLayer: conv (B, C, K) + float32 SSM state
-    ("tiny-llama", "static:max_len=100"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, spec",
+    [
+        ("tiny-gemma3", "concat"),  # DynamicCache(config): DynamicLayer + DynamicSlidingWindowLayer
+        ("tiny-gemma3", "static:max_len=100"),  # StaticCache: StaticLayer + StaticSlidingWindowLayer
+        ("tiny-mamba", "concat"),  # LinearAttentionLayer: conv (B, C, K) + float32 SSM state
+        ("tiny-llama", "static:max_len=100"),
+    ],
+)
 def test_real_models_match_per_layer_after_every_forward(load_model, name, spec):
     loaded = load_model(name, "torch")
     config = loaded.model.config

@@ -62,7 +62,11 @@ def _batched_against_one_by_one(loaded, strategies, prompt_ids, steps):
     """Per strategy: (worst per-step KL of the batched row against its own run, steps whose
     top-1 differs, worst per-step KL of its own run against the baseline's)."""
     per = _per_step(loaded, strategies, prompt_ids, steps)
-    return ([max(r[0] for r in p) for p in per], [sum(not r[3] for r in p) for p in per], [max(r[1] for r in p) for p in per])
+    return (
+        [max(r[0] for r in p) for p in per],
+        [sum(not r[3] for r in p) for p in per],
+        [max(r[1] for r in p) for p in per],
+    )
 
 
 def _assert_same_profile(loaded, strategies, **kw):
@@ -145,7 +149,9 @@ def test_a_strategy_that_cannot_share_the_batch_runs_on_its_own_with_a_note(back
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_lone_batchable_strategy_runs_one_by_one(backend, load_model):
     loaded = load_model("tiny-llama", backend)
-    profile = run_profile(loaded, ["standard", "offloaded" if backend == "torch" else "chunked:chunk_size=8"], prompt=PROMPT, max_tokens=2)
+    profile = run_profile(
+        loaded, ["standard", "offloaded" if backend == "torch" else "chunked:chunk_size=8"], prompt=PROMPT, max_tokens=2
+    )
     assert profile.meta["batch"] == "one by one" and json.loads(profile.meta["batched"]) == []
     assert list(json.loads(profile.meta["batch_notes"])) == [profile.strategies[1]]
 
@@ -198,7 +204,13 @@ def test_on_the_bundled_model_batched_and_one_by_one_agree_every_step(backend, l
         assert all(agree for *_, agree in steps), (spec, [i for i, r in enumerate(steps) if not r[3]])
         if spec.startswith(LOSSY):
             for i, (kl, alone_kl, batched_kl, _) in enumerate(steps):
-                assert kl <= 1.5 * (np.sqrt(alone_kl) + np.sqrt(batched_kl)) ** 2 + 1e-5, (spec, i, kl, alone_kl, batched_kl)
+                assert kl <= 1.5 * (np.sqrt(alone_kl) + np.sqrt(batched_kl)) ** 2 + 1e-5, (
+                    spec,
+                    i,
+                    kl,
+                    alone_kl,
+                    batched_kl,
+                )
         else:
             assert max(r[0] for r in steps) < 1e-5, (spec, max(r[0] for r in steps))
 
@@ -267,7 +279,12 @@ def test_a_batched_evaluation_measures_what_the_one_by_one_evaluation_measures(b
 
     loaded = load_model("tiny-llama", backend)
     text = " ".join(f"word{i % 37} and more{i % 11}" for i in range(120))
-    strategies = ["standard", "rotating:max_size=16,keep=2", "kivi:bits=4,group_size=32,residual=4", "static:max_len=64"]
+    strategies = [
+        "standard",
+        "rotating:max_size=16,keep=2",
+        "kivi:bits=4,group_size=32,residual=4",
+        "static:max_len=64",
+    ]
     kw = dict(texts=[("t", text)], context=24, score_tokens=8, windows=2)
     batched = evaluate(loaded, strategies, **kw)
     alone = evaluate(loaded, strategies, one_by_one=True, **kw)
@@ -282,8 +299,19 @@ def test_the_cli_runs_one_by_one_on_request(tmp_path):
     from cachelib.cli import main
     from cachelib.profile import load_profile
 
-    args = ["profile", "--model", "tiny-llama", "--prompt", "hi there", "--max-tokens", "3",
-            "--strategy", "standard", "--strategy", "quantized:bits=8,group_size=32"]  # fmt: skip
+    args = [
+        "profile",
+        "--model",
+        "tiny-llama",
+        "--prompt",
+        "hi there",
+        "--max-tokens",
+        "3",
+        "--strategy",
+        "standard",
+        "--strategy",
+        "quantized:bits=8,group_size=32",
+    ]
     assert main(args + ["--out", str(tmp_path / "a.csv"), "--one-by-one"]) == 0
     assert main(args + ["--out", str(tmp_path / "b.csv")]) == 0
     assert load_profile(tmp_path / "a.csv").meta["batch"] == "one by one"

@@ -15,9 +15,25 @@ def test_profile_command_writes_a_profile_and_prints_a_summary(tmp_path, capsys)
     out = tmp_path / "cli.csv"
     code = main(
         [
-            "profile", "--model", "tiny-llama", "--backend", "torch",
-            "--strategy", "standard", "--max-kv-size", "16", "--kv-bits", "4",
-            "--prompt", "hello there", "--max-tokens", "12", "--sample-every", "4", "--out", str(out),
+            "profile",
+            "--model",
+            "tiny-llama",
+            "--backend",
+            "torch",
+            "--strategy",
+            "standard",
+            "--max-kv-size",
+            "16",
+            "--kv-bits",
+            "4",
+            "--prompt",
+            "hello there",
+            "--max-tokens",
+            "12",
+            "--sample-every",
+            "4",
+            "--out",
+            str(out),
         ]
     )
     assert code == 0

@@ -142,12 +142,27 @@ def test_ci95_is_the_student_t_half_width_over_the_values():
 
 def test_the_summary_means_windows_and_gives_their_interval_and_nan_for_one_window():
     rows = [
-        {"model": "m", "backend": "mlx", "dtype": "float32", "strategy": "quantized:bits=4", "context": 64,
-         "score_tokens": 8, "prefill_chunk": 16, "text": "t", "window_start": i, "mean_kl": kl,
-         "top1_agreement": 0.5, "nll": 1.0, "nll_reference": 1.0, "ppl": math.e + d, "ppl_reference": math.e,
-         "delta_ppl": d, "kept_fraction": 1.0}
+        {
+            "model": "m",
+            "backend": "mlx",
+            "dtype": "float32",
+            "strategy": "quantized:bits=4",
+            "context": 64,
+            "score_tokens": 8,
+            "prefill_chunk": 16,
+            "text": "t",
+            "window_start": i,
+            "mean_kl": kl,
+            "top1_agreement": 0.5,
+            "nll": 1.0,
+            "nll_reference": 1.0,
+            "ppl": math.e + d,
+            "ppl_reference": math.e,
+            "delta_ppl": d,
+            "kept_fraction": 1.0,
+        }
         for i, (kl, d) in enumerate([(1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (4.0, 0.4)])
-    ]  # fmt: skip
+    ]
     summary = Evaluation(typed_frame(rows, "sample")).summary().iloc[0]
     assert summary["n"] == 4 and summary["mean_kl"] == 2.5
     assert summary["mean_kl_ci95"] == pytest.approx(2.0543, abs=1e-4)
@@ -171,10 +186,19 @@ def test_an_evaluation_round_trips_through_its_csv_exactly(four, tmp_path):
 
 def test_retrieval_rows_and_extra_columns_share_the_file(four, tmp_path):
     retrieval = typed_frame(
-        [{"model": "tiny-llama", "strategy": "standard", "context": 64, "task": "passkey", "depth": 0.25,
-          "exact_match": 1.0, "trial": 3}],
+        [
+            {
+                "model": "tiny-llama",
+                "strategy": "standard",
+                "context": 64,
+                "task": "passkey",
+                "depth": 0.25,
+                "exact_match": 1.0,
+                "trial": 3,
+            }
+        ],
         "retrieval",
-    )  # fmt: skip
+    )
     ev = Evaluation(four.samples, retrieval)
     back = load_evaluation(save_evaluation(ev, tmp_path / "both.csv"))
     pd.testing.assert_frame_equal(back.samples, four.samples, check_exact=True)
@@ -184,12 +208,12 @@ def test_retrieval_rows_and_extra_columns_share_the_file(four, tmp_path):
 
 def test_a_text_a_spreadsheet_would_run_is_written_inert_and_reads_back_as_it_was(four, tmp_path):
     samples = four.samples.copy()
-    samples["text"] = "=HYPERLINK(\"x\")"
+    samples["text"] = '=HYPERLINK("x")'
     samples["model"] = "'quoted"
     path = save_evaluation(Evaluation(typed_frame(samples, "sample")), tmp_path / "ev.csv")
     assert "'=HYPERLINK" in path.read_text() and "''quoted" in path.read_text()
     back = load_evaluation(path).samples
-    assert set(back["text"]) == {"=HYPERLINK(\"x\")"} and set(back["model"]) == {"'quoted"}
+    assert set(back["text"]) == {'=HYPERLINK("x")'} and set(back["model"]) == {"'quoted"}
 
 
 def test_a_file_of_another_schema_is_refused_naming_it(tmp_path, four):
@@ -286,9 +310,29 @@ def test_the_cli_prints_one_line_per_strategy_and_context_and_writes_the_csv(tmp
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
     out = tmp_path / "ev.csv"
-    argv = ["evaluate", "--model", "tiny-llama", "--strategy", "standard", "--strategy", "rotating:max_size=32,keep=4",
-            "--context", "32", "--context", "64", "--score-tokens", "4", "--windows", "2", "--prefill-chunk", "16",
-            "--text", str(text), "--out", str(out)]  # fmt: skip
+    argv = [
+        "evaluate",
+        "--model",
+        "tiny-llama",
+        "--strategy",
+        "standard",
+        "--strategy",
+        "rotating:max_size=32,keep=4",
+        "--context",
+        "32",
+        "--context",
+        "64",
+        "--score-tokens",
+        "4",
+        "--windows",
+        "2",
+        "--prefill-chunk",
+        "16",
+        "--text",
+        str(text),
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if "rotating" in line or line.strip().split()[1:2] == ["standard"]]

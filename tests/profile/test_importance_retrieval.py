@@ -37,7 +37,9 @@ def _answer(loaded, spec: str, trial) -> tuple[bool, float, int]:
 def test_snapkv_keeps_an_early_needle_that_a_ring_of_the_same_budget_drops(smollm2_mlx):
     prompt = TaskPrompt(smollm2_mlx.tokenizer, "passkey")
     name, text = resolve_texts(None)[0]
-    trial = make_trial(prompt, prompt.encode(text), CONTEXT, DEPTH, random.Random(f"0:passkey:{CONTEXT}:{DEPTH!r}:0"), name)
+    trial = make_trial(
+        prompt, prompt.encode(text), CONTEXT, DEPTH, random.Random(f"0:passkey:{CONTEXT}:{DEPTH!r}:0"), name
+    )
     assert trial.needle_start < CONTEXT // 4  # early: far outside a 256-token ring at the end
     full, _, _ = _answer(smollm2_mlx, "standard", trial)
     assert full  # the model finds the key with every token in its cache

@@ -38,9 +38,16 @@ def test_each_cache_is_read_once_per_step(backend, one_by_one, load_model, monke
     monkeypatch.setattr(probe_class, "views_of", counted_views_of)
     steps = 6
     caches: dict[str, int] = {}
-    profile = run_profile(loaded, STRATEGIES, prompt=PROMPT, max_tokens=steps, one_by_one=one_by_one,
-                          probes=Probes(masks=1), memory_limit="1GiB",  # a guard that reads views before every step
-                          on_step=lambda e: caches.update({k: id(c) for k, c in e.caches.items()}))  # fmt: skip
+    profile = run_profile(
+        loaded,
+        STRATEGIES,
+        prompt=PROMPT,
+        max_tokens=steps,
+        one_by_one=one_by_one,
+        probes=Probes(masks=1),
+        memory_limit="1GiB",  # a guard that reads views before every step
+        on_step=lambda e: caches.update({k: id(c) for k, c in e.caches.items()}),
+    )
     assert profile.complete and len(profile.frame("masks")) > 0
     # once after every step, and once before the first (the guard); never twice for one step
     assert {label: reads.count(cache) for label, cache in caches.items()} == {s: steps + 1 for s in profile.strategies}
@@ -68,7 +75,9 @@ def test_ring_slot_tables_are_each_layers_own(backend, load_model):
 
     def on_step(e):
         cache = e.caches["rotating:max_size=12,keep=2"]
-        captured.append([" ".join(map(str, v.slot_positions().tolist())) for v in probe.views(cache) if v.layout == "ring"])
+        captured.append(
+            [" ".join(map(str, v.slot_positions().tolist())) for v in probe.views(cache) if v.layout == "ring"]
+        )
 
     profile = run_profile(loaded, STRATEGIES, prompt=PROMPT, max_tokens=16, on_step=on_step)
     slots = profile.frame("slots")
@@ -100,8 +109,9 @@ def test_a_shared_baseline_gives_the_textbook_numbers_bit_for_bit():
 
 
 @pytest.mark.parametrize("quality, expected_steps", [(1, 6), (4, 3)])  # period 4 over 6 steps: 0, 4 and the last
-def test_the_quality_probe_computes_the_baseline_once_per_sampled_step(quality, expected_steps, load_model,
-                                                                      monkeypatch):  # fmt: skip
+def test_the_quality_probe_computes_the_baseline_once_per_sampled_step(
+    quality, expected_steps, load_model, monkeypatch
+):
     made: list[int] = []
 
     class Counted(Baseline):

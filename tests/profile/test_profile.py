@@ -125,7 +125,9 @@ def tiny(load_model):
 
 def test_profile_streams_to_csv_and_loads_back(tiny, tmp_path):
     out = tmp_path / "run.csv"
-    profile = run_profile(tiny, ["standard", "rotating:max_size=16,keep=2"], prompt="hello there", max_tokens=24, out=out)
+    profile = run_profile(
+        tiny, ["standard", "rotating:max_size=16,keep=2"], prompt="hello there", max_tokens=24, out=out
+    )
     assert out.exists() and not (tmp_path / ".run.csv.partial").exists()
     back = load_profile(out)
     assert back == profile and back.complete
@@ -221,7 +223,13 @@ def test_stop_request_keeps_what_was_recorded(tiny):
 
 
 def test_memory_guard_stops_before_the_caches_pass_the_limit(tiny):
-    free = run_profile(tiny, ["concat"], prompt="hello", max_tokens=40, probes=Probes(memory=1, ring=0, quant_error=0, quality=0, masks=0, system=0))
+    free = run_profile(
+        tiny,
+        ["concat"],
+        prompt="hello",
+        max_tokens=40,
+        probes=Probes(memory=1, ring=0, quant_error=0, quality=0, masks=0, system=0),
+    )
     allocated = free.frame("steps")["cache_bytes_allocated"].tolist()
     limit = allocated[20] + 1  # room for step 20, not for step 21 (concat grows every step)
     guarded = run_profile(tiny, ["concat"], prompt="hello", max_tokens=40, memory_limit=limit)
@@ -256,14 +264,22 @@ def test_evaluation_text_is_teacher_forced_for_every_strategy(tiny):
 
 
 def test_probes_switched_off_leave_their_columns_empty(tiny):
-    profile = run_profile(tiny, ["standard", "quantized:bits=4"], prompt="hi", max_tokens=6, probes=Probes(quality=0, quant_error=0, masks=0))
+    profile = run_profile(
+        tiny,
+        ["standard", "quantized:bits=4"],
+        prompt="hi",
+        max_tokens=6,
+        probes=Probes(quality=0, quant_error=0, masks=0),
+    )
     steps, layers = profile.frame("steps"), profile.frame("layers")
     assert steps["kl"].isna().all() and layers["key_rel_rms"].isna().all()
     assert len(profile.frame("masks")) == 0 and steps["cache_bytes_allocated"].notna().all()
 
 
 def test_masks_are_recorded_in_slot_order_with_key_positions(tiny):
-    profile = run_profile(tiny, ["rotating:max_size=8,keep=2"], prompt="one two three four five", max_tokens=20, probes=Probes(masks=1))
+    profile = run_profile(
+        tiny, ["rotating:max_size=8,keep=2"], prompt="one two three four five", max_tokens=20, probes=Probes(masks=1)
+    )
     masks = profile.frame("masks")
     decode = masks[masks["step"] == 19]
     assert len(decode) == 4  # one query row per layer

@@ -12,23 +12,38 @@ import pytest
 
 from cachelib.cli import main
 from cachelib.profile import (
-    Probes, check_distinct, list_profiles, load_profile, read_meta, run_profile, save_profile,
-)  # fmt: skip
+    Probes,
+    check_distinct,
+    list_profiles,
+    load_profile,
+    read_meta,
+    run_profile,
+    save_profile,
+)
 from cachelib.profile.report import report_html
 from cachelib.spec import parse_spec
 
-STRATEGIES = ["standard", "rotating:max_size=16,keep=2", "rotating:max_size=16,keep=3", "quantized:bits=4,group_size=32"]
+STRATEGIES = [
+    "standard",
+    "rotating:max_size=16,keep=2",
+    "rotating:max_size=16,keep=3",
+    "quantized:bits=4,group_size=32",
+]
 
 
 @pytest.mark.parametrize(
     "specs, says",
     [
-        (["standard", "rotating:max_size=16,keep=2", "rotating:max_size=16,keep=2"],
-         "strategy 3 (rotating:max_size=16,keep=2) repeats strategy 2: "),
-        (["quantized:bits=4", "quantized:bits=4,group_size=64"],
-         "strategy 2 (quantized:bits=4,group_size=64) repeats the baseline (quantized:bits=4): "),
+        (
+            ["standard", "rotating:max_size=16,keep=2", "rotating:max_size=16,keep=2"],
+            "strategy 3 (rotating:max_size=16,keep=2) repeats strategy 2: ",
+        ),
+        (
+            ["quantized:bits=4", "quantized:bits=4,group_size=64"],
+            "strategy 2 (quantized:bits=4,group_size=64) repeats the baseline (quantized:bits=4): ",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_repeated_strategy_is_refused_before_anything_runs(tmp_path, specs, says):
     with pytest.raises(ValueError, match=re.escape(says)):
         check_distinct([parse_spec(s) for s in specs])
@@ -38,8 +53,21 @@ def test_a_repeated_strategy_is_refused_before_anything_runs(tmp_path, specs, sa
 
 
 def test_the_cli_refuses_a_repeated_strategy_with_one_line(tmp_path, capsys):
-    code = main(["profile", "--model", "tiny-llama", "--strategy", "standard", "--strategy", "standard", "--prompt", "hi",
-                 "--out", str(tmp_path / "x.csv")])  # fmt: skip
+    code = main(
+        [
+            "profile",
+            "--model",
+            "tiny-llama",
+            "--strategy",
+            "standard",
+            "--strategy",
+            "standard",
+            "--prompt",
+            "hi",
+            "--out",
+            str(tmp_path / "x.csv"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: strategy 2 (standard) repeats the baseline")
 

@@ -36,7 +36,10 @@ def test_the_needle_starts_after_round_depth_times_filler_tokens_and_the_trial_f
     needle = trial.prefill[trial.needle_start : trial.needle_start + trial.needle_length]
     assert trial.answer in tiny.tokenizer.decode(needle) and not set(needle) & set(FILLER)
     # the filler around the needle is one contiguous window of the text
-    around = trial.prefill[trial.haystack_start : trial.needle_start] + trial.prefill[trial.needle_start + trial.needle_length :]
+    around = (
+        trial.prefill[trial.haystack_start : trial.needle_start]
+        + trial.prefill[trial.needle_start + trial.needle_length :]
+    )
     assert len(around) == n_fill and around == list(range(around[0], around[0] + n_fill))
     # the question ends the prompt, the key's digits are what is scored
     assert tiny.tokenizer.decode(trial.cue).rstrip().endswith("The pass key is")
@@ -81,7 +84,9 @@ def test_exact_match_needs_every_key_token_and_accuracy_counts_them():
 def test_rows_one_per_strategy_context_depth_trial_in_the_evaluation_format(tiny, tmp_path):
     strategies = ["standard", "rotating:max_size=64,keep=4"]
     seen = []
-    ev = retrieval(tiny, strategies, contexts=[160, 200], depths=[0.0, 1.0], trials=2, texts=[TEXT], on_sample=seen.append)
+    ev = retrieval(
+        tiny, strategies, contexts=[160, 200], depths=[0.0, 1.0], trials=2, texts=[TEXT], on_sample=seen.append
+    )
     rows = ev.retrieval
     assert isinstance(ev, Evaluation) and len(ev.samples) == 0
     assert len(rows) == len(seen) == 2 * 2 * 2 * 2
@@ -111,7 +116,16 @@ def test_a_trials_strategies_share_one_batch_and_measure_what_they_measure_one_b
     kw = dict(contexts=[160], depths=[0.3], trials=2, texts=[TEXT])
     batched, alone = retrieval(model, strategies, **kw), retrieval(model, strategies, one_by_one=True, **kw)
     assert set(batched.notes) == {"knorm:budget=64"} and alone.notes == {}  # importance caches run on their own
-    same = ["strategy", "trial", "answer", "predicted", "exact_match", "key_token_accuracy", "tokens_held", "bytes_allocated"]
+    same = [
+        "strategy",
+        "trial",
+        "answer",
+        "predicted",
+        "exact_match",
+        "key_token_accuracy",
+        "tokens_held",
+        "bytes_allocated",
+    ]
     a, b = batched.retrieval, alone.retrieval
     assert (a[same].astype(str).values == b[same].astype(str).values).all()
     # the lossless rows of a trial shared one forward: they report the batch's time
@@ -121,7 +135,9 @@ def test_a_trials_strategies_share_one_batch_and_measure_what_they_measure_one_b
 
 def test_the_question_is_prefilled_with_the_prompt_or_teacher_forced_after_it(tiny):
     kw = dict(contexts=[160], depths=[0.5], trials=1, texts=[TEXT])
-    prompt, decode = (retrieval(tiny, ["snapkv:budget=48,window=8"], question=q, **kw).retrieval for q in ("prompt", "decode"))
+    prompt, decode = (
+        retrieval(tiny, ["snapkv:budget=48,window=8"], question=q, **kw).retrieval for q in ("prompt", "decode")
+    )
     assert list(prompt["question"]) == ["prompt"] and list(decode["question"]) == ["decode"]
     assert list(prompt["answer"]) == list(decode["answer"])  # the same trial
     # SnapKV compresses at the first one-token update (the prompt's last token, fed alone): after
@@ -214,11 +230,29 @@ def test_ctrl_c_keeps_every_finished_trial_in_the_incomplete_file(tmp_path):
     out = tmp_path / "needles.csv"
     partial = tmp_path / "needles.incomplete.csv"
     run = subprocess.Popen(
-        [sys.executable, "-m", "cachelib", "retrieval", "--model", "tiny-llama", "--context", "160",
-         "--depth", "0.5", "--trials", "500", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=Path(__file__).resolve().parents[2], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cachelib",
+            "retrieval",
+            "--model",
+            "tiny-llama",
+            "--context",
+            "160",
+            "--depth",
+            "0.5",
+            "--trials",
+            "500",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=Path(__file__).resolve().parents[2],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 240
     while not partial.exists() and time.monotonic() < deadline and run.poll() is None:
         time.sleep(0.2)

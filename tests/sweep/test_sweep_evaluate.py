@@ -45,8 +45,11 @@ def test_an_evaluation_grid_has_one_point_per_model_backend_device_context_and_s
     assert all(isinstance(p, EvaluationPoint) for p in points)
     assert len(points) == 2 * 2 * 2  # backends x contexts x settings
     assert [(p.backend, p.context, p.setting) for p in points[:4]] == [
-        ("mlx", 64, 0), ("mlx", 64, 1), ("mlx", 128, 0), ("mlx", 128, 1),
-    ]  # fmt: skip
+        ("mlx", 64, 0),
+        ("mlx", 64, 1),
+        ("mlx", 128, 0),
+        ("mlx", 128, 1),
+    ]
     assert [str(s) for s in points[1].strategies] == ["standard", "rotating:max_size=64,keep=4", "quantized:bits=8"]
     assert len({p.id for p in points}) == len(points)
     kwargs = points[0].run_kwargs()
@@ -82,7 +85,7 @@ def test_profile_grids_are_unchanged_and_refuse_evaluation_keys(folder):
         (("contexts = [64, 128]", "contexts = [64, 0]"), 5, "'contexts' must be >= 1, got 0"),
         (("contexts = [64, 128]", "contexts = []"), 5, "'contexts' is an empty list"),
         (("windows = 2", "windows = 0"), 7, "'windows' must be >= 1"),
-        (("devices = [\"cpu\"]", 'devices = ["cpu"]\nbaseline = "quantized:bits=4"'), 3, "not a full cache"),
+        (('devices = ["cpu"]', 'devices = ["cpu"]\nbaseline = "quantized:bits=4"'), 3, "not a full cache"),
         (('"quantized:bits=8"', '"static:max_len=100"'), 3, "static:max_len=100 holds at most 100 tokens"),
     ],
 )
@@ -101,8 +104,16 @@ def test_a_point_runs_evaluate_and_its_file_is_skipped_on_a_rerun(folder):
     out.mkdir()
     (out / point.file).write_bytes(res["csv"])
     got = load_evaluation(out / point.file)
-    same = evaluate("tiny-llama", [str(s) for s in point.strategies], texts=[("t", TEXT)], context=64,
-                    score_tokens=8, windows=2, prefill_chunk=32, device="cpu")  # fmt: skip
+    same = evaluate(
+        "tiny-llama",
+        [str(s) for s in point.strategies],
+        texts=[("t", TEXT)],
+        context=64,
+        score_tokens=8,
+        windows=2,
+        prefill_chunk=32,
+        device="cpu",
+    )
     cols = ["strategy", "window_start", "mean_kl", "top1_agreement", "nll", "tokens_held", "bytes_allocated"]
     pd.testing.assert_frame_equal(got.samples[cols], same.samples[cols])
     plan = plan_sweep(g, out)

@@ -63,7 +63,10 @@ def test_static_cache_overflow_is_refused_before_any_layer_changes(tiny, preset)
     model = tiny(preset)
     cache = ct.make_cache(model, "static:max_len=12")
     too_long = torch.arange(1, 14).unsqueeze(0)  # 13 tokens
-    with torch.no_grad(), pytest.raises(ValueError, match=r"13 new tokens at position 0 do not fit in max_cache_len=12"):
+    with (
+        torch.no_grad(),
+        pytest.raises(ValueError, match=r"13 new tokens at position 0 do not fit in max_cache_len=12"),
+    ):
         model(too_long, cache=cache)
     assert cache.get_seq_length() == 0 and cache.nbytes == 0  # nothing written, nothing allocated
     with torch.no_grad():

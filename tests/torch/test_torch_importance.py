@@ -45,7 +45,13 @@ def _reference(method, keys, queries, window=4, kernel=5, pooling="avg"):
         for h in range(h_q):
             w = _softmax_rows(keys, queries[:, :, -window:], b, h, group)[:, : T - window].mean(0)
             pad = kernel // 2
-            padded = np.concatenate([np.full(pad, 0.0 if pooling == "avg" else -np.inf), w, np.full(pad, 0.0 if pooling == "avg" else -np.inf)])
+            padded = np.concatenate(
+                [
+                    np.full(pad, 0.0 if pooling == "avg" else -np.inf),
+                    w,
+                    np.full(pad, 0.0 if pooling == "avg" else -np.inf),
+                ]
+            )
             win = [padded[j : j + kernel] for j in range(T - window)]
             per_head.append([x.sum() / kernel if pooling == "avg" else x.max() for x in win])
         for g in range(h_kv):
@@ -57,7 +63,9 @@ def _reference(method, keys, queries, window=4, kernel=5, pooling="avg"):
     return out
 
 
-@pytest.mark.parametrize("method,kw", [("tova", {}), ("snapkv", {"window": 4}), ("snapkv", {"window": 5, "kernel": 3, "pooling": "max"})])
+@pytest.mark.parametrize(
+    "method,kw", [("tova", {}), ("snapkv", {"window": 4}), ("snapkv", {"window": 5, "kernel": 3, "pooling": "max"})]
+)
 def test_score_keys_computes_what_its_docstring_says(method, kw):
     g = torch.Generator().manual_seed(0)
     keys = torch.randn(2, 2, 14, 8, generator=g)
@@ -68,7 +76,9 @@ def test_score_keys_computes_what_its_docstring_says(method, kw):
 
 def test_knorm_scores_are_minus_the_key_norms():
     keys = torch.randn(1, 2, 9, 16)
-    np.testing.assert_allclose(score_keys("knorm", keys, None).numpy(), -np.linalg.norm(keys.numpy(), axis=-1), rtol=1e-6)
+    np.testing.assert_allclose(
+        score_keys("knorm", keys, None).numpy(), -np.linalg.norm(keys.numpy(), axis=-1), rtol=1e-6
+    )
 
 
 def test_h2o_scores_sum_the_attention_of_every_query():
@@ -160,14 +170,17 @@ def test_an_importance_cache_under_the_hook_keeps_a_budget_and_logits_match_the_
     assert {layer.held for layer in cache.layers} == {10}
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("knorm:budget=0", "must be >= 1"),
-    ("snapkv:budget=8", "allowed budget: 17.."),  # below the default window of 16
-    ("snapkv:budget=8,window=8", "allowed budget: 9.."),
-    ("h2o:budget=4,recent=4", "allowed budget: 5.."),
-    ("snapkv:budget=32,kernel=4", "allowed: 1, 3, 5"),
-    ("tova", "is required"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("knorm:budget=0", "must be >= 1"),
+        ("snapkv:budget=8", "allowed budget: 17.."),  # below the default window of 16
+        ("snapkv:budget=8,window=8", "allowed budget: 9.."),
+        ("h2o:budget=4,recent=4", "allowed budget: 5.."),
+        ("snapkv:budget=32,kernel=4", "allowed: 1, 3, 5"),
+        ("tova", "is required"),
+    ],
+)
 def test_bad_budgets_name_the_allowed_range(text, fragment):
     with pytest.raises(SpecError, match=fragment.replace(".", r"\.")):
         parse_spec(text)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch_helpers import assert_slots_true, positional_kv
 
 import cachelib.torch as ct
 from cachelib.introspect import quant_error
 from cachelib.torch.quantizer import Quantizer
-
-from torch_helpers import assert_slots_true, positional_kv
 
 DIM = 32
 
@@ -48,7 +47,9 @@ LAYERS = {
     "QuantizedLayer": lambda rng: ct.QuantizedLayer(8, 32, int(rng.integers(1, 6))),
     "KVCacheLayer": lambda rng: ct.KVCacheLayer(step=4),
     "ChunkedKVCacheLayer": lambda rng: ct.ChunkedKVCacheLayer(int(rng.integers(2, 9)), step=4),
-    "RotatingKVCacheLayer": lambda rng: ct.RotatingKVCacheLayer(int(rng.integers(2, 9)), int(rng.integers(0, 2)), step=4),
+    "RotatingKVCacheLayer": lambda rng: ct.RotatingKVCacheLayer(
+        int(rng.integers(2, 9)), int(rng.integers(0, 2)), step=4
+    ),
     "QuantizedRotatingKVCache": lambda rng: ct.RotatingKVCacheLayer(
         int(rng.integers(3, 9)), 1, step=4, bits=8, group_size=32
     ),
@@ -187,7 +188,10 @@ def test_views_equal_the_mlx_backend_views_for_the_same_updates():
             lambda: cm.QuantizedRotatingKVCache(20, 4, bits=4, group_size=32),
             lambda: ct.RotatingKVCacheLayer(20, 4, bits=4, group_size=32),
         ),
-        "QuantizedKVCache": (lambda: cm.QuantizedKVCache(32, 8, start=24), lambda: ct.QuantizedKVCacheLayer(32, 8, start=24)),
+        "QuantizedKVCache": (
+            lambda: cm.QuantizedKVCache(32, 8, start=24),
+            lambda: ct.QuantizedKVCacheLayer(32, 8, start=24),
+        ),
         "ChunkedKVCache": (lambda: cm.ChunkedKVCache(16, trim_front=True), lambda: ct.ChunkedKVCacheLayer(16)),
     }
     rng = np.random.default_rng(7)

@@ -66,8 +66,15 @@ def test_generate_with_our_caches_gives_transformers_tokens(tiny, preset):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("spec", ["quantized:bits=8,group_size=32", "kivi:bits=4,group_size=32,residual=8",
-                                  "rotating:max_size=8,keep=2,bits=4,group_size=32", "sliding:window=6"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "quantized:bits=8,group_size=32",
+        "kivi:bits=4,group_size=32,residual=8",
+        "rotating:max_size=8,keep=2,bits=4,group_size=32",
+        "sliding:window=6",
+    ],
+)
 def test_lossy_strategies_run_through_generate(tiny, preset, spec):
     model = tiny(preset)
     cache = ct.make_cache(model, spec)
@@ -233,9 +240,16 @@ def test_offloading_on_cuda_keeps_layers_on_the_host_between_uses(tiny):
 def test_encoder_decoder_cache_drives_bart_generate_like_transformers():
     torch.manual_seed(0)
     config = BartConfig(
-        vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=128,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
     model = BartForConditionalGeneration(config).eval()
     src = torch.tensor([[0, 5, 17, 33, 9, 2]])
     kw = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False)
@@ -249,8 +263,17 @@ def test_encoder_decoder_cache_drives_bart_generate_like_transformers():
     assert len(views) == 4 and views[2].tokens_held == src.shape[1]  # cross-attention holds the source
 
 
-@pytest.mark.parametrize("spec", ["concat", "standard", "static:max_len=64", "rotating:max_size=12,keep=2",
-                                  "quantized:bits=4,group_size=32", "kivi:bits=4,group_size=32,residual=4"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "concat",
+        "standard",
+        "static:max_len=64",
+        "rotating:max_size=12,keep=2",
+        "quantized:bits=4,group_size=32",
+        "kivi:bits=4,group_size=32,residual=4",
+    ],
+)
 def test_reset_makes_a_cache_decode_again_as_if_new(tiny, spec):
     model = tiny("tiny-gemma3")
     cache = ct.make_cache(model, spec)
@@ -282,4 +305,6 @@ def test_dynamic_cache_round_trips_through_its_per_layer_tensors(tiny):
     rebuilt = ct.DynamicCache(list(cache))
     assert [type(x) for x in rebuilt.layers] == [type(x) for x in cache.layers]
     assert all(torch.equal(a.keys, b.keys) for a, b in zip(rebuilt.layers, cache.layers))
-    assert [rebuilt.get_mask_sizes(1, i) for i in range(len(cache))] == [cache.get_mask_sizes(1, i) for i in range(len(cache))]
+    assert [rebuilt.get_mask_sizes(1, i) for i in range(len(cache))] == [
+        cache.get_mask_sizes(1, i) for i in range(len(cache))
+    ]

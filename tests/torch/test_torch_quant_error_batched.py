@@ -14,7 +14,11 @@ from cachelib.torch.quantizer import quant_error_of
 
 
 def _layers():
-    return [QuantizedKVCacheLayer(group_size=32, bits=4), QuantizedKVCacheLayer(group_size=64, bits=8), QuantizedLayer(nbits=2, q_group_size=32, residual_length=1)]
+    return [
+        QuantizedKVCacheLayer(group_size=32, bits=4),
+        QuantizedKVCacheLayer(group_size=64, bits=8),
+        QuantizedLayer(nbits=2, q_group_size=32, residual_length=1),
+    ]
 
 
 def _feed(layers, tokens, seed):
@@ -38,8 +42,10 @@ def test_errors_read_together_equal_each_read_alone():
     for a, b in zip(together, alone):
         assert a._pending_error is None
         ea, eb = a.quant_error, b.quant_error  # b computes its own, alone
-        for x, y in zip((ea.key_rel_rms, ea.key_max_abs, ea.value_rel_rms, ea.value_max_abs),
-                        (eb.key_rel_rms, eb.key_max_abs, eb.value_rel_rms, eb.value_max_abs)):  # fmt: skip
+        for x, y in zip(
+            (ea.key_rel_rms, ea.key_max_abs, ea.value_rel_rms, ea.value_max_abs),
+            (eb.key_rel_rms, eb.key_max_abs, eb.value_rel_rms, eb.value_max_abs),
+        ):
             assert x == pytest.approx(y, rel=1e-12, abs=1e-15)
             assert x > 0
 
@@ -54,8 +60,12 @@ def test_the_figure_is_quant_error_of_the_update():
     from cachelib.torch.quantizer import Quantizer
 
     q = Quantizer(bits=4, group_size=32)
-    assert (err.key_rel_rms, err.key_max_abs) == pytest.approx(quant_error_of(k, q.dequantize(q.quantize(k))), rel=1e-12)
-    assert (err.value_rel_rms, err.value_max_abs) == pytest.approx(quant_error_of(v, q.dequantize(q.quantize(v))), rel=1e-12)
+    assert (err.key_rel_rms, err.key_max_abs) == pytest.approx(
+        quant_error_of(k, q.dequantize(q.quantize(k))), rel=1e-12
+    )
+    assert (err.value_rel_rms, err.value_max_abs) == pytest.approx(
+        quant_error_of(v, q.dequantize(q.quantize(v))), rel=1e-12
+    )
 
 
 def test_a_prefill_chunks_error_is_computed_at_once():

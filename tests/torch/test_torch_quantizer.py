@@ -31,7 +31,9 @@ def test_codes_scales_and_biases_equal_mlx_quantize(bits, group, dtype):
     x = _inputs(rng, dtype)
     q = Quantizer(bits, group)
     codes, scales, biases = q.quantize(x)
-    m_codes, m_scales, m_biases = mx.quantize(mx.array(x.float().numpy()).astype(TORCH_TO_MLX[dtype]), group_size=group, bits=bits)
+    m_codes, m_scales, m_biases = mx.quantize(
+        mx.array(x.float().numpy()).astype(TORCH_TO_MLX[dtype]), group_size=group, bits=bits
+    )
     # Our uint8 codes are the bytes of MLX's little-endian uint32 words.
     np.testing.assert_array_equal(codes.numpy(), np.array(m_codes).view(np.uint8))
     np.testing.assert_array_equal(scales.float().numpy(), np.array(m_scales.astype(mx.float32)))
@@ -39,7 +41,9 @@ def test_codes_scales_and_biases_equal_mlx_quantize(bits, group, dtype):
     assert scales.dtype == biases.dtype == dtype
     got = q.dequantize((codes, scales, biases))
     want = mx.dequantize(m_codes, m_scales, m_biases, group_size=group, bits=bits)
-    np.testing.assert_allclose(got.float().numpy(), np.array(want.astype(mx.float32)), rtol=1e-2 if dtype != torch.float32 else 0)
+    np.testing.assert_allclose(
+        got.float().numpy(), np.array(want.astype(mx.float32)), rtol=1e-2 if dtype != torch.float32 else 0
+    )
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])

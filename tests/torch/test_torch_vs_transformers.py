@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch_helpers import rand_kv, same
 from transformers import cache_utils as tf
 
 import cachelib.torch as ct
 from cachelib.torch.quantizer import Quantizer
-
-from torch_helpers import rand_kv, same
 
 SEQUENCES = 1000
 
@@ -227,7 +226,8 @@ def _conv_ops(ours, theirs, rng, st):
         x = torch.from_numpy(rng.standard_normal((batch, channels, t)).astype(np.float32))
         kernel = st["kernel"]
         assert same(
-            ours.update_conv_state(x, 0, conv_kernel_size=kernel), theirs.update_conv_state(x.clone(), 0, conv_kernel_size=kernel)
+            ours.update_conv_state(x, 0, conv_kernel_size=kernel),
+            theirs.update_conv_state(x.clone(), 0, conv_kernel_size=kernel),
         )
     elif r < 0.65:
         x = torch.from_numpy(rng.standard_normal((batch, channels, 2)).astype(np.float32))
@@ -438,7 +438,12 @@ def test_where_transformers_state_goes_invalid_ours_stays_valid():
 REFUSALS = [
     # (what, make the layer and bring it to the refusal's state, the call that is refused)
     ("full window crop without recording", lambda m: m.DynamicSlidingWindowLayer(3), [("update", 4)], ("crop", -1)),
-    ("recorded full window crop(+1)", lambda m: m.DynamicSlidingWindowLayer(3), [("record", 0), ("update", 4)], ("crop", 1)),
+    (
+        "recorded full window crop(+1)",
+        lambda m: m.DynamicSlidingWindowLayer(3),
+        [("record", 0), ("update", 4)],
+        ("crop", 1),
+    ),
     ("static crop(+1)", lambda m: m.StaticLayer(8), [("update", 2)], ("crop", 1)),
     ("dynamic crop(+1)", lambda m: m.DynamicLayer(), [("update", 2)], ("crop", 1)),
     ("static write past the end", lambda m: m.StaticLayer(4), [("update", 3)], ("update", 2)),
@@ -457,7 +462,10 @@ def test_refusals_raise_instances_of_the_class_transformers_raises(what, make, b
         _one(theirs, call)
     with pytest.raises(ValueError) as ours_raised:
         _one(ours, call)
-    assert isinstance(ours_raised.value, type(theirs_raised.value)), (type(ours_raised.value), type(theirs_raised.value))
+    assert isinstance(ours_raised.value, type(theirs_raised.value)), (
+        type(ours_raised.value),
+        type(theirs_raised.value),
+    )
     assert type(ours).__name__ in str(ours_raised.value)  # our message names the layer and the limit
 
 
