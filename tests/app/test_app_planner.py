@@ -279,16 +279,12 @@ def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
 
 @pytest.mark.parametrize("context", [10**8, 10**12])
 def test_a_context_far_past_the_models_length_plans_promptly_with_a_warning(profiles_dir, capsys, context):
-    # the page hung at 10^8 tokens (no answer in 10 minutes) while the CLI answered (issue 17, item 10)
-    import time
-
+    # the page hung at 10^8 tokens (no answer in 10 minutes) while the CLI answered (issue 17, item 10);
+    # a hang fails the run's own timeout, and how long the page takes is bench/bench_planner.py's figure
     at = planner()
     at.multiselect(key="plan_evidence").set_value([]).run()  # the bytes only: no evidence to read
-    started = time.monotonic()
     at.text_input(key="plan_context").set_value(str(context)).run(timeout=TIMEOUT)
-    took = time.monotonic() - started
     assert not at.exception and not errors(at)
-    assert took < 30, f"the page took {took:.1f} s at context {context:,}"
     warned = [w.value for w in at.warning]
     assert any(f"context {context:,} is past llama-3.1-8b's limit of 131,072" in w for w in warned), warned
     table = at.dataframe[0].value

@@ -22,6 +22,12 @@ from app import inspector_charts as ic
 from cachelib.profile import Probes, load_profile, run_profile
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
+PlaywrightTimeout = pytest.importorskip(
+    "playwright.sync_api", reason="the playwright package is not installed"
+).TimeoutError
+PlaywrightTimeout = pytest.importorskip(
+    "playwright.sync_api", reason="the playwright package is not installed"
+).TimeoutError
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_PAGE_TIMEOUT = 240
@@ -203,11 +209,23 @@ def test_twelve_strategies_draw_distinct_colours_and_no_legend_over_a_plot(
     # The strategy picker draws a subset, each strategy in its own colour.
     used = lambda fig: {t["name"]: t["color"] for t in fig["data"] if t["name"] in TWELVE and t["meta"] == "used"}  # noqa: E731
     before = used(_figure(page, "compare_memory"))
-    picker = page.get_by_role("combobox", name="Strategies shown")
-    picker.click()
-    for _ in range(9):  # Backspace removes the last chip: keep the first three
-        picker.press("Backspace")
-        page.wait_for_timeout(200)
+    # Remove all but the first three chips with their own buttons. Each removal reruns the page, and
+    # a click landing while a busy machine redraws can be lost: click each until its chip is gone.
+    box = page.locator("[data-testid='stMultiSelect']").filter(
+        has=page.get_by_role("combobox", name="Strategies shown")
+    )
+    chips = box.locator("[data-tag]")
+    for name in TWELVE[3:]:
+        chip = box.locator(f"[data-tag][aria-label='{name}']")
+        for _ in range(6):
+            if not chip.count():
+                break
+            try:
+                box.get_by_role("button", name=f"Remove {name}", exact=True).click(timeout=10_000)
+                chip.wait_for(state="detached", timeout=20_000)
+            except PlaywrightTimeout:
+                continue
+    assert chips.count() == 3, chips.count()
     page.keyboard.press("Escape")
     page.wait_for_function(
         "() => (document.querySelector('.st-key-compare_memory .js-plotly-plot')?._fullData || [])"
