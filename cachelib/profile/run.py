@@ -27,7 +27,6 @@ import numpy as np
 
 from .. import __version__
 from ..decode import Runner, encode_prompt
-from ..introspect import CacheView
 from ..models import LoadedModel, load
 from ..models.devices import resolve_device
 from ..plan import arch_from_model_info
@@ -45,6 +44,7 @@ from .guard import (
 )
 from .probes import Probes
 from .quality import Baseline, compare
+from .recording import Forward, StepAt, StrategyState, before_step, process_rss, step_rows
 from .store import Profile, ProfileWriter
 
 DEFAULT_TEXT_PROMPT_TOKENS = 32
@@ -59,24 +59,6 @@ class StepEvent:
     profile: Profile
     rows: dict[str, dict] = field(default_factory=dict)  # strategy label -> its steps row
     caches: dict[str, Any] = field(default_factory=dict)  # strategy label -> its live cache (read-only use)
-
-
-class _Strategy:
-    def __init__(self, label: str, spec: Spec, cache: Any):
-        self.label = label
-        self.spec = spec
-        self.cache = cache
-        self.last_token: int | None = None
-        self.tokens: list[int] = []
-        self.departed = False
-        # The views its last step ended with: the cache holds still between steps, so the guard
-        # and the next step's mask probe read these instead of introspecting it again.
-        self.views: list[CacheView] | None = None
-
-    def views_now(self, probe) -> list[CacheView]:
-        if self.views is None:
-            self.views = probe.views(self.cache)
-        return self.views
 
 
 def check_distinct(specs: Sequence[Spec | None]) -> None:
@@ -203,7 +185,7 @@ def run_profile(
         # refuses what cannot fit, before any cache exists
         guard = _guard(loaded, specs, limit, len(prompt_ids), max_tokens, one_by_one)
         labels = strategy_labels(specs)
-        states = [_Strategy(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
+        states = [StrategyState(label, spec, probe.make_cache(spec)) for label, spec in zip(labels, specs)]
         batch = _StrategyBatch.of(runner, states, one_by_one)
     except BaseException:
         if writer:
@@ -233,15 +215,14 @@ def run_profile(
             event = StepEvent(step, max_tokens, profile)
             baseline = None  # the baseline's distribution, computed once per step for every row
             target = None
-            batched = batch.step(
-                probe, probes, step, last, lambda st: feed if not free_running or step == 0 else [st.last_token]
-            )
+            at = StepAt(probe, probes, step, last)
+            batched = batch.step(at, lambda st: feed if not free_running or step == 0 else [st.last_token])
             for i, st in enumerate(states):
                 if st.label in batched:
                     logits, rows = batched[st.label]
                 else:
                     ids = feed if not free_running or step == 0 else [st.last_token]
-                    logits, rows = _take_step(runner, probe, probes, st, step, last, ids)
+                    logits, rows = _take_step(runner, at, st, ids)
                 if i == 0:
                     target = continuation[step] if continuation is not None else int(np.argmax(logits))
                 step_row = rows["steps"]
@@ -341,14 +322,14 @@ def _close(profile: Profile, writer: ProfileWriter | None, status: str, reason: 
 class _StrategyBatch:
     """The strategies that advance as the rows of one forward pass, and why the others do not."""
 
-    def __init__(self, runner, states: list[_Strategy], notes: dict[str, str]):
+    def __init__(self, runner, states: list[StrategyState], notes: dict[str, str]):
         self.runner = runner
         self.states = states
         self.notes = notes  # label -> why it runs on its own
         self.rows = runner.rows_cache([st.cache for st in states]) if states else None
 
     @classmethod
-    def of(cls, runner, states: list[_Strategy], one_by_one: bool) -> "_StrategyBatch":
+    def of(cls, runner, states: list[StrategyState], one_by_one: bool) -> "_StrategyBatch":
         if one_by_one:
             return cls(runner, [], {})
         joined, notes = [], {}
@@ -369,13 +350,14 @@ class _StrategyBatch:
             "batch_notes": json.dumps(self.notes) if self.notes else "",
         }
 
-    def step(self, probe, probes: Probes, step: int, last: bool, ids_of) -> dict[str, tuple[np.ndarray, dict]]:
+    def step(self, at: StepAt, ids_of) -> dict[str, tuple[np.ndarray, dict]]:
         """One forward for every batched strategy: label -> (logits, rows), as :func:`_take_step`."""
         if not self.states:
             return {}
+        probe = at.probe
         ids = [ids_of(st) for st in self.states]
-        before = [_before_step(probe, probes, st, step, last, len(i)) for st, i in zip(self.states, ids)]
-        if probes.system:
+        before = [before_step(at, st, len(i)) for st, i in zip(self.states, ids)]
+        if at.probes.system:
             probe.reset_peak()
         start = time.perf_counter()
         caches = [st.cache for st in self.states]
@@ -384,226 +366,24 @@ class _StrategyBatch:
         wall = time.perf_counter() - start  # the one forward every row took
         views = probe.views_of(caches)  # reads every row's error terms, computed by the forward
         # the process's memory after the one forward is every row's: read it once, not once a row
-        system = (*probe.device_memory(), _rss()) if probes.on("system", step, last) else None
+        system = (*probe.device_memory(), process_rss()) if at.on("system") else None
         return {
-            st.label: (
-                logits[r],
-                _after_step(
-                    probe, probes, st, step, last, ids[r], logits[r], wall, *before[r], views[r], system=system
-                ),
-            )
+            st.label: (logits[r], step_rows(at, st, before[r], Forward(ids[r], logits[r], wall, views[r], system)))
             for r, st in enumerate(self.states)
         }
 
 
-def _take_step(runner, probe, probes: Probes, st: _Strategy, step: int, last: bool, ids: list[int]):
-    masks_raw, want_error = _before_step(probe, probes, st, step, last, len(ids))
-    if probes.system:
+def _take_step(runner, at: StepAt, st: StrategyState, ids: list[int]):
+    """One forward of ``st`` alone: (logits, its rows)."""
+    probe = at.probe
+    before = before_step(at, st, len(ids))
+    if at.probes.system:
         probe.reset_peak()
     start = time.perf_counter()
     with probe.capture(st.cache):  # importance caches get the step's queries (a no-op otherwise)
         logits = runner.step(st.cache, ids, extra=lambda: probe.pending([st.cache]))
     wall = time.perf_counter() - start
-    return logits, _after_step(
-        probe, probes, st, step, last, ids, logits, wall, masks_raw, want_error, probe.views(st.cache)
-    )
-
-
-def _before_step(probe, probes: Probes, st: _Strategy, step: int, last: bool, n: int):
-    """What the probes read from ``st``'s cache before its forward: (raw masks, error tracking on)."""
-    want_masks = probes.on("masks", step, last)
-    want_error = probes.on("quant_error", step, last)
-    masks_raw = probe.masks_before(st.cache, st.views_now(probe), n) if want_masks else None
-    if want_error:
-        probe.set_track_error(st.cache, True)
-    return masks_raw, want_error
-
-
-def _after_step(
-    probe,
-    probes: Probes,
-    st: _Strategy,
-    step: int,
-    last: bool,
-    ids: list[int],
-    logits,
-    wall: float,
-    masks_raw,
-    want_error: bool,
-    views: list[CacheView],
-    system: tuple | None = None,
-) -> dict[str, Any]:
-    """The rows of ``st``'s step, read from its cache after the forward that gave ``logits``;
-    ``views`` are its views taken after that forward, while error tracking was still on (so
-    they carry this step's quantization error). ``system``: (device active, device peak, RSS)
-    bytes already read after a strategy batch's forward, which every row of it shares."""
-    n = len(ids)
-    st.views = views
-    if want_error:
-        probe.set_track_error(st.cache, False)
-    token = int(np.argmax(logits))
-    st.last_token = token
-    st.tokens.append(token)
-
-    position = max((v.offset for v in views), default=step) - 1
-    row: dict[str, Any] = {
-        "strategy": st.label,
-        "step": step,
-        "phase": "prefill" if step == 0 else "decode",
-        "position": position,
-        "tokens_in": n,
-        "token_id": token,
-    }
-    rows: dict[str, Any] = {"steps": row}
-    if probes.on("system", step, last):
-        active, peak, rss = system if system is not None else (*probe.device_memory(), _rss())
-        row.update(
-            wall_seconds=wall,
-            tokens_per_second=n / wall if wall > 0 else None,
-            device_active_bytes=active,
-            device_peak_bytes=peak,
-            rss_bytes=rss,
-        )
-    if probes.on("memory", step, last):
-        row.update(
-            cache_tokens_held=max((v.tokens_held for v in views), default=0),
-            cache_bytes_used=sum(v.bytes_used for v in views),
-            cache_bytes_allocated=sum(v.bytes_allocated for v in views),
-        )
-        if any(v.layout == "selected" for v in views):
-            row["score_seconds"] = sum(v.score_seconds for v in views)
-        rows["layers"] = [
-            _layer_row(st.label, step, i, v, ring=probes.on("ring", step, last), error=want_error)
-            for i, v in enumerate(views)
-        ]
-    if probes.on("ring", step, last):
-        ring_texts: dict[tuple, str] = {}
-        rows["slots"] = [
-            {
-                "strategy": st.label,
-                "step": step,
-                "layer": i,
-                "write_index": v.write_index,
-                "keep": v.keep,
-                "positions": _ring_text(v, ring_texts),
-            }
-            for i, v in enumerate(views)
-            if v.layout == "ring"
-        ] + [
-            {
-                "strategy": st.label,
-                "step": step,
-                "layer": i,
-                "head": head,
-                "write_index": v.write_index,
-                "keep": v.keep,
-                "positions": " ".join(map(str, positions.tolist())),
-            }
-            for i, v in enumerate(views)
-            if v.layout == "selected" and v.head_positions is not None
-            for head, positions in enumerate(v.head_positions)
-        ]
-    if masks_raw is not None:
-        rows["masks"] = _mask_rows(st.label, step, probe.masks_after(masks_raw, views, n), views, n)
-    return rows
-
-
-MAX_MASK_QUERIES = 64  # prefill masks keep their last 64 query rows (documented in profiles/README.md)
-
-
-def _geometry(v: CacheView) -> tuple:
-    """What a linear or ring view's slot -> position table is a function of: the layers of one
-    cache mostly share it, so a step makes each distinct table's text once."""
-    return (v.layout, v.offset, v.tokens_held, v.capacity, v.write_index, v.keep, v.start_position, v.left_padding)
-
-
-def _ring_text(v: CacheView, texts: dict) -> str:
-    """The slot -> position table of a ring view as text (``texts``: those made this step)."""
-    key = _geometry(v)
-    text = texts.get(key)
-    if text is None:
-        text = texts[key] = " ".join(map(str, v.slot_positions().tolist()))
-    return text
-
-
-def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: int) -> list[dict]:
-    rows = []
-    key_texts: dict[tuple, str] = {}  # the layers of one cache mostly hold the same slots
-    first = max(0, n - MAX_MASK_QUERIES)
-    for layer, (mask, view) in enumerate(zip(masks, views)):
-        if mask is None:
-            continue
-        width = mask.shape[1]
-        key = (*_geometry(view), width)
-        key_text = key_texts.get(key) if view.layout in ("linear", "ring") else None
-        if key_text is None:
-            positions = view.slot_positions()
-            if positions.ndim > 1:
-                positions = positions[0]
-            keys = positions[positions >= 0] if view.layout == "linear" else positions
-            key_text = " ".join(map(str, keys[:width].tolist()))
-            key_texts[key] = key_text
-        # "1" / "0" per key: the bytes of the boolean row shifted to ASCII digits
-        digits = np.asarray(mask[first:n], dtype=bool).view(np.uint8) + np.uint8(ord("0"))
-        for q in range(first, n):
-            rows.append(
-                {
-                    "strategy": label,
-                    "step": step,
-                    "layer": layer,
-                    "query": q,
-                    "query_position": view.offset - n + q,
-                    "mask": digits[q - first].tobytes().decode("ascii"),
-                    "key_positions": key_text,
-                }
-            )
-    return rows
-
-
-def _layer_row(label: str, step: int, layer: int, v: CacheView, ring: bool, error: bool) -> dict:
-    row = {
-        "strategy": label,
-        "step": step,
-        "layer": layer,
-        "kind": v.kind,
-        "offset": v.offset,
-        "tokens_held": v.tokens_held,
-        "capacity": v.capacity,
-        "max_capacity": v.max_capacity,
-        "bytes_used": v.bytes_used,
-        "bytes_allocated": v.bytes_allocated,
-        "key_bits": v.key_bits,
-        "value_bits": v.value_bits,
-        "group_size": v.group_size,
-        "quantized_tokens": v.quantized_tokens,
-    }
-    if ring:
-        row.update(write_index=v.write_index, keep=v.keep, evicted=v.evicted)
-    if error and v.quant_error is not None:
-        e = v.quant_error
-        row.update(
-            key_rel_rms=e.key_rel_rms,
-            key_max_abs=e.key_max_abs,
-            value_rel_rms=e.value_rel_rms,
-            value_max_abs=e.value_max_abs,
-        )
-    return row
-
-
-_PROCESS: dict[int, Any] = {}  # pid -> its psutil handle, made once (making one reads /proc/<pid>/stat)
-
-
-def _rss() -> int | None:
-    try:
-        pid = os.getpid()  # a forked child gets its own handle
-        if pid not in _PROCESS:
-            import psutil
-
-            _PROCESS.clear()
-            _PROCESS[pid] = psutil.Process(pid)
-        return int(_PROCESS[pid].memory_info().rss)
-    except Exception:  # psutil missing or the platform refuses: the column stays empty
-        return None
+    return logits, step_rows(at, st, before, Forward(ids, logits, wall, probe.views(st.cache)))
 
 
 def _now() -> str:

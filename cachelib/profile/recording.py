@@ -1,0 +1,255 @@
+"""What one step of one strategy records: its rows of the profile's tables (steps, layers, slots,
+masks), read through the probes from its cache before and after its forward.
+
+:mod:`cachelib.profile.run` drives the steps (one forward per strategy, or one for a strategy
+batch); this module turns what a forward left in a cache into rows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..introspect import CacheView
+from ..spec import Spec
+from .probes import Probes
+
+
+@dataclass(frozen=True)
+class StepAt:
+    """Where a run is: the backend's probe, the run's probe periods, the step and whether it is the last."""
+
+    probe: Any
+    probes: Probes
+    step: int
+    last: bool
+
+    def on(self, name: str) -> bool:
+        """Whether probe ``name`` samples this step."""
+        return self.probes.on(name, self.step, self.last)
+
+
+class Before(NamedTuple):
+    """What the probes took from a cache before its forward."""
+
+    masks_raw: Any  # the backend's masks, finished by ``probe.masks_after``; None when masks are off
+    want_error: bool  # quantization error tracked through this forward
+
+
+class Forward(NamedTuple):
+    """What one strategy's forward gave: the tokens fed, its logits, the forward's wall seconds,
+    the cache's views after it, and (device active, device peak, RSS) bytes where a strategy
+    batch read them once for all its rows (None: read them for this row)."""
+
+    ids: list[int]
+    logits: Any
+    wall: float
+    views: list[CacheView]
+    system: tuple | None = None
+
+
+class StrategyState:
+    """One strategy's live state in a run: its cache, the tokens it was fed, and its last views."""
+
+    def __init__(self, label: str, spec: Spec, cache: Any):
+        self.label = label
+        self.spec = spec
+        self.cache = cache
+        self.last_token: int | None = None
+        self.tokens: list[int] = []
+        self.departed = False
+        # The views its last step ended with: the cache holds still between steps, so the guard
+        # and the next step's mask probe read these instead of introspecting it again.
+        self.views: list[CacheView] | None = None
+
+    def views_now(self, probe) -> list[CacheView]:
+        if self.views is None:
+            self.views = probe.views(self.cache)
+        return self.views
+
+
+def before_step(at: StepAt, st: StrategyState, n: int) -> Before:
+    """What the probes read from ``st``'s cache before its forward of ``n`` tokens."""
+    want_masks = at.on("masks")
+    want_error = at.on("quant_error")
+    masks_raw = at.probe.masks_before(st.cache, st.views_now(at.probe), n) if want_masks else None
+    if want_error:
+        at.probe.set_track_error(st.cache, True)
+    return Before(masks_raw, want_error)
+
+
+def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -> dict[str, Any]:
+    """The rows of ``st``'s step, read from its cache after ``forward``; its views were taken after
+    that forward, while error tracking was still on (so they carry this step's quantization error)."""
+    probe, step, want_error = at.probe, at.step, before.want_error
+    ids, logits, wall, views, system = forward
+    n = len(ids)
+    st.views = views
+    if want_error:
+        probe.set_track_error(st.cache, False)
+    token = int(np.argmax(logits))
+    st.last_token = token
+    st.tokens.append(token)
+
+    position = max((v.offset for v in views), default=step) - 1
+    row: dict[str, Any] = {
+        "strategy": st.label,
+        "step": step,
+        "phase": "prefill" if step == 0 else "decode",
+        "position": position,
+        "tokens_in": n,
+        "token_id": token,
+    }
+    rows: dict[str, Any] = {"steps": row}
+    if at.on("system"):
+        active, peak, rss = system if system is not None else (*probe.device_memory(), process_rss())
+        row.update(
+            wall_seconds=wall,
+            tokens_per_second=n / wall if wall > 0 else None,
+            device_active_bytes=active,
+            device_peak_bytes=peak,
+            rss_bytes=rss,
+        )
+    if at.on("memory"):
+        row.update(
+            cache_tokens_held=max((v.tokens_held for v in views), default=0),
+            cache_bytes_used=sum(v.bytes_used for v in views),
+            cache_bytes_allocated=sum(v.bytes_allocated for v in views),
+        )
+        if any(v.layout == "selected" for v in views):
+            row["score_seconds"] = sum(v.score_seconds for v in views)
+        rows["layers"] = [
+            _layer_row(st.label, step, i, v, ring=at.on("ring"), error=want_error) for i, v in enumerate(views)
+        ]
+    if at.on("ring"):
+        ring_texts: dict[tuple, str] = {}
+        rows["slots"] = [
+            {
+                "strategy": st.label,
+                "step": step,
+                "layer": i,
+                "write_index": v.write_index,
+                "keep": v.keep,
+                "positions": _ring_text(v, ring_texts),
+            }
+            for i, v in enumerate(views)
+            if v.layout == "ring"
+        ] + [
+            {
+                "strategy": st.label,
+                "step": step,
+                "layer": i,
+                "head": head,
+                "write_index": v.write_index,
+                "keep": v.keep,
+                "positions": " ".join(map(str, positions.tolist())),
+            }
+            for i, v in enumerate(views)
+            if v.layout == "selected" and v.head_positions is not None
+            for head, positions in enumerate(v.head_positions)
+        ]
+    if before.masks_raw is not None:
+        masks = probe.masks_after(before.masks_raw, views, n)
+        rows["masks"] = _mask_rows(st.label, step, masks, views, n)
+    return rows
+
+
+MAX_MASK_QUERIES = 64  # prefill masks keep their last 64 query rows (documented in profiles/README.md)
+
+
+def _geometry(v: CacheView) -> tuple:
+    """What a linear or ring view's slot -> position table is a function of: the layers of one
+    cache mostly share it, so a step makes each distinct table's text once."""
+    return (v.layout, v.offset, v.tokens_held, v.capacity, v.write_index, v.keep, v.start_position, v.left_padding)
+
+
+def _ring_text(v: CacheView, texts: dict) -> str:
+    """The slot -> position table of a ring view as text (``texts``: those made this step)."""
+    key = _geometry(v)
+    text = texts.get(key)
+    if text is None:
+        text = texts[key] = " ".join(map(str, v.slot_positions().tolist()))
+    return text
+
+
+def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: int) -> list[dict]:
+    rows = []
+    key_texts: dict[tuple, str] = {}  # the layers of one cache mostly hold the same slots
+    first = max(0, n - MAX_MASK_QUERIES)
+    for layer, (mask, view) in enumerate(zip(masks, views)):
+        if mask is None:
+            continue
+        width = mask.shape[1]
+        key = (*_geometry(view), width)
+        key_text = key_texts.get(key) if view.layout in ("linear", "ring") else None
+        if key_text is None:
+            positions = view.slot_positions()
+            if positions.ndim > 1:
+                positions = positions[0]
+            keys = positions[positions >= 0] if view.layout == "linear" else positions
+            key_text = " ".join(map(str, keys[:width].tolist()))
+            key_texts[key] = key_text
+        # "1" / "0" per key: the bytes of the boolean row shifted to ASCII digits
+        digits = np.asarray(mask[first:n], dtype=bool).view(np.uint8) + np.uint8(ord("0"))
+        for q in range(first, n):
+            rows.append(
+                {
+                    "strategy": label,
+                    "step": step,
+                    "layer": layer,
+                    "query": q,
+                    "query_position": view.offset - n + q,
+                    "mask": digits[q - first].tobytes().decode("ascii"),
+                    "key_positions": key_text,
+                }
+            )
+    return rows
+
+
+def _layer_row(label: str, step: int, layer: int, v: CacheView, ring: bool, error: bool) -> dict:
+    row = {
+        "strategy": label,
+        "step": step,
+        "layer": layer,
+        "kind": v.kind,
+        "offset": v.offset,
+        "tokens_held": v.tokens_held,
+        "capacity": v.capacity,
+        "max_capacity": v.max_capacity,
+        "bytes_used": v.bytes_used,
+        "bytes_allocated": v.bytes_allocated,
+        "key_bits": v.key_bits,
+        "value_bits": v.value_bits,
+        "group_size": v.group_size,
+        "quantized_tokens": v.quantized_tokens,
+    }
+    if ring:
+        row.update(write_index=v.write_index, keep=v.keep, evicted=v.evicted)
+    if error and v.quant_error is not None:
+        e = v.quant_error
+        row.update(
+            key_rel_rms=e.key_rel_rms,
+            key_max_abs=e.key_max_abs,
+            value_rel_rms=e.value_rel_rms,
+            value_max_abs=e.value_max_abs,
+        )
+    return row
+
+
+_PROCESS: dict[int, Any] = {}  # pid -> its psutil handle, made once (making one reads /proc/<pid>/stat)
+
+
+def process_rss() -> int | None:
+    try:
+        pid = os.getpid()  # a forked child gets its own handle
+        if pid not in _PROCESS:
+            import psutil
+
+            _PROCESS.clear()
+            _PROCESS[pid] = psutil.Process(pid)
+        return int(_PROCESS[pid].memory_info().rss)
+    except Exception:  # psutil missing or the platform refuses: the column stays empty
+        return None
