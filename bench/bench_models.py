@@ -69,7 +69,7 @@ def cold_load(backend: str) -> dict:
 
 
 def cold_loads(backends: list[str], runs: int) -> None:
-    from cachelib.models.home import cache_dir
+    from cachelib.core.home import cache_dir
 
     print(
         f"cold load of the bundled model, fresh process each (imports included), median of {runs}; {os.cpu_count()} CPU cores"

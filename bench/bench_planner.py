@@ -79,10 +79,10 @@ def cli(runs: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as cold:
         times = []
         for i in range(runs):  # a fresh cache folder each time: the evidence files read and parsed
-            env["CACHELIB_CACHE_DIR"] = str(Path(cold) / str(i))
+            env["CACHELIB_HOME"] = str(Path(cold) / str(i))
             times.append(_timed([sys.executable, "-m", "cachelib", *PLAN], env))
         out["cli, evidence read cold"] = statistics.median(times)
-    env.pop("CACHELIB_CACHE_DIR", None)
+    env.pop("CACHELIB_HOME", None)
     _timed([sys.executable, "-m", "cachelib", *PLAN], env)  # fills the user's cache
     out["cli, evidence cached"] = statistics.median(
         _timed([sys.executable, "-m", "cachelib", *PLAN], env) for _ in range(runs)

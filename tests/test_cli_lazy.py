@@ -20,7 +20,7 @@ PROBE = (
 
 
 def _plan(cache: Path) -> tuple[str, set[str]]:
-    env = {**os.environ, "CACHELIB_CACHE_DIR": str(cache)}
+    env = {**os.environ, "CACHELIB_HOME": str(cache)}
     done = subprocess.run(
         [sys.executable, "-c", PROBE, *PLAN], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )

@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..core.home import cache_dir
 from . import weights_cache
-from .home import cache_dir
 
 BUNDLED_NAME = "smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -2,7 +2,7 @@
 skips parsing and dequantizing the GGUF.
 
 One safetensors file per (GGUF content, backend, variant): ``weights/<stem>-<sha256[:16]>-
-<backend>-<variant>.safetensors`` under :func:`cachelib.models.home.cache_dir`. The variant
+<backend>-<variant>.safetensors`` under :func:`cachelib.core.home.cache_dir`. The variant
 names what the tensors are (``dequantized-float32``, ``quantized-float16``, ...). The file's
 metadata carries the model config (so the GGUF is not even opened on a hit), the GGUF's sha256,
 the backend and the variant; a file whose header, size or metadata does not match is removed and
@@ -24,7 +24,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .home import cache_dir
+from ..core.home import cache_dir
 
 FORMAT = "1"  # bump when what is stored changes: older files are then rebuilt
 ENV = "CACHELIB_WEIGHTS_CACHE"

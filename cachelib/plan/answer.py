@@ -105,11 +105,11 @@ def model_ref(arch, model: str | None = None) -> str:
 
 
 def runtime_command(
-    request: PlanRequest,
+    request: PlanRequest,  # noqa: F821 (a string annotation: see TYPE_CHECKING above)
     spec: str | Spec,
     model: str,
     sessions: int | None = None,
-    model_type: str | None = None,  # noqa: F821
+    model_type: str | None = None,
 ) -> str | None:
     """``spec`` deployed as ``request``'s runtime runs it, as one command line (or, for
     transformers, the cache to pass to ``generate``); None when the runtime cannot run it.

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ..core.home import cache_dir
+
 T = 1e12  # TFLOP/s
 GBS = 1e9  # GB/s (vendors' GB are 10^9 bytes)
 
@@ -182,7 +184,7 @@ def hardware(name: str) -> Hardware:
 
 
 _PROBED: Hardware | None = None
-PROBE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cachelib" / "cpu_probe.json"
+PROBE_CACHE = cache_dir() / "cpu_probe.json"
 
 
 def _cpu_model() -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from ..core.home import cache_dir
 from ..core.reader import read_bytes
 from ..plan.quality import Evidence, kept_fraction
 from ..spec import parse_spec
@@ -115,14 +116,13 @@ def _cache_file(sources: list) -> Path | None:
             except OSError:
                 return None
             parts.append(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}")
-    root = Path(os.environ.get("CACHELIB_CACHE_DIR") or Path.home() / ".cache" / "cachelib")
-    return root / "evidence" / (hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32] + ".pickle")
+    return cache_dir() / "evidence" / (hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32] + ".pickle")
 
 
 def load_evidence(sources: Iterable[str | os.PathLike] | None = None, *, cache: bool = True) -> EvidenceSet:
     """The evidence in ``sources`` (files or folders; default: the committed evidence). A source
     that does not exist, or holds no evidence at all, is a ValueError naming it. With ``cache``
-    the set is kept on disk (``$CACHELIB_CACHE_DIR``, else ``~/.cache/cachelib``) under the
+    the set is kept on disk (:func:`cachelib.core.home.cache_dir`: ``$CACHELIB_HOME``, else ``~/.cache/cachelib``) under the
     files' paths, sizes and mtimes, so reading the same unchanged files again costs milliseconds."""
     sources = [DEFAULT_EVIDENCE] if sources is None else list(sources)
     kept = _cache_file(sources) if cache else None
