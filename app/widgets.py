@@ -21,7 +21,7 @@ from cachelib.models import model_names
 from cachelib.profile import PROBE_HELP, Probes, check_distinct, parse_memory_limit
 from cachelib.spec import STRATEGIES, Knob, Spec, make_spec, parse_spec
 
-from . import state
+from . import shelf
 from .keys import Keys, kept
 from .live import RunOptions
 from .plain import md
@@ -39,8 +39,8 @@ FOLDER = "a local model folder…"
 
 
 def model_settings() -> dict[str, Any]:
-    """Backend, device and model; returns the keyword arguments of :func:`state.loaded_model`."""
-    here = state.backends_here()
+    """Backend, device and model; returns the keyword arguments of :func:`shelf.loaded_model`."""
+    here = shelf.backends_here()
     backends = [b for b, why in here.items() if not why]
     if not backends:
         st.error("Neither MLX nor PyTorch imports here: " + "; ".join(f"{b}: {w}" for b, w in here.items()))
@@ -48,7 +48,7 @@ def model_settings() -> dict[str, Any]:
     backend = st.radio(
         "Backend", backends, horizontal=True, **kept(Keys.BACKEND), help="only backends that import here"
     )
-    devices = state.devices_of(backend)
+    devices = shelf.devices_of(backend)
     device = st.selectbox(
         "Device", devices, **kept(Keys.device(backend)), help="devices this machine offers the backend"
     )

@@ -780,7 +780,7 @@ def test_2_3_ctrl_c_and_sigterm_keep_the_existing_profile_and_write_the_incomple
 
 @pytest.mark.slow
 def test_3_sigkill_leaves_a_partial_file_listed_as_ended_without_closing(tmp_path, capsys):
-    from app import state  # the app's Profiles page lists what list_profiles lists, with this table
+    from app import profile_folder  # the app's Profiles page lists what list_profiles lists, with this table
 
     out = tmp_path / "killed.csv"
     run = _start(out, "a run that is killed", 100_000)
@@ -793,7 +793,7 @@ def test_3_sigkill_leaves_a_partial_file_listed_as_ended_without_closing(tmp_pat
     meta = read_meta(partial)
     assert meta["status"] == "incomplete" and meta["reason"] == ENDED_WITHOUT_CLOSING
     assert load_profile(partial).frame("steps")["step"].max() >= 2
-    table = state.listing(files)
+    table = profile_folder.listing(files)
     assert table.loc[0, "status"] == "incomplete" and "ended without closing" in table.loc[0, "reason"]
     code, err, printed = run_cli(["profiles", str(tmp_path)], capsys)
     assert code == 0 and partial.name in printed and "ended without closing" in printed

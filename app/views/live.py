@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from app import panels, state, streams, widgets
+from app import panels, profile_folder, shelf, state, streams, widgets
 from app.figures import empty_figure
 from app.keys import Keys
 from app.live import CHART_SECONDS, PROGRESS_SECONDS, LiveRun
@@ -51,18 +51,18 @@ def start() -> None:
     limit = parse_memory_limit(memory_limit)
     loaded = load_model(model["name"], model["backend"], model["device"])
     name = default_profile_name(model["name"].rstrip("/").split("/")[-1], specs)
-    while (state.profiles_dir() / f"{name}.csv").exists():
+    while (profile_folder.profiles_dir() / f"{name}.csv").exists():
         name += "-b"
     state.start_run(loaded, specs, name, replace(options, probes=probes, memory_limit=limit))
 
 
 def load_model(name: str, backend: str, device: str):
-    """The shared model (:func:`state.loaded_model`); a first load shows its stages as it goes."""
-    if state.model_is_loaded(name, backend, device):
-        return state.loaded_model(name, backend, device)
+    """The shared model (:func:`shelf.loaded_model`); a first load shows its stages as it goes."""
+    if shelf.model_is_loaded(name, backend, device):
+        return shelf.loaded_model(name, backend, device)
     with st.status(f"Loading {name} on {backend}/{device}…", expanded=True) as box:
         bar = st.progress(0.0, text="starting")
-        loaded = state.loaded_model(
+        loaded = shelf.loaded_model(
             name, backend, device, progress=lambda stage, f: bar.progress(min(f, 1.0), text=stage)
         )
         box.update(label=f"Loaded {name} in {loaded.info.load_seconds:.1f} s", state="complete", expanded=False)
@@ -82,7 +82,7 @@ if problems:  # each is shown beside its field; this says why Run is off
     where = "field is" if len(problems) == 1 else f"{len(problems)} fields are"
     note_col.caption(f":red[Run is off until the {where} fixed (marked in red above or in the sidebar).]")
 else:
-    note_col.caption(f"Runs are saved to {md(state.profiles_dir())} when they end (finished or stopped).")
+    note_col.caption(f"Runs are saved to {md(profile_folder.profiles_dir())} when they end (finished or stopped).")
 if clicked and not problems:
     st.session_state.pop(Keys.LIVE, None)  # a finished run's results are already current
     try:
@@ -157,7 +157,7 @@ else:
             st.caption(run.rate_text())
         panels.charts_grid(view, key="current")
         with st.expander("Generated text", expanded=view.meta.get("mode") == "free-running"):
-            streams.generated_text(view, state.decoder_of(view.meta))
+            streams.generated_text(view, shelf.decoder_of(view.meta))
     elif not clicked:
         st.info("Press **Run** to decode with the strategies above (defaults: the bundled SmolLM2, 64 tokens).")
         # An empty chart where the charts will be: the browser fetches and starts plotly (a

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence
 import pandas as pd
 import streamlit as st
 
-from app import plan_charts, state
+from app import plan_charts, profile_folder
 from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
 from app.plain import md
@@ -145,7 +145,7 @@ def _version(paths: Sequence[Path]) -> tuple:
 def evidence_choices() -> list[str]:
     """What the evidence picker offers: the committed set, then the folders and CSV files directly
     under the profiles folder (a team's own evaluations, sweeps and profiles)."""
-    folder = state.profiles_dir()
+    folder = profile_folder.profiles_dir()
     found = sorted(p for p in folder.iterdir() if p.is_dir() or p.suffix == ".csv") if folder.is_dir() else []
     return [COMMITTED, *(str(p) for p in found)]
 
@@ -221,7 +221,7 @@ def compute(v: dict[str, Any]) -> Planned:
 
 
 def _shown(path: Path) -> str:
-    return str(path.relative_to(state.ROOT)) if path.is_relative_to(state.ROOT) else str(path)
+    return str(path.relative_to(profile_folder.ROOT)) if path.is_relative_to(profile_folder.ROOT) else str(path)
 
 
 # --- inputs ----------------------------------------------------------------------------------------

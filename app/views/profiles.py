@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import panels, state, streams
+from app import exports, panels, profile_folder, shelf, state, streams
 from app.keys import Keys, kept
 from app.plain import md
 from cachelib.profile import list_profiles
 from cachelib.sweep import load_index
 
 st.title("Profiles")
-st.caption(f"Profiles in {md(state.profiles_dir())} (and its sweep folders), or uploaded CSV files.")
+st.caption(f"Profiles in {md(profile_folder.profiles_dir())} (and its sweep folders), or uploaded CSV files.")
 
 
 def downloads(name: str, source, views: dict, key: str) -> None:
@@ -22,15 +22,15 @@ def downloads(name: str, source, views: dict, key: str) -> None:
     for col, fmt in ((a, "csv"), (b, "parquet")):
         col.download_button(
             f"Download {'CSV' if fmt == 'csv' else 'Parquet'}",
-            data=lambda fmt=fmt: state.export_bytes(source, fmt, name),
+            data=lambda fmt=fmt: exports.export_bytes(source, fmt, name),
             file_name=f"{name.replace('/', '-')}.{fmt}",
-            mime=state.EXPORT_FORMATS[fmt],
+            mime=exports.EXPORT_FORMATS[fmt],
             key=f"{key}_{fmt}",
             width="stretch",
         )
     c.download_button(
         "HTML report",
-        data=lambda: state.report_bytes(views),
+        data=lambda: exports.report_bytes(views),
         file_name=f"{name.replace('/', '-')}-report.html",
         mime="text/html",
         key=f"{key}_report",
@@ -57,7 +57,7 @@ if (cur := state.current()) is not None:
             new_name = a.text_input("Save as", **kept(Keys.SAVE_NAME), placeholder="a name, e.g. smollm2-ring-vs-4bit")
             if b.form_submit_button("Save"):
                 try:
-                    saved = state.save_as(profile, new_name)
+                    saved = profile_folder.save_as(profile, new_name)
                 except ValueError as e:
                     st.error(md(e))
                 else:
@@ -66,15 +66,15 @@ if (cur := state.current()) is not None:
 # --- saved and uploaded profiles ---------------------------------------------------------------
 
 st.subheader("Saved profiles")
-files = list_profiles(state.profiles_dir())
+files = list_profiles(profile_folder.profiles_dir())
 by_name = {f.name: f for f in files}
 if files:
-    st.dataframe(state.listing(files), hide_index=True, width="stretch")
+    st.dataframe(profile_folder.listing(files), hide_index=True, width="stretch")
     for folder in sorted({f.folder for f in files if f.folder}):
-        if (state.profiles_dir() / folder / "index.csv").exists():
+        if (profile_folder.profiles_dir() / folder / "index.csv").exists():
             with st.expander(f"Sweep {md(folder)}: every grid point, with or without a profile"):
                 try:
-                    index = load_index(state.profiles_dir() / folder)
+                    index = load_index(profile_folder.profiles_dir() / folder)
                 except ValueError as e:
                     st.error(md(e))
                 else:
@@ -90,7 +90,7 @@ for upload in uploads or []:
     if label in uploaded and uploaded[label][0] == upload.file_id:
         continue  # parsed already: keep the same view (and the figures drawn from it)
     try:
-        view = state.view_of_upload(upload.getvalue(), upload.name)
+        view = profile_folder.view_of_upload(upload.getvalue(), upload.name)
     except ValueError as e:  # not a profile, another schema version: one line; the page goes on
         st.error(md(e))
         continue
@@ -113,7 +113,7 @@ for name in chosen:
         views[label], sources[label] = uploaded[name][1], uploaded[name][2]
         continue
     try:
-        views[by_name[name].label] = state.view_of_file(by_name[name])
+        views[by_name[name].label] = profile_folder.view_of_file(by_name[name])
         sources[by_name[name].label] = by_name[name].path
     except ValueError as e:  # a malformed profile: one line naming the file, line and column; the page goes on
         st.error(md(e))
@@ -129,7 +129,7 @@ if views:
     if len(views) > 1:
         st.download_button(
             "HTML report of the comparison",
-            data=lambda: state.report_bytes(views),
+            data=lambda: exports.report_bytes(views),
             file_name="comparison-report.html",
             mime="text/html",
             key=Keys.DOWNLOAD_REPORT,
@@ -138,4 +138,4 @@ if views:
     panels.charts_grid(state.combined(views), key="compare")
     for name, v in views.items():
         with st.expander(f"Generated text · {md(name)}"):
-            streams.generated_text(v, state.decoder_of(v.meta))
+            streams.generated_text(v, shelf.decoder_of(v.meta))

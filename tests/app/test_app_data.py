@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app import data, state
+from app import data, profile_folder
 from cachelib.profile import Profile, list_profiles, load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def test_profile_listing_covers_sweep_folders_and_marks_bad_and_incomplete_files
     files = list_profiles(folder)
     assert [f.name for f in files] == ["done.csv", "notes.csv", "sweep-a/point-1.csv"]
     assert files[2].label == "sweep-a/point-1"
-    table = state.listing(files).set_index("profile")
+    table = profile_folder.listing(files).set_index("profile")
     assert table.loc["done.csv", "status"] == "complete"
     assert table.loc["sweep-a/point-1.csv", "status"] == "incomplete"
     assert "stopped by request" in table.loc["sweep-a/point-1.csv", "reason"]
@@ -206,10 +206,10 @@ def test_profile_listing_covers_sweep_folders_and_marks_bad_and_incomplete_files
 
 def test_save_as_refuses_bad_and_taken_names(tiny_profiles, profiles_dir):
     profile = load_profile(tiny_profiles / "tiny-complete.csv")
-    path = state.save_as(profile, "my-run")
+    path = profile_folder.save_as(profile, "my-run")
     assert path == profiles_dir / "my-run.csv"
     assert load_profile(path).name == "my-run"
     with pytest.raises(ValueError, match="already exists"):
-        state.save_as(profile, "my-run.csv")
+        profile_folder.save_as(profile, "my-run.csv")
     with pytest.raises(ValueError, match="is not allowed"):
-        state.save_as(profile, "../elsewhere")
+        profile_folder.save_as(profile, "../elsewhere")

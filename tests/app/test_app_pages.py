@@ -280,7 +280,7 @@ def test_inspector_without_a_run_says_where_to_start():
 
 
 def test_any_loaded_profile_downloads_as_csv_parquet_and_an_html_report(profiles_dir, tiny_profiles):
-    from app import state
+    from app import exports
 
     (profiles_dir / "examples").mkdir()
     committed = ROOT / "profiles" / "examples" / "smollm2-torch-256t.csv"
@@ -295,13 +295,13 @@ def test_any_loaded_profile_downloads_as_csv_parquet_and_an_html_report(profiles
 
     # What the buttons send: the file itself, the same profile as Parquet, one offline page.
     path = profiles_dir / "complete.csv"
-    assert state.export_bytes(path, "csv") == path.read_bytes()
+    assert exports.export_bytes(path, "csv") == path.read_bytes()
     parquet = profiles_dir.parent / "out.parquet"
-    parquet.write_bytes(state.export_bytes(path, "parquet"))
+    parquet.write_bytes(exports.export_bytes(path, "parquet"))
     assert load_profile(parquet) == load_profile(path)
     with pytest.raises(ValueError, match="unknown export format 'xlsx'"):
-        state.export_bytes(path, "xlsx")
-    page = state.report_bytes(at.session_state[Keys.LOADED]).decode()
+        exports.export_bytes(path, "xlsx")
+    page = exports.report_bytes(at.session_state[Keys.LOADED]).decode()
     assert page.count("Plotly.newPlot") == 3  # memory, quality, speed of both profiles
     assert "<h2>examples/smollm2-torch-256t</h2>" in page and "<h2>complete</h2>" in page
     assert "46,080" in page  # standard's bytes per token held, the bundled float32 model

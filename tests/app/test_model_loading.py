@@ -7,14 +7,14 @@ import threading
 from app_helpers import MAIN, finish_run
 from streamlit.testing.v1 import AppTest
 
-from app import state
+from app import shelf
 from app.keys import Keys
 
 TIMEOUT = 180
 
 
 def test_the_model_is_loaded_once_across_runs_strategy_changes_and_pages(profiles_dir):
-    state.model_shelf.clear()
+    shelf.model_shelf.clear()
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
     at.run()
     at.selectbox(key="model").set_value("tiny-llama").run()
@@ -22,7 +22,7 @@ def test_the_model_is_loaded_once_across_runs_strategy_changes_and_pages(profile
     at.button(key="run").click().run()
     finish_run(at)
     first = at.session_state[Keys.LIVE].loaded
-    assert not at.exception and state.model_shelf().loads == 1
+    assert not at.exception and shelf.model_shelf().loads == 1
 
     at.button(key="strategy_2_del").click().run()  # other strategies, same model
     at.button(key="run").click().run()
@@ -37,23 +37,23 @@ def test_the_model_is_loaded_once_across_runs_strategy_changes_and_pages(profile
     finish_run(at)
     assert not at.exception
     assert at.session_state[Keys.LIVE].loaded is first
-    assert state.model_shelf().loads == 1
+    assert shelf.model_shelf().loads == 1
 
 
 def test_two_sessions_asking_at_once_load_the_model_once():
-    shelf = state.ModelShelf()
+    models = shelf.ModelShelf()
     got = []
-    threads = [threading.Thread(target=lambda: got.append(shelf.get(("tiny-llama", "mlx", None)))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: got.append(models.get(("tiny-llama", "mlx", None)))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert shelf.loads == 1 and len(got) == 3 and all(g is got[0] for g in got)
+    assert models.loads == 1 and len(got) == 3 and all(g is got[0] for g in got)
 
 
 def test_the_shelf_keeps_the_most_recently_used_models():
-    shelf = state.ModelShelf(max_entries=1)
-    a = shelf.get(("tiny-llama", "mlx", None))
-    shelf.get(("tiny-llama", "torch", None))
-    assert not shelf.has(("tiny-llama", "mlx", None)) and shelf.has(("tiny-llama", "torch", None))
-    assert shelf.get(("tiny-llama", "mlx", None)) is not a and shelf.loads == 3
+    models = shelf.ModelShelf(max_entries=1)
+    a = models.get(("tiny-llama", "mlx", None))
+    models.get(("tiny-llama", "torch", None))
+    assert not models.has(("tiny-llama", "mlx", None)) and models.has(("tiny-llama", "torch", None))
+    assert models.get(("tiny-llama", "mlx", None)) is not a and models.loads == 3
