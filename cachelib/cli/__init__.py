@@ -36,7 +36,7 @@ SUBCOMMANDS = (
     ),
     ("retrieval", "needle-in-a-haystack accuracy of strategies over contexts x depths", "cachelib.cli.retrieval"),
     ("report", "a comparison of profiles as one self-contained HTML file (opens offline)", "cachelib.cli.report"),
-    ("sweep", "run a grid of profiles (TOML) locally or on a Dask cluster", "cachelib.sweep.cli"),
+    ("sweep", "run a grid of profiles (TOML) locally or on a Dask cluster", "cachelib.cli.sweep"),
     ("strategies", "list cache strategies and their knobs", None),
     ("models", "list the models and devices available here", None),
 )

@@ -10,19 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .progress import Progress
-from .run import plan_sweep, run_sweep
-
-
-def positive_int(text: str) -> int:
-    """An argparse type for counts; ``cachelib.cli`` uses it too (it sits above this module)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+from ..sweep.progress import Progress
+from ..sweep.run import plan_sweep, run_sweep
+from .args import positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
