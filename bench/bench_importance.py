@@ -183,8 +183,8 @@ def run_retrieval(backend: str, model: str, specs: list[str], context: int, dept
     """Each spec on each trial, the question prefilled with the prompt, the key teacher-forced."""
     import numpy as np
 
+    from cachelib.profile.divergence import compare
     from cachelib.profile.evaluate import teacher_forced_logits
-    from cachelib.profile.quality import compare
     from cachelib.profile.retrieval import score_key
 
     loaded = load(model, backend)

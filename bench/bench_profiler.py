@@ -27,7 +27,7 @@ from bench_batched import PROMPT, RoundRobin  # one round robin for every interl
 
 from cachelib.models import load
 from cachelib.profile import Probes, run_profile
-from cachelib.profile.quality import Baseline, compare
+from cachelib.profile.divergence import Baseline, compare
 
 CONFIGS = {
     "probes off": Probes.none(),

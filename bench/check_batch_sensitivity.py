@@ -40,7 +40,7 @@ import numpy as np
 from cachelib.decode import Runner, encode_prompt
 from cachelib.models import load
 from cachelib.profile.backends import probe_for
-from cachelib.profile.quality import compare
+from cachelib.profile.divergence import compare
 from cachelib.spec import parse_spec
 
 PROMPT = "Explain what a KV cache is, and why it matters for serving language models."

@@ -32,9 +32,9 @@ from ..decode import Runner
 from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
+from .divergence import compare
 from .evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
 from .guard import check_fits, planned_arch
-from .quality import compare
 
 CORPUS = Path(__file__).resolve().parents[2] / "assets" / "corpus"
 DEFAULT_PREFILL_CHUNK = 2048  # mlx-lm generate_step's prefill_step_size

@@ -33,6 +33,7 @@ from ..plan import arch_from_model_info
 from ..plan.accounting import Replay, replay
 from ..spec import Spec, parse_spec
 from .backends import probe_for
+from .divergence import Baseline, compare
 from .guard import (
     DEFAULT_SHARE,
     MemoryGuard,
@@ -43,7 +44,6 @@ from .guard import (
     warn_past_positions,
 )
 from .probes import Probes
-from .quality import Baseline, compare
 from .recording import Forward, StepAt, StrategyState, before_step, process_rss, step_rows
 from .store import Profile, ProfileWriter
 

@@ -12,7 +12,7 @@ import pytest
 from cachelib.decode import Runner, encode_prompt
 from cachelib.profile import run_profile
 from cachelib.profile.backends import probe_for
-from cachelib.profile.quality import compare
+from cachelib.profile.divergence import compare
 from cachelib.spec import parse_spec
 
 BACKENDS = ["mlx", "torch"]

@@ -11,7 +11,7 @@ from cachelib.core.masks import visible_held
 from cachelib.profile import Probes, run_profile
 from cachelib.profile import run as run_module
 from cachelib.profile.backends import probe_for
-from cachelib.profile.quality import Baseline, compare
+from cachelib.profile.divergence import Baseline, compare
 
 BACKENDS = ["mlx", "torch"]
 PROMPT = "Explain what a KV cache is, and why it matters for serving language models."

@@ -1,4 +1,5 @@
-"""Quality of a strategy's next-token distribution against the baseline's, from raw logits.
+"""How far a strategy's next-token distribution is from the baseline's (KL, top-1 agreement, the
+target's log-prob), from raw logits.
 
 The baseline's distribution is computed once per step (:class:`Baseline`) and shared by every
 strategy compared against it; the arithmetic is the same whichever way ``compare`` is called, so
