@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from cachelib.core.units import GiB as GB  # the planner counts device memory in GiB
-from cachelib.core.units import human_gib as human_bytes
+from cachelib.core.units import human_gib
 from cachelib.plan import Fit
 from cachelib.plan.quality import Evidence
 from cachelib.spec import parse_spec
@@ -134,7 +134,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
         fig.add_hline(
             y=budget / GB,
             line={"color": BUDGET_COLOR, "dash": "dash", "width": 2},
-            annotation_text=f"left for cache + activations {human_bytes(budget)}",
+            annotation_text=f"left for cache + activations {human_gib(budget)}",
             annotation_position="top left",
         )
         if info.max_context:
@@ -342,7 +342,7 @@ def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
 NO_VALUE = "–"
 NOT_COVERED = "not covered"  # what the CLI prints too
 TEXT_FORMATS: dict[str, Callable] = {
-    **{c: human_bytes for c in BYTE_COLUMNS},
+    **{c: human_gib for c in BYTE_COLUMNS},
     **{c: "{:,}".format for c in ("max context", "max batch", "sessions")},
     "mean KL": "{:.4g}".format,
     "top-1": "{:.1%}".format,
@@ -538,9 +538,9 @@ def savings_text(pick: Fit, fits: Sequence[Fit]) -> str:
     a, b = ref.cache.peak_bytes, pick.cache.peak_bytes
     if b <= a:
         share = f" ({(a - b) / a:.0%} less)" if a else ""
-        text = f"Against {ref.spec} it needs {human_bytes(a - b)} less cache at its peak{share}"
+        text = f"Against {ref.spec} it needs {human_gib(a - b)} less cache at its peak{share}"
     else:
-        text = f"It needs {human_bytes(b - a)} more cache at its peak than {ref.spec}"
+        text = f"It needs {human_gib(b - a)} more cache at its peak than {ref.spec}"
     if pick.sessions is not None and ref.sessions is not None:
         text += f", and {pick.sessions:,} concurrent sessions fit instead of {ref.sessions:,}"
     if pick.max_context is not None and ref.max_context is not None and pick.max_context != ref.max_context:
