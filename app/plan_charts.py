@@ -18,8 +18,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from cachelib.core.units import GiB as GB  # the planner counts device memory in GiB
-from cachelib.core.units import human_gib
+from cachelib.core.units import (
+    GiB,  # the planner counts device memory in GiB
+    human_gib,
+)
 from cachelib.plan import Fit
 from cachelib.plan.quality import Evidence
 from cachelib.spec import parse_spec
@@ -118,7 +120,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
             fig.add_trace(
                 go.Scatter(
                     x=c.context,
-                    y=y / GB,
+                    y=y / GiB,
                     name=c.strategy,
                     legendgroup=c.strategy,
                     showlegend=kind == "allocated",
@@ -132,7 +134,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
     if info.cache_budget is not None:
         budget = info.cache_budget
         fig.add_hline(
-            y=budget / GB,
+            y=budget / GiB,
             line={"color": BUDGET_COLOR, "dash": "dash", "width": 2},
             annotation_text=f"left for cache + activations {human_gib(budget)}",
             annotation_position="top left",
@@ -143,7 +145,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
             fig.add_trace(
                 go.Scatter(
                     x=[info.max_context[s] for s in names],
-                    y=[budget / GB] * len(names),
+                    y=[budget / GiB] * len(names),
                     mode="markers",
                     name="max context in the budget",
                     customdata=names,
@@ -453,7 +455,7 @@ class QualityPoint(NamedTuple):
     ci95: float | None
 
 
-class QualityInfo(NamedTuple):
+class PlanQualityInfo(NamedTuple):
     points: list[QualityPoint]  # measured, on the planned backend (or all, when it has none)
     targets: list[tuple[str, str, float]]  # (family, spec, kept fraction) of each planned strategy at its context
     context: int  # the planned context
@@ -467,7 +469,7 @@ def _family_label(spec: str) -> str:
     return s.name + (" " + ",".join(rest) if rest else "")
 
 
-def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int, backend: str) -> QualityInfo:
+def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int, backend: str) -> PlanQualityInfo:
     """The measured quality per strategy family against context and kept fraction, and where
     each planned (lossy) strategy sits: what the Planner's evidence chart shows."""
     mine = [e for e in evidence if e.backend == backend] or list(evidence)
@@ -484,10 +486,10 @@ def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int
             continue
         bound = spec.window
         targets.append((label, f.spec, 1.0 if bound is None else min(1.0, bound / f.cache.context)))
-    return QualityInfo(points, targets, context, backend)
+    return PlanQualityInfo(points, targets, context, backend)
 
 
-def quality_figure(info: QualityInfo) -> go.Figure:
+def quality_figure(info: PlanQualityInfo) -> go.Figure:
     """Two panels: mean KL against context, and against kept fraction; one line per family, the
     planned context and each planned strategy's kept fraction marked."""
     if not info.points:
