@@ -2,8 +2,10 @@
 
 Every public function takes DataFrames of the profile schema (``profiles/README.md``) and returns
 a ``go.Figure``; none touches Streamlit or the disk, so each is tested on small hand-made frames.
-Each figure is built in two steps, as optuna does: ``_*_info(data) -> NamedTuple`` selects and
-reshapes the numbers (what the tests pin), ``_*_plot(info) -> go.Figure`` only draws.
+Each figure is built in two steps, as optuna does: ``*_info(data) -> NamedTuple`` selects and
+reshapes the numbers (what the tests pin), ``_*_plot(info) -> go.Figure`` only draws. The cache
+memory, quality and speed figures read their info from :mod:`cachelib.profile.figure_data`, as
+the HTML report does (:mod:`cachelib.profile.report`): the same series, names and colours in both.
 
 One colour per strategy everywhere: :func:`app.figures.strategy_colors` maps a run's strategy
 order to the palette, and every figure that draws strategies asks it. The Inspector's slot and
@@ -18,33 +20,25 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .figures import (
-    LEGEND_RIGHT,
-    PALETTE,
-    REFERENCE_COLOR,
-    empty_figure,
-    legend_below,
-    sampling_period,
-    strategy_colors,
+from cachelib.profile.figure_data import (
+    PROCESS_COLORS,
+    PROCESS_COUNTERS,
+    MemoryInfo,
+    QualityInfo,
+    Series,
+    SpeedInfo,
+    floats,
+    memory_info,
+    quality_info,
+    sampled_note,
+    speed_info,
 )
+
+from .figures import LEGEND_RIGHT, PALETTE, REFERENCE_COLOR, empty_figure, legend_below, strategy_colors
 
 MIB = 2**20
 KIB = 2**10
 PLOT_PX = 320  # the plot area's height in the strategy figures; their legends add to it, below
-
-
-def _floats(s: pd.Series) -> np.ndarray:
-    """A nullable column as float64 with NaN for missing values (what plotly draws as gaps)."""
-    try:
-        return s.to_numpy(dtype="float64", na_value=np.nan)
-    except (TypeError, ValueError):  # text or objects: coerce what parses
-        return pd.to_numeric(s, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
-
-
-def _ordered(frame: pd.DataFrame, strategies: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
-    """(strategy, its rows sorted by step) in run order, skipping strategies with no rows yet."""
-    groups = dict(tuple(frame.groupby("strategy", sort=False, observed=True)))
-    return [(s, groups[s].sort_values("step")) for s in strategies if s in groups and len(groups[s])]
 
 
 def _two_rows(top: str, bottom: str) -> go.Figure:
@@ -67,52 +61,7 @@ def _two_rows(top: str, bottom: str) -> go.Figure:
 SMALL_MULTIPLES_FROM = 7  # strategies shown: from this many, one panel per strategy (lines overlap)
 
 
-class _Series(NamedTuple):
-    strategy: str
-    color: str
-    step: np.ndarray
-    values: dict[str, np.ndarray]
-
-
-class MemoryInfo(NamedTuple):
-    series: list[_Series]  # values: "used", "allocated" in bytes, at the steps the memory probe recorded
-    references: dict[str, tuple[np.ndarray, np.ndarray]]  # label -> (step, bytes) of a full cache
-    every: int | None  # the memory probe's sampling period, read from the recorded steps
-
-
-def _memory_info(
-    steps: pd.DataFrame,
-    strategies: Sequence[str],
-    reference: pd.DataFrame | None,
-    colors: dict[str, str] | None = None,
-) -> MemoryInfo:
-    colors = colors or strategy_colors(strategies)
-    series = []
-    for s, part in _ordered(steps, strategies):
-        # A sampled memory probe leaves the other steps empty: keep the recorded ones, so the
-        # line joins the samples instead of breaking at every gap.
-        used, allocated = _floats(part["cache_bytes_used"]), _floats(part["cache_bytes_allocated"])
-        keep = np.isfinite(used) | np.isfinite(allocated)
-        if keep.any():
-            step = _floats(part["step"])[keep]
-            values = {"used": used[keep], "allocated": allocated[keep]}
-            series.append(_Series(s, colors.get(s, PALETTE[0]), step, values))
-    refs = {}
-    if reference is not None and len(reference):
-        labels = reference["label"] if "label" in reference else pd.Series("full cache", index=reference.index)
-        for label, part in reference.groupby(labels, sort=False):
-            part = part.sort_values("step")
-            refs[str(label)] = (_floats(part["step"]), _floats(part["bytes"]))
-    periods = [p for p in (sampling_period(s.step) for s in series) if p is not None]
-    return MemoryInfo(series, refs, max(periods) if periods else None)
-
-
-def sampled_note(every: int | None, probe: str) -> str:
-    """A title's note, e.g. " · memory recorded every 4 steps" (empty when the probe recorded every step)."""
-    return f" · {probe} recorded every {every} steps" if every and every > 1 else ""
-
-
-def _memory_traces(info: MemoryInfo, s: _Series, *, legend: bool, **axes) -> list[go.Scatter]:
+def _memory_traces(info: MemoryInfo, s: Series, *, legend: bool, **axes) -> list[go.Scatter]:
     mode = "lines+markers" if (info.every or 1) > 1 else "lines"
     out = []
     for kind, dash in (("used", "solid"), ("allocated", "dash")):
@@ -258,7 +207,7 @@ def cache_memory_figure(
     ``small_multiples`` draws one panel per strategy (default: from SMALL_MULTIPLES_FROM of them)."""
     if not len(steps):
         return empty_figure("Cache memory", "no steps recorded yet")
-    info = _memory_info(steps, strategies, reference, colors)
+    info = memory_info(steps, strategies, reference, colors)
     if not info.series:
         return empty_figure("Cache memory", "no cache bytes recorded (the memory probe was off)")
     many = len(info.series) >= SMALL_MULTIPLES_FROM if small_multiples is None else small_multiples
@@ -286,19 +235,19 @@ class HeatmapInfo(NamedTuple):
 
 def _grid(part: pd.DataFrame, value: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(z (layer x step), steps, layers) of one strategy's rows; NaN where a cell was not recorded."""
-    layer = _floats(part["layer"]).astype(np.int64)
-    step = _floats(part["step"]).astype(np.int64)
+    layer = floats(part["layer"]).astype(np.int64)
+    step = floats(part["step"]).astype(np.int64)
     layers, li = np.unique(layer, return_inverse=True)
     steps, si = np.unique(step, return_inverse=True)
     z = np.full((len(layers), len(steps)), np.nan)
-    z[li, si] = _floats(part[value])
+    z[li, si] = floats(part[value])
     return z, steps, layers
 
 
 def _layer_info(layers: pd.DataFrame, strategy: str, value: str) -> HeatmapInfo:
     label, scale, unit = LAYER_VALUES[value]
     z, steps, layer_ids = _grid(layers[layers["strategy"] == strategy], value)
-    all_values = _floats(layers[value])
+    all_values = floats(layers[value])
     zmax = float(np.nanmax(all_values)) / scale if np.isfinite(all_values).any() else None
     return HeatmapInfo(f"{strategy}: {label} per layer", z / scale, steps, layer_ids, zmax, unit)
 
@@ -332,31 +281,6 @@ def layer_heatmap_figure(layers: pd.DataFrame, strategy: str, value: str = "byte
 
 
 # --- quality vs the baseline ---------------------------------------------------------------------
-
-
-class QualityInfo(NamedTuple):
-    series: list[_Series]  # values: "kl" (nats), "agreement" (running share of agreeing steps, 0..1)
-
-
-def _quality_info(
-    steps: pd.DataFrame, strategies: Sequence[str], baselines: set[str], colors: dict[str, str] | None = None
-) -> QualityInfo:
-    colors = colors or strategy_colors(strategies)
-    series = []
-    for s, part in _ordered(steps, strategies):
-        if s in baselines:
-            continue
-        part = part[part["kl"].notna() | part["top1_agree"].notna()]
-        agree = _floats(part["top1_agree"].astype("Float64"))
-        seen = np.cumsum(~np.isnan(agree))
-        running = np.cumsum(np.nan_to_num(agree)) / np.maximum(seen, 1)
-        running[seen == 0] = np.nan
-        series.append(
-            _Series(
-                s, colors.get(s, PALETTE[0]), _floats(part["step"]), {"kl": _floats(part["kl"]), "agreement": running}
-            )
-        )
-    return QualityInfo(series)
 
 
 def _quality_plot(info: QualityInfo) -> go.Figure:
@@ -405,7 +329,7 @@ def quality_figure(
     """KL and running top-1 agreement vs step for every strategy but the baseline(s)
     (default: the first strategy); ``colors`` as in :func:`cache_memory_figure`."""
     base = set(baselines) if baselines is not None else set(strategies[:1])
-    info = _quality_info(steps, strategies, base, colors) if len(steps) else QualityInfo([])
+    info = quality_info(steps, strategies, base, colors) if len(steps) else QualityInfo([])
     if not info.series:
         why = "only the baseline ran, or the quality probe was off: nothing to compare"
         return empty_figure("Quality vs the baseline", why)
@@ -413,61 +337,6 @@ def quality_figure(
 
 
 # --- speed and process memory ----------------------------------------------------------------
-
-
-class SpeedInfo(NamedTuple):
-    series: list[_Series]  # values: "tokens_per_second" (decode steps only)
-    process: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (step, bytes), process-wide counters
-
-
-PROCESS_COUNTERS = {"device_active_bytes": "device active memory", "rss_bytes": "process RSS"}
-PROCESS_COLORS = {"device_active_bytes": "#444444", "rss_bytes": "#aaaaaa"}
-
-
-def _speed_info(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str, str] | None = None) -> SpeedInfo:
-    colors = colors or strategy_colors(strategies)
-    # Only the steps the system probe timed: a sampled probe's lines join its samples.
-    rate = "tokens_per_second"
-    decode = steps[(steps["phase"] == "decode") & steps[rate].notna()]
-    series = [
-        _Series(s, colors.get(s, PALETTE[0]), _floats(part["step"]), {"tokens_per_second": _floats(part[rate])})
-        for s, part in _ordered(decode, strategies)
-    ]
-    series = _batch_lines(series)
-    process = {}
-    for col in PROCESS_COUNTERS:
-        # One process holds every strategy's caches: these counters are not per strategy.
-        per_step = steps.groupby("step")[col].max().dropna()
-        if len(per_step):
-            process[col] = (per_step.index.to_numpy(dtype="float64"), _floats(per_step))
-    return SpeedInfo(series, process)
-
-
-BATCH_COLOR = "#555555"
-
-
-def _batch_lines(series: list[_Series]) -> list[_Series]:
-    """Strategies that ran as one strategy batch share each step's forward, so their tokens/s are
-    the same numbers: one line for them, named for how many, instead of lines drawn on each other."""
-    groups: dict[tuple, list[_Series]] = {}
-    for s in series:
-        key = (s.step.tobytes(), s.values["tokens_per_second"].tobytes())
-        groups.setdefault(key, []).append(s)
-    out = []
-    for group in groups.values():
-        if len(group) == 1:
-            out.append(group[0])
-        else:
-            name = f"one batch of {len(group)}: " + ", ".join(g.strategy for g in group)
-            out.append(
-                _Series(
-                    name if len(name) <= 60 else f"one batch of {len(group)} strategies",
-                    BATCH_COLOR,
-                    group[0].step,
-                    group[0].values,
-                )
-            )
-    return out
 
 
 def _speed_plot(info: SpeedInfo) -> go.Figure:
@@ -511,7 +380,7 @@ def _speed_plot(info: SpeedInfo) -> go.Figure:
 def speed_figure(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str, str] | None = None) -> go.Figure:
     """Decode tokens/s per strategy vs step, and the process's device/RSS memory vs step (the
     process counters are the process's, whichever strategies are shown)."""
-    info = _speed_info(steps, strategies, colors) if len(steps) else SpeedInfo([], {})
+    info = speed_info(steps, strategies, colors) if len(steps) else SpeedInfo([], {})
     if not info.series and not info.process:
         return empty_figure("Speed and memory of the process", "no timings recorded (the system probe was off)")
     return _speed_plot(info)
@@ -563,8 +432,8 @@ def _error_bars_info(layers: pd.DataFrame, strategies: Sequence[str], strategy: 
     if shown is None:
         return ErrorBarsInfo(strategy, None, np.array([]), np.array([]), np.array([]), color)
     at = part[part["step"] == shown].sort_values("layer")
-    layer = _floats(at["layer"]).astype(np.int64)
-    return ErrorBarsInfo(strategy, shown, layer, _floats(at["key_rel_rms"]), _floats(at["value_rel_rms"]), color)
+    layer = floats(at["layer"]).astype(np.int64)
+    return ErrorBarsInfo(strategy, shown, layer, floats(at["key_rel_rms"]), floats(at["value_rel_rms"]), color)
 
 
 def quant_error_bars(layers: pd.DataFrame, strategies: Sequence[str], strategy: str, step: int) -> go.Figure:

@@ -15,10 +15,9 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 import pandas as pd
 
 from cachelib.profile import Profile, summarize, verdict
-from cachelib.profile.summary import full_cache_bytes_per_token
+from cachelib.profile.figure_data import full_cache_reference, merge_references, relabel, strategy_labels, unique_names
 
 TABLES = ("steps", "layers", "slots", "masks")
-REFERENCE_LABEL = "full cache (exact fit)"
 LARGE_BYTES = 50 * 2**20  # a profile file this big reads its per-layer table only when asked to
 
 
@@ -125,27 +124,6 @@ def run_view(
     )
 
 
-def full_cache_reference(meta: dict, steps: pd.DataFrame, baseline: str) -> pd.DataFrame | None:
-    """Bytes a full-precision cache holding exactly every token so far would take, per step:
-    the planner's bytes per token of the recorded geometry x tokens. None when the profile lacks
-    the geometry (e.g. a recurrent model)."""
-    per_token = full_cache_bytes_per_token(meta)
-    if per_token is None or not len(steps):
-        return None
-    rows = steps[steps["strategy"] == baseline]
-    if not len(rows):
-        rows = steps.drop_duplicates("step")
-    rows = rows.sort_values("step")
-    tokens = pd.to_numeric(rows["position"], errors="coerce") + 1
-    return pd.DataFrame(
-        {
-            "step": rows["step"].astype("int64").to_numpy(),
-            "bytes": (tokens * per_token).to_numpy(dtype="float64"),
-            "label": REFERENCE_LABEL,
-        }
-    )
-
-
 SUMMARY_DISPLAY = {
     "strategy": "strategy",
     "steps": "steps",
@@ -216,8 +194,8 @@ def combine(views: Sequence[RunView]) -> RunView:
     """Several runs as one view: every strategy relabelled "run name / strategy"."""
     if len(views) == 1:
         return views[0]
-    names = _unique_names([v.name for v in views])
-    renames = [{s: f"{name} / {s}" for s in v.strategies} for name, v in zip(names, views)]
+    names = unique_names([v.name for v in views])
+    renames = strategy_labels(names, [v.strategies for v in views])
     strategies, baselines, summaries, references = [], [], [], {}
 
     def relabelled(table: str) -> pd.DataFrame:
@@ -226,8 +204,7 @@ def combine(views: Sequence[RunView]) -> RunView:
         for rename, v in zip(renames, views):
             frame = v.tables[table]
             if len(frame):
-                labels = frame["strategy"].astype("string").map(lambda s, r=rename: r.get(s, s))
-                parts.append(frame.assign(strategy=labels))
+                parts.append(relabel(frame, rename))
         return _concat(parts, views[0].tables[table])
 
     for name, v, rename in zip(names, views, renames):
@@ -248,47 +225,13 @@ def combine(views: Sequence[RunView]) -> RunView:
         reason="; ".join(reasons),
         tables=LazyTables(relabelled),
         summary=pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame(columns=SUMMARY_COLUMNS),
-        reference=_merge_references(references),
+        reference=merge_references(references),
         size_bytes=sum(v.size_bytes or 0 for v in views) or None,
     )
 
 
 def _concat(parts: list[pd.DataFrame], like: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else like.iloc[0:0]
-
-
-def _merge_references(refs: dict[str, pd.DataFrame]) -> pd.DataFrame | None:
-    """One full-cache line per distinct curve: runs of one model and prompt agree on the steps
-    they share, so the longest of them stands for all."""
-    groups: list[list] = []  # [run names, curve (bytes by step)]
-    for name, ref in refs.items():
-        curve = ref.set_index("step")["bytes"]
-        for group in groups:
-            common = curve.index.intersection(group[1].index)
-            if len(common) and curve[common].equals(group[1][common]):
-                group[0].append(name)
-                if len(curve) > len(group[1]):
-                    group[1] = curve
-                break
-        else:
-            groups.append([[name], curve])
-    if not groups:
-        return None
-    if len(groups) == 1:
-        return groups[0][1].rename("bytes").reset_index().assign(label=REFERENCE_LABEL)
-    return pd.concat(
-        [c.rename("bytes").reset_index().assign(label=f"full cache ({', '.join(n)})") for n, c in groups],
-        ignore_index=True,
-    )
-
-
-def _unique_names(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for n in names:
-        seen[n] = seen.get(n, 0) + 1
-        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
-    return out
 
 
 def nearest_at_or_before(recorded: Sequence[int], step: int) -> int | None:

@@ -5,11 +5,9 @@ planner) both import it; neither imports the other."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
 import plotly.graph_objects as go
 
+from cachelib.profile.figure_data import sampling_period
 from cachelib.profile.palette import PALETTE, REFERENCE_COLOR, legend_below, strategy_colors
 
 __all__ = [
@@ -63,19 +61,6 @@ def below_toolbar(fig: go.Figure) -> go.Figure:
         meta="below_toolbar",
     )
     return fig
-
-
-def sampling_period(steps: Sequence[float] | np.ndarray) -> int | None:
-    """How often a sampled probe recorded, read from the steps it recorded: the most common gap
-    between consecutive steps (a probe every k steps also records the last step, one shorter
-    gap). None for fewer than two steps."""
-    s = np.unique(np.asarray(steps, dtype="float64")[np.isfinite(np.asarray(steps, dtype="float64"))])
-    if len(s) < 2:
-        return None
-    gaps = np.diff(s).astype(np.int64)
-    values, counts = np.unique(gaps, return_counts=True)
-    best = counts.max()
-    return int(values[counts == best].max())
 
 
 def empty_figure(title: str, message: str, *, height: int = 260) -> go.Figure:

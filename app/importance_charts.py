@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .charts import _floats
+from cachelib.profile.figure_data import floats
+
 from .figures import LEGEND_RIGHT, PALETTE, empty_figure, sampling_period
 from .inspector_charts import HOVER_CELLS, _key_list
 
@@ -49,7 +50,7 @@ def _share(rows: pd.DataFrame, width: int) -> tuple[np.ndarray, int]:
 def _offsets(layers: pd.DataFrame, strategy: str) -> dict[tuple[int, int], int]:
     """{(step, layer): tokens seen} from the per-layer rows (memory probe)."""
     rows = layers[(layers["strategy"] == strategy) & layers["offset"].notna()]
-    return {(int(s), int(l)): int(o) for s, l, o in zip(rows["step"], rows["layer"], _floats(rows["offset"]))}
+    return {(int(s), int(l)): int(o) for s, l, o in zip(rows["step"], rows["layer"], floats(rows["offset"]))}
 
 
 def _prompt_tokens(slots: pd.DataFrame, layers: pd.DataFrame, strategy: str) -> int | None:

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .charts import _floats
+from cachelib.profile.figure_data import floats
+
 from .figures import LEGEND_RIGHT, empty_figure, sampling_period
 
 EMPTY_SLOT_COLOR = "#e5e5e5"
@@ -250,7 +251,7 @@ def _mask_info(masks: pd.DataFrame, strategy: str, step: int, layer: int, order:
     width = min(len(keys), min(len(str(m)) for m in rows["mask"]))
     keys = keys[:width]
     visible = np.array([[c == "1" for c in str(m)[:width]] for m in rows["mask"]], dtype=bool).reshape(len(rows), width)
-    queries = _floats(rows["query_position"]).astype(np.int64)
+    queries = floats(rows["query_position"]).astype(np.int64)
     if order == "slot":
         state = _states_slot_order(visible, keys, queries)
         return MaskInfo(strategy, step, layer, order, state, queries, keys, np.arange(width))
@@ -410,7 +411,7 @@ def _mask_run_info(
 ) -> MaskRunInfo | None:
     held, source = _held_per_step(slots, layers, strategy, layer)
     srows = steps[(steps["strategy"] == strategy) & (steps["phase"] == "decode")]
-    query = dict(zip(_floats(srows["step"]).astype(np.int64).tolist(), _floats(srows["position"]).tolist()))
+    query = dict(zip(floats(srows["step"]).astype(np.int64).tolist(), floats(srows["position"]).tolist()))
     recorded = sorted(s for s in held if s in query and np.isfinite(query[s]))
     if not recorded:
         return None

@@ -18,8 +18,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from cachelib.core.units import GiB as GB  # the planner counts device memory in GiB
-from cachelib.core.units import human_gib as human_bytes
+from cachelib.core.units import (
+    GiB,  # the planner counts device memory in GiB
+    human_gib,
+)
 from cachelib.plan import Fit
 from cachelib.plan.quality import Evidence
 from cachelib.spec import parse_spec
@@ -118,7 +120,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
             fig.add_trace(
                 go.Scatter(
                     x=c.context,
-                    y=y / GB,
+                    y=y / GiB,
                     name=c.strategy,
                     legendgroup=c.strategy,
                     showlegend=kind == "allocated",
@@ -132,9 +134,9 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
     if info.cache_budget is not None:
         budget = info.cache_budget
         fig.add_hline(
-            y=budget / GB,
+            y=budget / GiB,
             line={"color": BUDGET_COLOR, "dash": "dash", "width": 2},
-            annotation_text=f"left for cache + activations {human_bytes(budget)}",
+            annotation_text=f"left for cache + activations {human_gib(budget)}",
             annotation_position="top left",
         )
         if info.max_context:
@@ -143,7 +145,7 @@ def _plan_memory_plot(info: PlanMemoryInfo, log: bool) -> go.Figure:
             fig.add_trace(
                 go.Scatter(
                     x=[info.max_context[s] for s in names],
-                    y=[budget / GB] * len(names),
+                    y=[budget / GiB] * len(names),
                     mode="markers",
                     name="max context in the budget",
                     customdata=names,
@@ -342,7 +344,7 @@ def plan_table(fits: Sequence[Fit]) -> pd.DataFrame:
 NO_VALUE = "–"
 NOT_COVERED = "not covered"  # what the CLI prints too
 TEXT_FORMATS: dict[str, Callable] = {
-    **{c: human_bytes for c in BYTE_COLUMNS},
+    **{c: human_gib for c in BYTE_COLUMNS},
     **{c: "{:,}".format for c in ("max context", "max batch", "sessions")},
     "mean KL": "{:.4g}".format,
     "top-1": "{:.1%}".format,
@@ -453,7 +455,7 @@ class QualityPoint(NamedTuple):
     ci95: float | None
 
 
-class QualityInfo(NamedTuple):
+class PlanQualityInfo(NamedTuple):
     points: list[QualityPoint]  # measured, on the planned backend (or all, when it has none)
     targets: list[tuple[str, str, float]]  # (family, spec, kept fraction) of each planned strategy at its context
     context: int  # the planned context
@@ -467,7 +469,7 @@ def _family_label(spec: str) -> str:
     return s.name + (" " + ",".join(rest) if rest else "")
 
 
-def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int, backend: str) -> QualityInfo:
+def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int, backend: str) -> PlanQualityInfo:
     """The measured quality per strategy family against context and kept fraction, and where
     each planned (lossy) strategy sits: what the Planner's evidence chart shows."""
     mine = [e for e in evidence if e.backend == backend] or list(evidence)
@@ -484,10 +486,10 @@ def quality_info(evidence: Sequence[Evidence], fits: Sequence[Fit], context: int
             continue
         bound = spec.window
         targets.append((label, f.spec, 1.0 if bound is None else min(1.0, bound / f.cache.context)))
-    return QualityInfo(points, targets, context, backend)
+    return PlanQualityInfo(points, targets, context, backend)
 
 
-def quality_figure(info: QualityInfo) -> go.Figure:
+def quality_figure(info: PlanQualityInfo) -> go.Figure:
     """Two panels: mean KL against context, and against kept fraction; one line per family, the
     planned context and each planned strategy's kept fraction marked."""
     if not info.points:
@@ -538,9 +540,9 @@ def savings_text(pick: Fit, fits: Sequence[Fit]) -> str:
     a, b = ref.cache.peak_bytes, pick.cache.peak_bytes
     if b <= a:
         share = f" ({(a - b) / a:.0%} less)" if a else ""
-        text = f"Against {ref.spec} it needs {human_bytes(a - b)} less cache at its peak{share}"
+        text = f"Against {ref.spec} it needs {human_gib(a - b)} less cache at its peak{share}"
     else:
-        text = f"It needs {human_bytes(b - a)} more cache at its peak than {ref.spec}"
+        text = f"It needs {human_gib(b - a)} more cache at its peak than {ref.spec}"
     if pick.sessions is not None and ref.sessions is not None:
         text += f", and {pick.sessions:,} concurrent sessions fit instead of {ref.sessions:,}"
     if pick.max_context is not None and ref.max_context is not None and pick.max_context != ref.max_context:

@@ -21,8 +21,7 @@ from app.plain import md
 from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
 from app.widgets import int_field
 from cachelib.cli.plan import SESSIONS_TEXT
-from cachelib.core.units import DTYPE_BYTES
-from cachelib.core.units import human_gib as human_bytes
+from cachelib.core.units import DTYPE_BYTES, human_gib
 from cachelib.plan import (
     Arch,
     Fit,
@@ -451,12 +450,12 @@ def header(p: Planned) -> None:
         f"context {v['plan_context']:,} (prompt {prompt:,} {feed}, then {v['plan_context'] - prompt:,} decode steps)",
     ]
     if r.weights_bytes is not None:
-        lines.append(f"weights {human_bytes(r.weights_bytes)} per device ({r.fits[0].device.weights_note})")
+        lines.append(f"weights {human_gib(r.weights_bytes)} per device ({r.fits[0].device.weights_note})")
     if r.cache_budget is not None:
         lines.append(
-            f"budget {human_bytes(request.budget_bytes)} − reserve {human_bytes(request.reserve_bytes)}"
-            f" − overhead {human_bytes(r.fits[0].overhead_bytes)} − weights = "
-            f"**{human_bytes(r.cache_budget)} for the cache and activations**"
+            f"budget {human_gib(request.budget_bytes)} − reserve {human_gib(request.reserve_bytes)}"
+            f" − overhead {human_gib(r.fits[0].overhead_bytes)} − weights = "
+            f"**{human_gib(r.cache_budget)} for the cache and activations**"
         )
     st.markdown(" · ".join(lines))
     st.caption("Memory in GiB (2^30 bytes), per device. " + SESSIONS_TEXT[0].upper() + SESSIONS_TEXT[1:] + ".")
@@ -470,7 +469,7 @@ def counted(p: Planned) -> None:
     with st.expander(f'What "fits" counts, per device, for {first.spec}'):
         st.dataframe(
             pd.DataFrame(
-                [{"term": name, "bytes": human_bytes(n), "from": note} for name, n, note in first.device.terms()]
+                [{"term": name, "bytes": human_gib(n), "from": note} for name, n, note in first.device.terms()]
             ),
             hide_index=True,
             width="stretch",

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 from ..core.cells import escape_cell
-from ..core.units import DTYPE_BYTES, clip_message
-from ..core.units import human_gib as human_bytes
+from ..core.units import DTYPE_BYTES, clip_message, human_gib
 from ..plan.accounting import account
 from ..plan.answer import RUNTIME_SET, build_answer, default_strategies
 from ..plan.device import WEIGHT_FORMATS
@@ -446,10 +445,10 @@ def _header(result: PlanResult) -> str:
         f = result.fits[0]
         lines.append(f"memory per device (GiB = 2^30 bytes), counted for {f.spec}:")
         for name, n, note in f.device.terms():
-            lines.append(f"  {name:<17} {human_bytes(n):>11}  {note}")
+            lines.append(f"  {name:<17} {human_gib(n):>11}  {note}")
         lines.append(
-            f"  {'total':<17} {human_bytes(f.device.total):>11}"
-            + (f"  of a {human_bytes(r.budget_bytes)} budget" if r.budget_bytes is not None else "")
+            f"  {'total':<17} {human_gib(f.device.total):>11}"
+            + (f"  of a {human_gib(r.budget_bytes)} budget" if r.budget_bytes is not None else "")
         )
     try:
         pool = r.vllm_pool(arch)
@@ -459,7 +458,7 @@ def _header(result: PlanResult) -> str:
     if pool is not None:
         lines.append("vLLM's KV pool per device, as vLLM sizes it at startup (Worker.determine_available_memory):")
         for name, n, note in pool.terms():
-            lines.append(f"  {name:<17} {human_bytes(n):>11}  {note}")
+            lines.append(f"  {name:<17} {human_gib(n):>11}  {note}")
         lines += [f"  vLLM would log: {line}" for line in pool.log_lines()]
         if pool.refused:
             lines.append(f"  {pool.refused}")
@@ -556,26 +555,26 @@ def format_table(fits: list[Fit], budgeted: bool) -> str:
         c = f.cache
         row = [
             f.spec,
-            human_bytes(c.bytes_allocated),
-            human_bytes(c.bytes_used),
-            human_bytes(c.peak_bytes),
-            human_bytes(c.bytes_per_token),
-            human_bytes(c.host_bytes) if c.host_bytes else "-",
-            human_bytes(f.activation_bytes),
+            human_gib(c.bytes_allocated),
+            human_gib(c.bytes_used),
+            human_gib(c.peak_bytes),
+            human_gib(c.bytes_per_token),
+            human_gib(c.host_bytes) if c.host_bytes else "-",
+            human_gib(f.activation_bytes),
         ]
         if spread:
-            row.insert(2, human_bytes(c.total_bytes))
+            row.insert(2, human_gib(c.total_bytes))
         if measured:
             q = f.quality
             row += [f"{q.mean_kl:.4g}" if q else "not covered", f"{q.top1_agreement:.1%}" if q else "-"]
         if budgeted:
             row += [
                 "yes" if f.fits else "NO",
-                human_bytes(f.headroom_bytes),
+                human_gib(f.headroom_bytes),
                 _limit_text(f),
                 str(f.max_batch),
                 str(f.sessions),
-                human_bytes(f.budget_needed),
+                human_gib(f.budget_needed),
             ]
         rows.append(row)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -611,7 +610,7 @@ def _layer_table(arch, spec, r: PlanRequest) -> str:
     for (kind, cls, held, slots, nbytes, on_device), first, last in runs:
         span = str(first) if first == last else f"{first}-{last}"
         lines.append(
-            f"{span:>7}  {kind:<9}  {cls:<26}  {held:>8}  {slots:>8}  {human_bytes(nbytes):>10}  "
+            f"{span:>7}  {kind:<9}  {cls:<26}  {held:>8}  {slots:>8}  {human_gib(nbytes):>10}  "
             + ("device" if on_device else "host")
         )
     return "\n".join(lines)

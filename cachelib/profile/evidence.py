@@ -24,7 +24,7 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable
 
 from ..core.home import cache_dir
 from ..core.reader import read_bytes
@@ -45,15 +45,6 @@ SAMPLE_IDENTITY = ("model", "backend", "strategy", "context", "score_tokens", "p
 # a trial is its prompt (the key drawn for it, so two seeds are two trials) and how the question
 # reached the cache (files written before ``question`` existed lack it: one mode among themselves)
 RETRIEVAL_IDENTITY = ("model", "backend", "strategy", "context", "depth", "trial", "task", "answer", "question")
-
-
-def ci95(values: Sequence[float]) -> float | None:
-    """Half-width of the 95% confidence interval of the mean (Student t); None for fewer than
-    two values."""
-    from .evaluation import ci95 as _ci95
-
-    half = _ci95(list(values))
-    return None if math.isnan(half) else half
 
 
 @dataclass(frozen=True)
@@ -264,6 +255,12 @@ def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame
     import numpy as np
     import pandas as pd
 
+    from .evaluation import ci95
+
+    def half_width(values) -> float | None:  # Evidence says "one sample" with None, the table with NaN
+        half = ci95(values)
+        return None if math.isnan(half) else half
+
     frames = [f for f in samples if len(f)]
     if not frames:
         return []
@@ -315,10 +312,10 @@ def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame
                 samples=len(rows),
                 mean_kl=float(kl[rows].mean()),
                 top1_agreement=float(top1[rows].mean()),
-                mean_kl_ci95=ci95(kl[rows].tolist()),
-                top1_ci95=ci95(top1[rows].tolist()),
+                mean_kl_ci95=half_width(kl[rows].tolist()),
+                top1_ci95=half_width(top1[rows].tolist()),
                 delta_ppl=None if valid is None or not len(valid) else float(valid.mean()),
-                delta_ppl_ci95=None if delta is None else ci95(delta.tolist()),
+                delta_ppl_ci95=None if delta is None else half_width(delta.tolist()),
                 retrieval=accuracy.get((model, backend, strategy, context)),
                 kind="evaluation",
                 files=tuple(sorted(set(file_col[rows]))),

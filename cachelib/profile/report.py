@@ -7,9 +7,10 @@ no cachelib: what ran (model, backend, dtype, mode, prompt), the summary table o
 speed), drawn with plotly and with plotly.js inlined once. The app's download button and
 ``python -m cachelib report`` both call it.
 
-Each figure is ``_*_info(runs) -> NamedTuple`` (the data behind it, which the tests check) then
-``_*_plot(info) -> go.Figure``. Sampled probes (``memory=4``) leave steps empty: the lines join
-the recorded steps, so a sampled profile never draws an empty chart.
+Each figure is ``*_info(tables) -> NamedTuple`` from :mod:`cachelib.profile.figure_data` (the data
+behind it, the very series, names and colours the app's figure draws) then ``*_plot(info) ->
+go.Figure``. Sampled probes (``memory=4``) leave steps empty: the lines join the recorded steps,
+so a sampled profile never draws an empty chart.
 
 :func:`token_streams` reads what each strategy predicted at each step (``token_id``) and where it
 first departs from the baseline's choice; it knows no tokenizer (the caller decodes).
@@ -29,9 +30,22 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from .. import __version__
-from .palette import BYTE_UNIT, MIB, PALETTE, REFERENCE_COLOR, legend_below
+from .figure_data import (
+    PROCESS_COLORS,
+    PROCESS_COUNTERS,
+    FigureTables,
+    MemoryInfo,
+    QualityInfo,
+    SpeedInfo,
+    figure_tables,
+    memory_info,
+    quality_info,
+    sampled_note,
+    speed_info,
+)
+from .palette import BYTE_UNIT, MIB, REFERENCE_COLOR, legend_below
 from .store import Profile
-from .summary import full_cache_bytes_per_token, summarize, verdict
+from .summary import summarize, verdict
 
 PLOT_PX = 340  # the plot area's height; each figure's legend, under it, adds its own rows
 
@@ -59,114 +73,24 @@ class ReportRun:
         return str(self.meta.get("baseline", ""))
 
 
-# --- the data behind each figure ------------------------------------------------------------
-
-
-class Line(NamedTuple):
-    label: str  # "strategy" (one profile) or "profile / strategy"
-    color: str
-    steps: list[int]
-    values: list[float]
-
-
-class MemoryInfo(NamedTuple):
-    used: list[Line]  # values in MiB (2^20 bytes), as every byte axis and table of the app and report
-    allocated: list[Line]
-    reference: list[Line]  # the full cache holding every token so far, per profile (dtype in the label)
-
-
-class QualityInfo(NamedTuple):
-    kl: list[Line]  # per non-baseline strategy
-    agreement: list[Line]  # running share of steps whose top token is the baseline's
-
-
-class SpeedInfo(NamedTuple):
-    tokens_per_second: list[Line]
-
-
-def _labelled(runs: Sequence[ReportRun]) -> list[tuple[ReportRun, str, str, str]]:
-    """(run, strategy, label, colour) in order; labels carry the profile name when there are several."""
-    out = []
-    names = _unique([r.name for r in runs])
-    for run, name in zip(runs, names):
-        for s in run.strategies:
-            label = s if len(runs) == 1 else f"{name} / {s}"
-            # The app's colours: the same palette over the same order (cachelib.profile.palette).
-            out.append((run, s, label, PALETTE[len(out) % len(PALETTE)]))
-    return out
-
-
-def _series(steps: pd.DataFrame, strategy: str, column: str) -> tuple[list[int], list[float]]:
-    """The recorded (non-empty) values of ``column``: a sampled probe's steps, joined."""
-    rows = steps[(steps["strategy"] == strategy) & steps[column].notna()].sort_values("step")
-    return rows["step"].astype(int).tolist(), pd.to_numeric(rows[column]).astype(float).tolist()
-
-
-def memory_info(runs: Sequence[ReportRun]) -> MemoryInfo:
-    used, allocated, reference = [], [], []
-    for run, strategy, label, color in _labelled(runs):
-        for out, column in ((used, "cache_bytes_used"), (allocated, "cache_bytes_allocated")):
-            steps, values = _series(run.steps, strategy, column)
-            if steps:
-                out.append(Line(label, color, steps, [v / MIB for v in values]))
-    curves: dict[tuple, list[str]] = {}  # one line per distinct curve, naming the profiles it stands for
-    for run, name in zip(runs, _unique([r.name for r in runs])):
-        per_token = full_cache_bytes_per_token(run.meta)
-        rows = run.steps[run.steps["strategy"] == run.baseline].sort_values("step")
-        if per_token is None or rows.empty:
-            continue
-        tokens = pd.to_numeric(rows["position"]) + 1
-        curve = (
-            str(run.meta.get("dtype", "")),
-            tuple(rows["step"].astype(int)),
-            tuple((tokens * per_token).astype(float)),
-        )
-        curves.setdefault(curve, []).append(name)
-    for (dtype, steps, values), names in curves.items():
-        what = f"full cache, {dtype}".rstrip(", ")
-        label = what if len(runs) == 1 else f"{what} ({', '.join(names)})"
-        reference.append(Line(label, REFERENCE_COLOR, list(steps), [v / MIB for v in values]))
-    return MemoryInfo(used, allocated, reference)
-
-
-def quality_info(runs: Sequence[ReportRun]) -> QualityInfo:
-    kl, agreement = [], []
-    for run, strategy, label, color in _labelled(runs):
-        if strategy == run.baseline:
-            continue
-        steps, values = _series(run.steps, strategy, "kl")
-        if steps:
-            kl.append(Line(label, color, steps, values))
-        rows = run.steps[(run.steps["strategy"] == strategy) & run.steps["top1_agree"].notna()].sort_values("step")
-        if len(rows):
-            share = rows["top1_agree"].astype(float).expanding().mean()
-            agreement.append(Line(label, color, rows["step"].astype(int).tolist(), share.tolist()))
-    return QualityInfo(kl, agreement)
-
-
-def speed_info(runs: Sequence[ReportRun]) -> SpeedInfo:
-    lines = []
-    for run, strategy, label, color in _labelled(runs):
-        decode = run.steps[run.steps["phase"] == "decode"]
-        steps, values = _series(decode, strategy, "tokens_per_second")
-        if steps:
-            lines.append(Line(label, color, steps, values))
-    return SpeedInfo(lines)
-
-
 # --- the figures ----------------------------------------------------------------------------
 
 
-def _scatter(line: Line, name: str, dash: str = "solid", group: str | None = None, show: bool = True) -> go.Scatter:
+def report_tables(runs: Sequence[ReportRun]) -> FigureTables:
+    """The tables the figures read: the runs' steps relabelled as the app's combined view does."""
+    return figure_tables([(r.name, r.meta, r.steps) for r in runs])
+
+
+def _scatter(x, y, name: str, color: str, *, dash: str = "solid", group: str | None = None, **more) -> go.Scatter:
     return go.Scatter(
-        x=line.steps,
-        y=line.values,
+        x=x,
+        y=y,
         name=name,
-        mode="lines+markers" if len(line.steps) < 40 else "lines",
-        line=dict(color=line.color, dash=dash),
+        mode="lines+markers" if len(x) < 40 else "lines",
+        line=dict(color=color, dash=dash),
         marker=dict(size=4),
-        legendgroup=group or line.label,
-        showlegend=show,
+        legendgroup=group or name,
+        **more,
     )
 
 
@@ -178,45 +102,58 @@ def _layout(fig: go.Figure, title: str, plot_px: int = PLOT_PX) -> go.Figure:
 
 
 def memory_plot(info: MemoryInfo) -> go.Figure:
+    """Used (solid) and allocated (dashed) bytes per strategy, and the full cache (dotted), in MiB."""
     fig = go.Figure()
-    # One legend entry per strategy: its used (solid) and allocated (dashed) lines toggle together.
-    for line in info.used:
-        fig.add_trace(_scatter(line, line.label))
-    used = {line.label for line in info.used}
-    for line in info.allocated:
-        fig.add_trace(_scatter(line, f"{line.label} · allocated", dash="dash", show=line.label not in used))
-    for line in info.reference:
-        fig.add_trace(_scatter(line, line.label, dash="dot"))
+    # One legend entry per strategy: its used and allocated lines toggle together.
+    for s in info.series:
+        for kind, dash in (("used", "solid"), ("allocated", "dash")):
+            y = s.values[kind] / MIB
+            fig.add_trace(_scatter(s.step, y, s.strategy, s.color, dash=dash, meta=kind, showlegend=kind == "used"))
+    for label, (x, y) in info.references.items():
+        fig.add_trace(_scatter(x, y / MIB, label, REFERENCE_COLOR, dash="dot", meta="reference"))
     fig.update_xaxes(title="step")
     fig.update_yaxes(title=f"{BYTE_UNIT} (all layers)")  # binary units, as the summary table's
-    return _layout(fig, "Cache memory: used (solid), allocated (dashed), full cache (dotted)")
+    title = "Cache memory: used (solid), allocated (dashed), full cache (dotted)" + sampled_note(info.every, "memory")
+    return _layout(fig, title)
 
 
 def quality_plot(info: QualityInfo) -> go.Figure:
+    """KL per step (top) and the running top-1 agreement in % (bottom), per non-baseline strategy."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    for line in info.kl:
-        fig.add_trace(_scatter(line, line.label), row=1, col=1)
-    for line in info.agreement:
-        fig.add_trace(_scatter(line, line.label, show=not any(k.label == line.label for k in info.kl)), row=2, col=1)
+    for s in info.series:
+        fig.add_trace(_scatter(s.step, s.values["kl"], s.strategy, s.color, meta="kl"), row=1, col=1)
+        agreement = s.values["agreement"] * 100
+        fig.add_trace(
+            _scatter(s.step, agreement, s.strategy, s.color, meta="agreement", showlegend=False), row=2, col=1
+        )
     fig.update_yaxes(title="KL (nats)", row=1, col=1)
-    fig.update_yaxes(title="top-1 agreement", tickformat=".0%", range=[0, 1.02], row=2, col=1)
+    fig.update_yaxes(title="top-1 agreement (%)", range=[0, 101], row=2, col=1)
     fig.update_xaxes(title="step", row=2, col=1)
     return _layout(fig, "Quality vs the baseline: KL per step, and top-1 agreement so far", PLOT_PX + 100)
 
 
 def speed_plot(info: SpeedInfo) -> go.Figure:
-    fig = go.Figure([_scatter(line, line.label) for line in info.tokens_per_second])
-    fig.update_xaxes(title="step")
-    fig.update_yaxes(title="tokens/s")
-    return _layout(fig, "Decode speed of each strategy's forward pass")
+    """Decode tokens/s per strategy (top) and the process's device-active and RSS memory (bottom)."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    for s in info.series:
+        rate = s.values["tokens_per_second"]
+        fig.add_trace(_scatter(s.step, rate, s.strategy, s.color, meta="tokens_per_second"), row=1, col=1)
+    for col, (x, y) in info.process.items():
+        name = PROCESS_COUNTERS[col]
+        fig.add_trace(_scatter(x, y / MIB, name, PROCESS_COLORS[col], dash="dot", meta=col), row=2, col=1)
+    fig.update_yaxes(title="tokens/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title=f"process {BYTE_UNIT}", row=2, col=1)
+    fig.update_xaxes(title="step", row=2, col=1)
+    return _layout(fig, "Decode speed of each strategy's forward pass, and the process's memory", PLOT_PX + 100)
 
 
 def report_figures(runs: Sequence[ReportRun]) -> dict[str, go.Figure]:
-    """The report's figures by name, each drawn from its info."""
+    """The report's figures by name, each drawn from the info the app's figure draws."""
+    t = report_tables(runs)
     return {
-        "memory": memory_plot(memory_info(runs)),
-        "quality": quality_plot(quality_info(runs)),
-        "speed": speed_plot(speed_info(runs)),
+        "memory": memory_plot(memory_info(t.steps, t.strategies, t.reference, t.colors)),
+        "quality": quality_plot(quality_info(t.steps, t.strategies, t.baselines, t.colors)),
+        "speed": speed_plot(speed_info(t.steps, t.strategies, t.colors)),
     }
 
 
@@ -480,12 +417,3 @@ def _e(text) -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _unique(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for n in names:
-        seen[n] = seen.get(n, 0) + 1
-        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
-    return out

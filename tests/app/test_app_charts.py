@@ -11,7 +11,7 @@ import pytest
 from app_helpers import figure_json
 
 from app import charts, figures
-from cachelib.profile import Profile
+from cachelib.profile import Profile, figure_data
 
 MIB = 2**20
 A, B, C = "standard", "rotating:max_size=6,keep=2", "quantized:bits=4"
@@ -86,14 +86,14 @@ def test_twelve_strategies_get_twelve_distinct_colours_that_stay_with_them_in_a_
             for t in (1, 2)
         ],
     )
-    info = charts._memory_info(steps, twelve[5:8], None, colors)
+    info = figure_data.memory_info(steps, twelve[5:8], None, colors)
     assert [s.color for s in info.series] == [colors[s] for s in twelve[5:8]]
 
 
 def test_sampling_period_is_read_from_the_recorded_steps():
-    assert figures.sampling_period([0, 4, 8, 12, 14]) == 4  # every 4th and the last
-    assert figures.sampling_period([0, 1, 2]) == 1
-    assert figures.sampling_period([5]) is None
+    assert figure_data.sampling_period([0, 4, 8, 12, 14]) == 4  # every 4th and the last
+    assert figure_data.sampling_period([0, 1, 2]) == 1
+    assert figure_data.sampling_period([5]) is None
 
 
 def test_empty_figure_says_why_there_is_nothing_to_draw():
@@ -143,7 +143,7 @@ def sampled_steps_table(every: int = 4, last: int = 9):
 
 
 def test_sampled_memory_lines_join_the_recorded_steps_and_say_the_period():
-    info = charts._memory_info(sampled_steps_table(), [A, B], None)
+    info = figure_data.memory_info(sampled_steps_table(), [A, B], None)
     assert info.every == 4
     for s in info.series:
         assert s.step.tolist() == [0, 4, 8, 9]  # the recorded steps only: no gaps to break the line
@@ -160,7 +160,7 @@ def test_committed_example_recorded_with_memory_4_draws_its_memory_lines():
     path = Path(__file__).resolve().parents[2] / "profiles" / "examples" / "smollm2-mlx-256t.csv"
     profile = load_profile(path)
     assert json.loads(profile.meta["probes"])["memory"] == 4
-    info = charts._memory_info(profile.frame("steps"), profile.strategies, None)
+    info = figure_data.memory_info(profile.frame("steps"), profile.strategies, None)
     assert [s.strategy for s in info.series] == profile.strategies
     assert info.every == 4
     for s in info.series:
@@ -330,13 +330,13 @@ def test_quant_error_bars_show_the_nearest_recorded_step_at_or_before():
 def test_sampled_speed_lines_keep_only_the_timed_steps():
     steps = sampled_steps_table().assign(tokens_per_second=lambda f: f["step"].where(f["step"] % 2 == 0) * 1.0)
     steps.loc[steps["strategy"] == B, "tokens_per_second"] *= 2  # each strategy timed on its own
-    info = charts._speed_info(steps, [A, B])
+    info = figure_data.speed_info(steps, [A, B])
     assert [s.step.tolist() for s in info.series] == [[2, 4, 6, 8]] * 2  # decode steps the probe timed
 
 
 def test_strategies_of_one_batch_share_one_speed_line():
     steps = sampled_steps_table().assign(tokens_per_second=lambda f: f["step"].where(f["step"] % 2 == 0) * 1.0)
-    info = charts._speed_info(steps, [A, B])  # the same tokens/s at every step: one forward for both
+    info = figure_data.speed_info(steps, [A, B])  # the same tokens/s at every step: one forward for both
     assert [s.strategy for s in info.series] == [f"one batch of 2: {A}, {B}"]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from app import data, profile_folder
 from cachelib.profile import Profile, list_profiles, load_profile
+from cachelib.profile.figure_data import full_cache_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,10 +90,11 @@ ROWS = [
 
 def test_full_cache_reference_is_two_times_layers_heads_dim_element_size_per_token():
     p = profile_with_steps(ROWS)
-    ref = data.full_cache_reference(p.meta, p.frame("steps"), "standard")
+    ref = full_cache_reference(p.meta, p.frame("steps"), "standard")
     assert ref["step"].tolist() == [0, 1]
     assert ref["bytes"].tolist() == [10 * PER_TOKEN, 11 * PER_TOKEN]  # positions 9 and 10 -> 10 and 11 tokens
-    assert data.full_cache_reference({**p.meta, "num_kv_heads": 0}, p.frame("steps"), "standard") is None
+    assert ref["label"].unique().tolist() == ["full cache, float16"]  # the dtype the summary's "saved" names
+    assert full_cache_reference({**p.meta, "num_kv_heads": 0}, p.frame("steps"), "standard") is None
 
 
 def test_summary_table_says_what_each_strategy_saved_in_plain_words():
@@ -169,14 +171,15 @@ def test_combine_labels_strategies_by_profile_and_keeps_each_baseline():
     assert set(both.steps["strategy"]) == set(both.strategies)
     assert both.summary["strategy"].tolist() == both.strategies
     assert both.status == "incomplete" and "run-b: stopped by request" in both.reason
-    assert both.reference["label"].unique().tolist() == [data.REFERENCE_LABEL]  # same model: one line
+    # same model: one line, naming the profiles it stands for
+    assert both.reference["label"].unique().tolist() == ["full cache, float16 (run-a, run-b)"]
     same = data.combine([a, data.run_view(profile_with_steps(ROWS), "run-a")])
     assert same.strategies[2] == "run-a (2) / standard"
     wider = data.run_view(profile_with_steps(ROWS, num_kv_heads=6), "run-c")  # another model: its own line
     refs = data.combine([a, wider]).reference
-    assert sorted(refs["label"].unique()) == ["full cache (run-a)", "full cache (run-c)"]
+    assert sorted(refs["label"].unique()) == ["full cache, float16 (run-a)", "full cache, float16 (run-c)"]
     by_label = refs.groupby("label")["bytes"].last()
-    assert by_label["full cache (run-c)"] == 2 * by_label["full cache (run-a)"]
+    assert by_label["full cache, float16 (run-c)"] == 2 * by_label["full cache, float16 (run-a)"]
 
 
 def test_nearest_recorded_step_is_at_or_before_else_the_first():

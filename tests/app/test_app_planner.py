@@ -15,7 +15,7 @@ from app_helpers import MAIN, plotly_figures
 from streamlit.testing.v1 import AppTest
 
 from cachelib.cli import main as cli_main
-from cachelib.core.units import human_gib as human_bytes  # the planner counts device memory in GiB
+from cachelib.core.units import human_gib  # the planner counts device memory in GiB
 from cachelib.plan import GiB as GB
 from cachelib.plan import PlanRequest, cache_budget, max_batch, plan, plan_request, preset
 from cachelib.plan.answer import default_strategies
@@ -110,13 +110,13 @@ def test_default_page_plans_llama_against_24_gb_with_the_librarys_numbers_as_the
     request = PlanRequest(DEFAULT_SPECS, context=32768, runtime="mlx-lm", budget_bytes=24 * GB)  # the CLI's defaults
     expected = plan(LLAMA, request)
     assert table["strategy"].tolist() == DEFAULT_SPECS  # only what was asked: no candidates unless suggested
-    assert table["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in expected]
+    assert table["peak"].tolist() == [human_gib(f.cache.peak_bytes) for f in expected]
     assert table["max batch"].tolist() == [f"{f.max_batch:,}" for f in expected]
     assert table["sessions"].tolist() == [f"{f.sessions:,}" for f in expected]
     assert table["max context"].tolist() == [f"{f.max_context:,}" for f in expected]
     assert table["limited by"].tolist() == ["memory"] * 3  # mlx-lm's quantized attention materialises scores
     result = plan_request(LLAMA, request, load_evidence().points)
-    assert f"{human_bytes(result.cache_budget)} for the cache and activations" in " ".join(m.value for m in at.markdown)
+    assert f"{human_gib(result.cache_budget)} for the cache and activations" in " ".join(m.value for m in at.markdown)
     assert "sessions can exceed the max batch" in " ".join(c.value for c in at.caption)
     # the answer first: the lossless standard fits, in mlx-lm's own command
     assert at.markdown[0].value == "**answer: standard (no cache flag) on mlx-lm for llama-3.1-8b at 32,768 tokens**"
@@ -258,7 +258,7 @@ def test_recommendation_comes_from_the_evidence_picked_as_the_cli_gives_it(
     assert table["strategy"].tolist() == [f.spec for f in result.fits]
     terms = at.dataframe[1].value  # what "fits" counted for the first strategy, term by term
     assert terms["term"].tolist() == ["weights", "cache peak", "activations peak", "runtime overhead", "reserve"]
-    assert terms["bytes"].tolist() == [human_bytes(n) for _, n, _ in result.fits[0].device.terms()]
+    assert terms["bytes"].tolist() == [human_gib(n) for _, n, _ in result.fits[0].device.terms()]
     evidence_table = at.dataframe[2].value
     assert set(evidence_table["files"]) == {"tiny-complete.csv"}
 
@@ -289,7 +289,7 @@ def test_a_context_far_past_the_models_length_plans_promptly_with_a_warning(prof
     assert any(f"context {context:,} is past llama-3.1-8b's limit of 131,072" in w for w in warned), warned
     table = at.dataframe[0].value
     request = PlanRequest(DEFAULT_SPECS, context=context, runtime="mlx-lm", budget_bytes=24 * GB)
-    assert table["peak"].tolist() == [human_bytes(f.cache.peak_bytes) for f in plan(LLAMA, request)]
+    assert table["peak"].tolist() == [human_gib(f.cache.peak_bytes) for f in plan(LLAMA, request)]
     memory = traces(figures(at)["memory"])["standard"]
     assert context in memory["x"] and max(memory["x"]) == 2 * context
     command = plan_command(at)
@@ -310,8 +310,8 @@ def test_runtime_and_parallelism_fields_plan_one_device_and_name_a_split_the_run
     request = PlanRequest(["standard"], context=32768, runtime="vllm", tp=8, budget_bytes=80 * GB)
     [fit] = plan(preset("llama-3.1-70b"), request)
     assert fit.cache.bytes_per_token == 40_960  # 8 KV heads over 8 ranks: one per GPU
-    assert table["allocated"].tolist()[0] == human_bytes(fit.cache.bytes_allocated)
-    assert table["all devices"].tolist()[0] == human_bytes(8 * fit.cache.bytes_allocated)
+    assert table["allocated"].tolist()[0] == human_gib(fit.cache.bytes_allocated)
+    assert table["all devices"].tolist()[0] == human_gib(8 * fit.cache.bytes_allocated)
     assert "--runtime vllm" in plan_command(at) and "--tp 8" in plan_command(at)
     vllm = "vllm serve meta-llama/Llama-3.1-70B --max-model-len 32768 --gpu-memory-utilization 0.9 -tp 8"
     assert at.code[0].value == vllm  # the answer in vLLM's own flags

@@ -13,8 +13,10 @@ from app_helpers import figure_json
 from app import plan_charts
 from app.figures import strategy_colors
 from cachelib.cli.plan import format_table
-from cachelib.core.units import GiB  # the planner's unit
-from cachelib.core.units import human_gib as human_bytes
+from cachelib.core.units import (
+    GiB,  # the planner's unit
+    human_gib,
+)
 from cachelib.plan import (
     GB,
     PlanRequest,
@@ -194,7 +196,7 @@ def test_savings_text_counts_against_the_first_strategy():
     std, quant = fits[0], fits[2]
     text = plan_charts.savings_text(quant, fits)
     saved = std.cache.peak_bytes - quant.cache.peak_bytes
-    assert text.startswith(f"Against standard it needs {human_bytes(saved)} less cache at its peak")
+    assert text.startswith(f"Against standard it needs {human_gib(saved)} less cache at its peak")
     assert f"({saved / std.cache.peak_bytes:.0%} less)" in text
     assert f"{quant.sessions:,} concurrent sessions fit instead of {std.sessions:,}" in text
     assert "nothing saved" in plan_charts.savings_text(std, fits)

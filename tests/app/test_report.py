@@ -17,15 +17,8 @@ from plotly.offline import get_plotlyjs
 
 from cachelib.cli import main
 from cachelib.profile import Profile, load_profile
-from cachelib.profile.report import (
-    ReportRun,
-    memory_info,
-    quality_info,
-    report_html,
-    speed_info,
-    stream_segments,
-    token_streams,
-)
+from cachelib.profile.figure_data import memory_info, quality_info, speed_info
+from cachelib.profile.report import ReportRun, report_html, report_tables, stream_segments, token_streams
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "profiles" / "examples" / "smollm2-mlx-256t.csv"
@@ -107,42 +100,48 @@ def summary_tables(page: str) -> list[pd.DataFrame]:
     return [pd.DataFrame(rows[1:], columns=rows[0]) for rows in parser.tables]
 
 
+def memory_of(*runs: ReportRun):
+    t = report_tables(runs)
+    return memory_info(t.steps, t.strategies, t.reference, t.colors)
+
+
 def test_memory_lines_join_the_sampled_steps_of_a_profile_recorded_with_memory_every_4(example):
-    info = memory_info([ReportRun.of(example)])
+    info = memory_of(ReportRun.of(example))
     steps = example.frame("steps")
     recorded = steps[(steps["strategy"] == "standard") & steps["cache_bytes_used"].notna()]
-    standard = next(line for line in info.used if line.label == "standard")
-    assert standard.steps == recorded["step"].tolist() and len(standard.steps) == 65  # 0, 4, ..., 252 and 255
-    assert standard.values == (recorded["cache_bytes_used"].astype(float) / 2**20).tolist()  # MiB, binary
-    assert [line.label for line in info.used] == example.strategies
-    assert len({line.color for line in info.used}) == len(example.strategies)  # one colour per strategy
-    (reference,) = info.reference
-    assert reference.label == "full cache, float32"
-    assert reference.values[-1] == 46_080 * 301 / 2**20  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes, 301 tokens
-    assert standard.values[-1] == reference.values[-1]  # the standard cache uses exactly the full cache's bytes
+    standard = next(s for s in info.series if s.strategy == "standard")
+    assert standard.step.tolist() == recorded["step"].tolist() and len(standard.step) == 65  # 0, 4, ..., 252, 255
+    assert standard.values["used"].tolist() == recorded["cache_bytes_used"].astype(float).tolist()  # bytes
+    assert info.every == 4
+    assert [s.strategy for s in info.series] == example.strategies
+    assert len({s.color for s in info.series}) == len(example.strategies)  # one colour per strategy
+    ((label, (_, reference)),) = info.references.items()
+    assert label == "full cache, float32"
+    assert reference[-1] == 46_080 * 301  # 30 layers x 3 KV heads x 64 x 2 x 4 bytes, 301 tokens
+    assert standard.values["used"][-1] == reference[-1]  # the standard cache uses exactly the full cache's bytes
 
 
 def test_quality_and_speed_lines_leave_out_the_baseline_and_the_prefill(example):
-    runs = [ReportRun.of(example)]
-    quality = quality_info(runs)
-    assert [line.label for line in quality.kl] == example.strategies[1:]
+    t = report_tables([ReportRun.of(example)])
+    quality = quality_info(t.steps, t.strategies, t.baselines, t.colors)
+    assert [s.strategy for s in quality.series] == example.strategies[1:]
     steps = example.frame("steps")
     ring = steps[steps["strategy"] == "rotating:max_size=32,keep=4"]
-    line = next(l for l in quality.agreement if l.label == "rotating:max_size=32,keep=4")
-    assert line.values[-1] == pytest.approx(ring["top1_agree"].astype(float).mean())
-    speed = speed_info(runs)
-    assert all(0 not in line.steps for line in speed.tokens_per_second)  # decode steps only
+    line = next(s for s in quality.series if s.strategy == "rotating:max_size=32,keep=4")
+    assert line.values["agreement"][-1] == pytest.approx(ring["top1_agree"].astype(float).mean())
+    speed = speed_info(t.steps, t.strategies, t.colors)
+    assert speed.series and all(0 not in s.step for s in speed.series)  # decode steps only
 
 
 def test_several_profiles_are_labelled_by_profile_and_share_a_full_cache_line_only_when_it_is_the_same(example):
     torch = load_profile(ROOT / "profiles" / "examples" / "smollm2-torch-256t.csv")
-    info = memory_info([ReportRun.of(example, "mlx"), ReportRun.of(torch, "torch")])
-    assert info.used[0].label == "mlx / standard" and info.used[-1].label == "torch / offloaded"
-    assert len({line.color for line in info.used}) == len(info.used)  # 15 strategies, 15 colours
-    assert [r.label for r in info.reference] == ["full cache, float32 (mlx, torch)"]  # same model, prompt, steps
+    info = memory_of(ReportRun.of(example, "mlx"), ReportRun.of(torch, "torch"))
+    assert info.series[0].strategy == "mlx / standard" and info.series[-1].strategy == "torch / offloaded"
+    assert len({s.color for s in info.series}) == len(info.series)  # 15 strategies, 15 colours
+    assert list(info.references) == ["full cache, float32 (mlx, torch)"]  # same model, prompt, steps
     short = steps_profile({"standard": [1, 2, 3]})
-    info = memory_info([ReportRun.of(example, "mlx"), ReportRun.of(short, "short")])
-    assert [r.label for r in info.reference] == ["full cache, float32 (mlx)", "full cache, float32 (short)"]
+    info = memory_of(ReportRun.of(example, "mlx"), ReportRun.of(short, "short"))
+    assert list(info.references) == ["full cache, float32 (mlx)", "full cache, float32 (short)"]
 
 
 def test_token_streams_find_the_first_departure_from_the_baseline():
@@ -233,7 +232,8 @@ def test_the_report_opens_offline_in_chromium_and_draws_its_figures(example, tmp
         finally:
             browser.close()
     assert requests == []  # nothing was fetched: the page is self-contained
-    assert traces == [2 * 8 + 1, 2 * 7, 8], traces  # used + allocated per strategy + full cache; KL + agreement; speed
+    # used + allocated per strategy + full cache; KL + agreement; speed + the process's two counters
+    assert traces == [2 * 8 + 1, 2 * 7, 8 + 2], traces
     assert drawn >= sum(traces)
 
 
