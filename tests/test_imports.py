@@ -1,5 +1,5 @@
 """Imports run one way: no cycles among the modules of cachelib/ and app/, and no layer imports
-one above it (app -> cli/sweep -> profile -> plan -> caches -> core; see DESIGN.md).
+one above it (app -> cli/sweep -> profile -> plan -> caches -> core).
 
 The graph is read from the source with ``ast``, so an import inside a function counts as much
 as one at the top: hiding a cycle in a function does not make it go away.

@@ -3,7 +3,7 @@
 :func:`cache_layout` says which cache class each layer of an :class:`~cachelib.plan.arch.Arch`
 gets for a strategy spec on a backend (the same choice ``cachelib.mlx`` / ``cachelib.torch``
 make); :func:`trace` replays a prefill then 1-token decode steps through those classes' byte
-rules (:mod:`cachelib.plan.rules`) and records every update; :func:`account` runs the same
+rules (:mod:`cachelib.core.rules`) and records every update; :func:`account` runs the same
 replay fast (regular decode stretches are skipped in bulk) and returns the final state plus the
 run's peaks. Bytes allocated equal what the real caches report as ``nbytes``; peaks add the
 transient copies the rules model.

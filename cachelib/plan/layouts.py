@@ -16,8 +16,9 @@ the same ``config.json``; this module says what each of them builds, read from i
   or Qwen2 ``sliding_window`` is ignored, every other layer is full.
 - vLLM and transformers build from transformers' config classes: the :class:`Arch` kinds.
 
-Nothing here imports a runtime; ``tests/plan/test_plan_runtime_layouts.py`` checks these rules
-against mlx-lm's and transformers' own objects for every model type they can build.
+Nothing here imports a runtime; ``tests/plan/test_plan_runtime_mlx_layouts.py``,
+``test_plan_runtime_torch_layouts.py`` and ``test_plan_llama_cpp.py`` check these rules
+against mlx-lm's, transformers' and llama.cpp's own objects for every model type they can build.
 """
 
 from __future__ import annotations
