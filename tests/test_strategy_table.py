@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachelib.core.layout import LayerCache
+from cachelib.core.layout import LayerLayout
 from cachelib.core.units import BACKENDS
 from cachelib.plan import arch_from_model_info, cache_layout, preset, trace
 from cachelib.profile import Probes, run_profile
@@ -108,7 +108,7 @@ ADDED = Strategy(
     "sinkless",
     "a ring of `size` tokens without attention sinks (test-only)",
     (Knob("size", "tokens held at most", required=True, min=1),),
-    plan=lambda spec, backend: LayerCache("RotatingKVCache", "full", (("max_size", spec.get("size")), ("keep", 0))),
+    plan=lambda spec, backend: LayerLayout("RotatingKVCache", "full", (("max_size", spec.get("size")), ("keep", 0))),
     mlx=f"{__name__}:_mlx_build",
     torch=f"{__name__}:_torch_build",
     window="size",
