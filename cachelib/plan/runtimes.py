@@ -434,13 +434,13 @@ def mlx_lm_spec(
             "mlx-lm cannot combine --max-kv-size with --kv-bits (RotatingKVCache quantization is not "
             "implemented there); give one of them"
         )
+    from ..spec import spec_from_mlx_flags
+
     if max_kv_size is not None:
-        return f"rotating:max_size={_count('max_kv_size', max_kv_size)},keep=4"
-    if kv_bits is not None:
-        # maybe_quantize_kv_cache runs after each update: a cache holding >= start tokens is converted before the
-        # next one, as start=max(start, 1) does here (with 0, the first update is still written at full precision)
-        return f"quantized:bits={kv_bits},group_size={kv_group_size},start={max(quantized_kv_start, 1)}"
-    return "standard"
+        return str(spec_from_mlx_flags(_count("max_kv_size", max_kv_size)))
+    # maybe_quantize_kv_cache runs after each update: a cache holding >= start tokens is converted before the
+    # next one, as start=max(start, 1) does here (with 0, the first update is still written at full precision)
+    return str(spec_from_mlx_flags(None, kv_bits, kv_group_size, max(quantized_kv_start, 1)))
 
 
 def runtime_spec(spec, deployment: Deployment):
