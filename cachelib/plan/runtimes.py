@@ -565,16 +565,16 @@ def stage_arches(arch: Arch, deployment: Deployment) -> list[Arch]:
         recurrent = Recurrent(recurrent.channels // tp, recurrent.conv_kernel, recurrent.state_size)
     out = []
     for layers in stages(arch, deployment.pp, deployment):
-        k = tuple(kinds[i] for i in layers)
+        stage_kinds = tuple(kinds[i] for i in layers)
         out.append(
             replace(
                 arch,
-                num_layers=len(k),
-                layer_kinds=k,
-                sliding_window=window if "sliding" in k else None,
+                num_layers=len(stage_kinds),
+                layer_kinds=stage_kinds,
+                sliding_window=window if "sliding" in stage_kinds else None,
                 num_kv_heads=kv_heads_per_rank(arch, tp),
                 num_heads=arch.num_heads // tp if arch.num_heads else 0,
-                recurrent=recurrent if "recurrent" in k else None,
+                recurrent=recurrent if "recurrent" in stage_kinds else None,
             )
         )
     return out
