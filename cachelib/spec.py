@@ -226,7 +226,7 @@ def _check_snapkv(spec: Spec) -> None:
         raise SpecError("snapkv: safeguard applies to per-head budgets only; give adaptive=1 with it", "safeguard")
 
 
-def _importance_layer(spec: Spec, backend: str, layer: int = 0, layers: int = 1) -> LayerLayout:
+def importance_layer(spec: Spec, backend: str, layer: int = 0, layers: int = 1) -> LayerLayout:
     # the layer's own budget (by depth where the method says so); Ada-KV's heads: also the tokens each keeps
     from .core.importance import policy_of
 
@@ -436,7 +436,7 @@ STRATEGIES: dict[str, Strategy] = {
             "knorm",
             "keeps the `budget` keys of lowest L2 norm, evicting every step (no attention needed)",
             (_budget(),),
-            plan=_importance_layer,
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
@@ -461,7 +461,7 @@ STRATEGIES: dict[str, Strategy] = {
                     max=100,
                 ),
             ),
-            plan=_importance_layer,
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
@@ -487,7 +487,7 @@ STRATEGIES: dict[str, Strategy] = {
                     max=INDEX_MAX,
                 ),
             ),
-            plan=_importance_layer,
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
@@ -506,7 +506,7 @@ STRATEGIES: dict[str, Strategy] = {
             "tova",
             "keeps `budget` tokens, evicting the one the current query attends to least, every step (TOVA)",
             (_budget(),),
-            plan=_importance_layer,
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
@@ -519,7 +519,7 @@ STRATEGIES: dict[str, Strategy] = {
                 _budget(),
                 Knob("recent", "newest tokens never evicted", 8, min=0, max=INDEX_MAX),
             ),
-            plan=_importance_layer,
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
