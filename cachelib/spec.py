@@ -12,11 +12,13 @@ Parsing and validation live here and only here; a bad spec raises :class:`SpecEr
 
 Each :class:`Strategy` of :data:`STRATEGIES` carries everything the rest of cachelib knows about
 it: its knobs, its facts (which knob bounds what it keeps, whether it is lossless, which
-backends run it) and its builders: the MLX layer cache, the PyTorch cache, and the planner's
-layer descriptor (whose byte rule lives in :mod:`cachelib.core.rules`). The backend builders are
-named as ``"module:function"`` and imported only when a backend asks for them, so that reading
-the table never imports MLX or PyTorch. Adding a strategy is one entry here plus one builder
-per backend (see docs/adding-a-strategy.md).
+backends run it, what a runtime calls it, an importance method's facts and scorers) and its
+builders: the MLX layer cache, the PyTorch cache, and the planner's layer descriptor (whose byte
+rule lives in :mod:`cachelib.core.rules`). The backend builders are named as
+``"module:function"`` and imported only when a backend asks for them, so that reading the table
+never imports MLX or PyTorch. Adding a strategy is one entry here plus one builder per backend
+(see docs/adding-a-strategy.md); no other module compares a strategy's name
+(tests/test_no_name_switches.py).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def _pad_max(s: mx.array, n: int) -> mx.array:
 
 class Scorer:
     """How one importance method scores keys on MLX: one subclass per method, named by the method's
-    entry of the strategy table (``Importance``'s ``mlx``). Stateless: the layer cache holds the
+    entry of the strategy table (``Strategy.importance.mlx``). Stateless: the layer cache holds the
     scores. The formulas are the PyTorch scorers' (:mod:`cachelib.torch.importance`)."""
 
     deferred = False  # scored by the next update (inside a decode step's compiled call), not at observe

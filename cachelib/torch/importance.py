@@ -79,7 +79,7 @@ def _group_mean(scores: torch.Tensor, h_kv: int) -> torch.Tensor:
 
 class Scorer:
     """How one importance method scores keys on PyTorch: one subclass per method, named by the
-    method's entry of the strategy table (``Importance``'s ``torch``). Stateless: the layer holds
+    method's entry of the strategy table (``Strategy.importance.torch``). Stateless: the layer holds
     the scores (as numpy float32, where :mod:`cachelib.core.importance` chooses the kept slots)."""
 
     @staticmethod
