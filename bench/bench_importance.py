@@ -128,14 +128,17 @@ def run_layers_only(methods: list[str], budget: int, n_prompt: int, n_tokens: in
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from cachelib.core.importance import Policy
+    from cachelib.core.importance import policy_of
     from cachelib.mlx.importance import ImportanceKVCache
+    from cachelib.spec import parse_spec
 
     h_kv, h_q, d = 3, 9, 64
-    window = {"h2o": 32}
+    knobs = {"h2o": ",recent=32"}
     caches = {"mlx-lm KVCache": [KVCache() for _ in range(layers)]}
     for m in methods:
-        caches[m] = [ImportanceKVCache(Policy(m, budget, window=window.get(m, 0))) for _ in range(layers)]
+        caches[m] = [
+            ImportanceKVCache(policy_of(parse_spec(f"{m}:budget={budget}{knobs.get(m, '')}"))) for _ in range(layers)
+        ]
 
     def step(name: str, n: int) -> float:
         k, v, q = (mx.random.normal((1, h, n, d)) for h in (h_kv, h_kv, h_q))

@@ -12,11 +12,13 @@ Parsing and validation live here and only here; a bad spec raises :class:`SpecEr
 
 Each :class:`Strategy` of :data:`STRATEGIES` carries everything the rest of cachelib knows about
 it: its knobs, its facts (which knob bounds what it keeps, whether it is lossless, which
-backends run it) and its builders: the MLX layer cache, the PyTorch cache, and the planner's
-layer descriptor (whose byte rule lives in :mod:`cachelib.core.rules`). The backend builders are
-named as ``"module:function"`` and imported only when a backend asks for them, so that reading
-the table never imports MLX or PyTorch. Adding a strategy is one entry here plus one builder
-per backend (see docs/adding-a-strategy.md).
+backends run it, what a runtime calls it, an importance method's facts and scorers) and its
+builders: the MLX layer cache, the PyTorch cache, and the planner's layer descriptor (whose byte
+rule lives in :mod:`cachelib.core.rules`). The backend builders are named as
+``"module:function"`` and imported only when a backend asks for them, so that reading the table
+never imports MLX or PyTorch. Adding a strategy is one entry here plus one builder per backend
+(see docs/adding-a-strategy.md); no other module compares a strategy's name
+(tests/test_no_name_switches.py).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable, Mapping
 
-from .core.layout import LayerCache
-from .core.units import BACKENDS, INDEX_MAX, STEP
+from .core.importance import Method, pyramid_layer_budget, pyramid_smallest_budget
+from .core.layout import EACH_STEP, ONCE, LayerLayout
+from .core.units import BACKENDS, INDEX_MAX, STEP, check_backend
 
 QUANT_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize supports; torch supports TORCH_QUANT_BITS
 TORCH_QUANT_BITS = (2, 4, 8)
@@ -89,11 +92,11 @@ class Knob:
         return " and ".join(x for x in (lo, hi) if x) or "any integer"
 
 
-# The planner's descriptor of what a strategy puts on one layer: (spec, backend) -> LayerCache,
-# and for a model's own sliding-window layers (spec, backend, model window) -> LayerCache or
+# The planner's descriptor of what a strategy puts on one layer: (spec, backend) -> LayerLayout,
+# and for a model's own sliding-window layers (spec, backend, model window) -> LayerLayout or
 # None (None: the layer keeps the window cache the model gives it).
-PlanLayer = Callable[["Spec", str], LayerCache]
-PlanSlidingLayer = Callable[["Spec", str, int], "LayerCache | None"]
+PlanLayer = Callable[["Spec", str], LayerLayout]
+PlanSlidingLayer = Callable[["Spec", str, int], "LayerLayout | None"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,14 @@ class Strategy:
     # (their count); the `torch` builder reads both from the config
     layered: bool = False
     check: Callable[[Spec], None] | None = None  # relations between knobs, beyond each knob's range
+    # the full cache every strategy is measured against; a runtime's own cache plans as it
+    reference: bool = False
+    # transformers' own cache that this strategy is, as its constructor reads ({knob}: the knob's value)
+    transformers_cache: str | None = None
+    # the knob counting the leading tokens held at full precision before quantizing
+    full_precision_first: str | None = None
+    # an importance-based eviction (cachelib.core.importance): its facts and its scorer per backend
+    importance: Method | None = None
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -130,6 +141,13 @@ class Strategy:
 
     def builder_name(self, backend: str) -> str | None:
         return {"mlx": self.mlx, "torch": self.torch}.get(backend)
+
+    def scorer(self, backend: str) -> type:
+        """An importance strategy's scorer class on ``backend`` (imported on first use)."""
+        name = None if self.importance is None else self.importance.scorer_name(backend)
+        if name is None:
+            raise SpecError(f"strategy {self.name!r} has no importance scorer on {backend}")
+        return _resolve(name)
 
     def builder(self, backend: str) -> Callable:
         """The backend's builder function (imported on first use)."""
@@ -167,9 +185,9 @@ def _layer(kind: str, *knobs: str, **renamed: str):
     """A planner descriptor builder: class ``kind`` with the spec's knobs (``renamed``: descriptor
     knob name -> spec knob name)."""
 
-    def build(spec: Spec, backend: str) -> LayerCache:
+    def build(spec: Spec, backend: str) -> LayerLayout:
         pairs = [(k, spec.get(k)) for k in knobs] + [(k, spec.get(v)) for k, v in renamed.items()]
-        return LayerCache(kind, "full", tuple(pairs))
+        return LayerLayout(kind, "full", tuple(pairs))
 
     return build
 
@@ -210,13 +228,15 @@ def _check_snapkv(spec: Spec) -> None:
         raise SpecError("snapkv: safeguard applies to per-head budgets only; give adaptive=1 with it", "safeguard")
 
 
-def _snapkv_layer(spec: Spec, backend: str) -> LayerCache:
-    if not spec.get("adaptive"):
-        return LayerCache("snapkv", "full", (("budget", spec.get("budget")),))
+def importance_layer(spec: Spec, backend: str, layer: int = 0, layers: int = 1) -> LayerLayout:
+    # the layer's own budget (by depth where the method says so); Ada-KV's heads: also the tokens each keeps
     from .core.importance import policy_of
 
-    policy = policy_of(spec)  # safe: the tokens every head keeps, its window included
-    return LayerCache("snapkv", "full", (("budget", policy.budget), ("safe", policy.safe(policy.budget))))
+    policy = policy_of(spec, layer, layers)
+    knobs = (("budget", policy.budget),)
+    if policy.adaptive:  # safe: the tokens every head keeps, its window included
+        knobs += (("safe", policy.safe(policy.budget)),)
+    return LayerLayout(spec.name, "full", knobs, evicts=ONCE if policy.compress_once else EACH_STEP)
 
 
 def _check_pyramid(spec: Spec) -> None:
@@ -238,12 +258,6 @@ def _check_pyramid(spec: Spec) -> None:
         )
 
 
-def _pyramid_layer(spec: Spec, backend: str, layer: int = 0, layers: int = 1) -> LayerCache:
-    from .core.importance import policy_of
-
-    return LayerCache("pyramidkv", "full", (("budget", policy_of(spec, layer, layers).budget),))
-
-
 def _snapkv_knobs(budget_help: str) -> tuple[Knob, ...]:
     return (
         Knob("budget", budget_help, required=True, min=1, max=INDEX_MAX),
@@ -253,28 +267,28 @@ def _snapkv_knobs(budget_help: str) -> tuple[Knob, ...]:
     )
 
 
-def _format_layer(spec: Spec, backend: str) -> LayerCache:
+def _format_layer(spec: Spec, backend: str) -> LayerLayout:
     # a runtime's storage format (the strategy's name is the format's), in KVCache's steps of 256
-    return LayerCache("FormatKVCache", "full", (("step", STEP),), kv_format=spec.name)
+    return LayerLayout("FormatKVCache", "full", (("step", STEP),), kv_format=spec.name)
 
 
-def _sliding_window(spec: Spec, backend: str) -> LayerCache:
+def _sliding_window(spec: Spec, backend: str) -> LayerLayout:
     if backend == "mlx":  # mlx-lm's sliding layers: a ring without sinks
-        return LayerCache("RotatingKVCache", "full", (("max_size", spec.get("window")), ("keep", 0)))
-    return LayerCache("DynamicSlidingWindowLayer", "full", (("window", spec.get("window")),))
+        return LayerLayout("RotatingKVCache", "full", (("max_size", spec.get("window")), ("keep", 0)))
+    return LayerLayout("DynamicSlidingWindowLayer", "full", (("window", spec.get("window")),))
 
 
-def _static_sliding(spec: Spec, backend: str, window: int) -> LayerCache | None:
+def _static_sliding(spec: Spec, backend: str, window: int) -> LayerLayout | None:
     # transformers' StaticCache gives a model's sliding layers a static window of their own
     if backend != "torch":
         return None
     knobs = (("max_cache_len", spec.get("max_len")), ("window", window))
-    return LayerCache("StaticSlidingWindowLayer", "sliding", knobs)
+    return LayerLayout("StaticSlidingWindowLayer", "sliding", knobs)
 
 
-def _offloaded_sliding(spec: Spec, backend: str, window: int) -> LayerCache:
+def _offloaded_sliding(spec: Spec, backend: str, window: int) -> LayerLayout:
     # transformers' DynamicCache(offloading=True) offloads every layer, sliding ones too
-    return LayerCache("DynamicSlidingWindowLayer", "sliding", (("window", window),), offloaded=True)
+    return LayerLayout("DynamicSlidingWindowLayer", "sliding", (("window", window),), offloaded=True)
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -288,15 +302,20 @@ STRATEGIES: dict[str, Strategy] = {
             mlx="cachelib.mlx.kv:build_standard",
             torch="cachelib.torch.mlx_style:build_standard",
             lossless=True,
+            reference=True,
+            transformers_cache="DynamicCache(config=model.config)",  # generate()'s default
         ),
         Strategy(
             "concat",
             "full cache grown by concatenation every step (transformers DynamicCache)",
             (),
-            plan=lambda spec, backend: LayerCache("ConcatenateKVCache" if backend == "mlx" else "DynamicLayer", "full"),
+            plan=lambda spec, backend: LayerLayout(
+                "ConcatenateKVCache" if backend == "mlx" else "DynamicLayer", "full"
+            ),
             mlx="cachelib.mlx.kv:build_concat",
             torch="cachelib.torch.cache:build_concat",
             lossless=True,
+            transformers_cache="DynamicCache(config=model.config)",
         ),
         Strategy(
             "rotating",
@@ -334,6 +353,7 @@ STRATEGIES: dict[str, Strategy] = {
             plan=_layer("QuantizedKVCache", "start"),
             mlx="cachelib.mlx.quantized:build_quantized",
             torch="cachelib.torch.mlx_style:build_quantized",
+            full_precision_first="start",
         ),
         Strategy(
             "kivi",
@@ -366,6 +386,7 @@ STRATEGIES: dict[str, Strategy] = {
             torch="cachelib.torch.cache:build_static",
             max_context="max_len",
             lossless=True,
+            transformers_cache="StaticCache(config=model.config, max_cache_len={max_len})",
         ),
         Strategy(
             "sliding",
@@ -381,10 +402,11 @@ STRATEGIES: dict[str, Strategy] = {
             "offloaded",
             "full cache kept on the CPU, each layer fetched to the device ahead of use (transformers offloading)",
             (),
-            plan=lambda spec, backend: LayerCache("DynamicLayer", "full", offloaded=True),
+            plan=lambda spec, backend: LayerLayout("DynamicLayer", "full", offloaded=True),
             plan_sliding=_offloaded_sliding,
             torch="cachelib.torch.cache:build_offloaded",
             lossless=True,
+            transformers_cache="DynamicCache(config=model.config, offloading=True)",
         ),
         # The runtimes' own KV formats, stored bit for bit as they store them (cachelib/*/formats.py).
         Strategy(
@@ -416,10 +438,11 @@ STRATEGIES: dict[str, Strategy] = {
             "knorm",
             "keeps the `budget` keys of lowest L2 norm, evicting every step (no attention needed)",
             (_budget(),),
-            plan=_layer("knorm", "budget"),
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
+            importance=Method("cachelib.mlx.importance:KNorm", "cachelib.torch.importance:KNorm", needs_queries=False),
         ),
         Strategy(
             "snapkv",
@@ -440,11 +463,18 @@ STRATEGIES: dict[str, Strategy] = {
                     max=100,
                 ),
             ),
-            plan=_snapkv_layer,
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
             check=_check_snapkv,
+            importance=Method(
+                "cachelib.mlx.importance:SnapKV",
+                "cachelib.torch.importance:SnapKV",
+                compress_once=True,
+                window="window",
+                per_head=True,
+            ),
         ),
         Strategy(
             "pyramidkv",
@@ -459,21 +489,30 @@ STRATEGIES: dict[str, Strategy] = {
                     max=INDEX_MAX,
                 ),
             ),
-            plan=_pyramid_layer,
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
             layered=True,
             check=_check_pyramid,
+            importance=Method(  # SnapKV's scores
+                "cachelib.mlx.importance:SnapKV",
+                "cachelib.torch.importance:SnapKV",
+                compress_once=True,
+                window="window",
+                layer_budget=pyramid_layer_budget,
+                smallest_budget=pyramid_smallest_budget,
+            ),
         ),
         Strategy(
             "tova",
             "keeps `budget` tokens, evicting the one the current query attends to least, every step (TOVA)",
             (_budget(),),
-            plan=_layer("tova", "budget"),
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
+            importance=Method("cachelib.mlx.importance:TOVA", "cachelib.torch.importance:TOVA", protect_newest=1),
         ),
         Strategy(
             "h2o",
@@ -482,11 +521,12 @@ STRATEGIES: dict[str, Strategy] = {
                 _budget(),
                 Knob("recent", "newest tokens never evicted", 8, min=0, max=INDEX_MAX),
             ),
-            plan=_layer("h2o", "budget"),
+            plan=importance_layer,
             mlx="cachelib.mlx.importance:build_importance",
             torch="cachelib.torch.importance:build_importance",
             window="budget",
             check=lambda spec: _check_budget(spec, "recent"),
+            importance=Method("cachelib.mlx.importance:H2O", "cachelib.torch.importance:H2O", window="recent"),
         ),
     )
 }
@@ -554,12 +594,34 @@ class Spec:
         return None if knob is None else self.get(knob)
 
     @property
+    def smallest_window(self) -> int | None:
+        """The bound of the layer that keeps least: :attr:`window`, except where an importance
+        method's budgets differ by depth (PyramidKV's top layer keeps about budget/beta)."""
+        method = self.strategy.importance
+        if method is not None and method.smallest_budget is not None:
+            return method.smallest_budget(self.values)
+        return self.window
+
+    @property
     def lossless(self) -> bool:
         return self.strategy.lossless
 
+    @property
+    def reference(self) -> bool:
+        """Whether this is the full cache every strategy is measured against (``standard``)."""
+        return self.strategy.reference
+
+    @property
+    def transformers_cache(self) -> str | None:
+        """transformers' own cache that this spec is, as its constructor reads; None: none is."""
+        text = self.strategy.transformers_cache
+        return None if text is None else text.format(**self.values)
+
     def check_backend(self, backend: str) -> None:
-        if backend not in BACKENDS:
-            raise SpecError(f"unknown backend {backend!r}; supported: {', '.join(BACKENDS)}")
+        try:
+            check_backend(backend)
+        except ValueError as e:
+            raise SpecError(str(e)) from None
         if not self.supports(backend):
             raise SpecError(
                 f"strategy {self.name!r} is not available on {backend}; it runs on: {', '.join(self.strategy.backends)}"
@@ -670,3 +732,21 @@ def spec_from_mlx_flags(
     if kv_bits is not None:
         return make_spec("quantized", {"bits": kv_bits, "group_size": kv_group_size, "start": quantized_kv_start})
     return make_spec("standard")
+
+
+def mlx_flags(spec: str | Spec) -> dict[str, int] | None:
+    """The inverse of :func:`spec_from_mlx_flags`: the mlx-lm generate flags (by their keyword
+    names) that build ``spec``, or None when no flags do. ``rotating`` is mlx-lm's only with its
+    4 sink tokens and unquantized; ``quantized`` only with one bit width for keys and values."""
+    spec = parse_spec(spec)
+    if spec.reference:
+        return {}
+    if spec.name == "rotating" and spec.get("keep") == 4 and spec.get("bits") is None:
+        return {"max_kv_size": spec.get("max_size")}
+    if spec.name == "quantized" and spec.get("key_bits") is None and spec.get("value_bits") is None:
+        return {
+            "kv_bits": spec.get("bits"),
+            "kv_group_size": spec.get("group_size"),
+            "quantized_kv_start": spec.get("start"),
+        }
+    return None

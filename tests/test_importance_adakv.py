@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from cachelib.core.importance import Policy, select, select_heads
+from cachelib.core.importance import policy_of, select, select_heads
 from cachelib.mlx import hooks as mlx_hooks
 from cachelib.mlx.factory import make_cache as mlx_make_cache
 from cachelib.mlx.importance import ImportanceKVCache
@@ -97,7 +97,7 @@ def padded_layers(load_model):
     """An MLX and a torch layer fed the same arrays until the heads hold different counts (inside
     both capture hooks, which such layers require; the tiny model only opens the blocks)."""
     rng = np.random.default_rng(3)
-    policy = Policy("snapkv", 6, window=2, safeguard=0)
+    policy = policy_of(parse_spec("snapkv:budget=6,window=2,adaptive=1,safeguard=0"))
     B, h_kv, h_q, D = 2, 2, 4, 8
     ours, twin = ImportanceKVCache(policy), ImportanceLayer(policy)
     scale = np.array([[[[4.0]], [[0.3]]]], dtype=np.float32)  # head 0 peaked, head 1 flat

@@ -86,7 +86,7 @@ def test_local_folder_loads_on_both_backends(tmp_path, load_model):
     [
         ({"name_or_path": "gpt-17"}, "unknown model 'gpt-17'; use one of: smollm2, tiny-llama"),
         ({"name_or_path": "/no/such/folder"}, "does not exist"),
-        ({"backend": "jax"}, "unknown backend 'jax'; supported: mlx, torch"),
+        ({"backend": "jax"}, "unknown backend 'jax'; allowed: mlx, torch"),
         ({"backend": "torch", "device": "tpu"}, "device 'tpu' is not available for torch on this machine; available:"),
         ({"dtype": "int3"}, "unknown dtype 'int3'; supported: float32, float16, bfloat16"),
     ],

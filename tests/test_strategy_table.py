@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from cachelib.core.layout import LayerCache
+from cachelib.core.layout import LayerLayout
 from cachelib.core.units import BACKENDS
 from cachelib.plan import arch_from_model_info, cache_layout, preset, trace
 from cachelib.profile import Probes, run_profile
-from cachelib.spec import STRATEGIES, Knob, SpecError, Strategy, parse_spec
+from cachelib.spec import STRATEGIES, Knob, SpecError, Strategy, mlx_flags, parse_spec, spec_from_mlx_flags
 from cachelib.sweep import parse_grid
 
 EXAMPLES = {
@@ -74,6 +74,24 @@ def test_facts_come_from_the_table():
     assert STRATEGIES["offloaded"].backends == ("torch",)
 
 
+def test_runtime_and_importance_facts_come_from_the_table():
+    spec = parse_spec
+    assert [n for n, s in STRATEGIES.items() if s.reference] == ["standard"]
+    assert spec("static:max_len=300").transformers_cache == "StaticCache(config=model.config, max_cache_len=300)"
+    assert spec("kivi").transformers_cache is None
+    importance = {n: s.importance for n, s in STRATEGIES.items() if s.importance is not None}
+    assert set(importance) == {"knorm", "snapkv", "pyramidkv", "tova", "h2o"}
+    assert [n for n, m in importance.items() if not m.needs_queries] == ["knorm"]
+    assert [n for n, m in importance.items() if m.compress_once] == ["snapkv", "pyramidkv"]
+    assert spec("pyramidkv:budget=640,window=32,beta=20").smallest_window == 32
+    assert spec("snapkv:budget=640").smallest_window == 640 == spec("snapkv:budget=640").window
+    # mlx_flags inverts spec_from_mlx_flags; a spec no flags build has none
+    for flags in ({}, {"max_kv_size": 512}, {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 7}):
+        built = spec_from_mlx_flags(**flags)
+        assert spec_from_mlx_flags(**mlx_flags(built)).key == built.key
+    assert mlx_flags("rotating:max_size=64,keep=0") is None and mlx_flags("kivi") is None
+
+
 def test_spec_errors_name_the_knob_at_fault():
     for text, knob in [
         ("rotating:max_size=0", "max_size"),
@@ -108,7 +126,7 @@ ADDED = Strategy(
     "sinkless",
     "a ring of `size` tokens without attention sinks (test-only)",
     (Knob("size", "tokens held at most", required=True, min=1),),
-    plan=lambda spec, backend: LayerCache("RotatingKVCache", "full", (("max_size", spec.get("size")), ("keep", 0))),
+    plan=lambda spec, backend: LayerLayout("RotatingKVCache", "full", (("max_size", spec.get("size")), ("keep", 0))),
     mlx=f"{__name__}:_mlx_build",
     torch=f"{__name__}:_torch_build",
     window="size",

@@ -34,44 +34,67 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from .units import INDEX_MAX
 
-METHODS = ("knorm", "snapkv", "pyramidkv", "tova", "h2o")
-NEEDS_QUERIES = ("snapkv", "pyramidkv", "tova", "h2o")  # methods that score with attention
-COMPRESS_ONCE = ("snapkv", "pyramidkv")
 POOLINGS = ("avg", "max")
 
 
 @dataclass(frozen=True)
-class Policy:
-    """What one layer of an importance cache does: its method, its token budget, and the knobs
-    of its scores (``window``: SnapKV's observation window, H2O's recent window)."""
+class Method:
+    """What an importance strategy is, as its entry of the strategy table gives it
+    (``Strategy.importance`` in :mod:`cachelib.spec`); every rule here reads these facts, never a
+    strategy's name. ``mlx`` and ``torch`` name each backend's scorer class as ``"module:Class"``
+    (imported only when that backend builds a cache)."""
 
-    method: str
+    mlx: str | None  # the MLX scorer (cachelib.mlx.importance.Scorer)
+    torch: str | None  # the PyTorch scorer (cachelib.torch.importance.Scorer)
+    needs_queries: bool = True  # scores with the step's attention (the capture hook's queries)
+    compress_once: bool = False  # evicts once, at the first one-token update; else every step
+    window: str | None = None  # the knob of the scorer's window, whose newest tokens are never evicted
+    protect_newest: int = 0  # newest tokens never evicted beyond the window's (TOVA: the newest one)
+    per_head: bool = False  # offers Ada-KV's per-head budgets (knobs adaptive= and safeguard=)
+    # budgets by depth: (knob values, layer, layers) -> the layer's budget; None: every layer keeps `budget`
+    layer_budget: Callable[[Mapping[str, Any], int, int], int] | None = None
+    # the tokens the layer that keeps least keeps, from the knob values; None: `budget`
+    smallest_budget: Callable[[Mapping[str, Any]], int] | None = None
+
+    def scorer_name(self, backend: str) -> str | None:
+        return {"mlx": self.mlx, "torch": self.torch}.get(backend)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one layer of an importance cache does: its method (the strategy's name and its
+    facts), its token budget, and the knobs of its scores (``window``: SnapKV's observation
+    window, H2O's recent window)."""
+
+    name: str  # the strategy's name (messages, the cache's introspected kind)
+    method: Method
     budget: int
     window: int = 0
     kernel: int = 5
     pooling: str = "avg"
-    # Ada-KV (snapkv only): None keeps `budget` tokens on every KV head; a percent 0..100 keeps
-    # `budget x heads` per layer, each head at least `safeguard`% of `budget` (see select_heads)
+    # Ada-KV (methods with per_head only): None keeps `budget` tokens on every KV head; a percent
+    # 0..100 keeps `budget x heads` per layer, each head at least `safeguard`% of `budget` (see select_heads)
     safeguard: int | None = None
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"unknown importance method {self.method!r}; choose one of: {', '.join(METHODS)}")
+        if not isinstance(self.method, Method):
+            raise ValueError(f"{self.name}: method must be the strategy's importance facts (a Method)")
         if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
-            raise ValueError(f"{self.method}: budget must be an integer >= 1, got {self.budget!r}")
+            raise ValueError(f"{self.name}: budget must be an integer >= 1, got {self.budget!r}")
         if self.pooling not in POOLINGS:
-            raise ValueError(f"{self.method}: pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+            raise ValueError(f"{self.name}: pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.safeguard is not None:
-            if self.method != "snapkv":
-                raise ValueError(f"{self.method}: per-head budgets (safeguard) are a snapkv option only")
+            if not self.method.per_head:
+                raise ValueError(f"{self.name}: per-head budgets (safeguard) are not an option of this method")
             value = self.safeguard
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
-                raise ValueError(f"snapkv: safeguard must be a percent 0..100, got {value!r}")
+                raise ValueError(f"{self.name}: safeguard must be a percent 0..100, got {value!r}")
 
     @property
     def adaptive(self) -> bool:
@@ -85,25 +108,16 @@ class Policy:
 
     @property
     def needs_queries(self) -> bool:
-        return self.method in NEEDS_QUERIES
+        return self.method.needs_queries
 
     @property
     def compress_once(self) -> bool:
-        return self.method in COMPRESS_ONCE
-
-    @property
-    def scoring(self) -> str:
-        """The scoring rule of the method (``pyramidkv`` scores as ``snapkv``)."""
-        return "snapkv" if self.method == "pyramidkv" else self.method
+        return self.method.compress_once
 
     def protected(self, keep: int) -> int:
         """How many of the newest held tokens an eviction down to ``keep`` never drops: SnapKV's
         (and PyramidKV's) observation window, H2O's recent window, TOVA's newest token."""
-        if self.method in ("snapkv", "pyramidkv", "h2o"):
-            return min(self.window, keep)
-        if self.method == "tova":
-            return min(1, keep)
-        return 0
+        return min(self.window + self.method.protect_newest, keep)
 
 
 def pyramid_budgets(budget: int, window: int, beta: int, layers: int) -> tuple[int, ...]:
@@ -145,22 +159,37 @@ def max_budget(beta: int, limit: int = INDEX_MAX) -> int:
     return limit * beta // (2 * beta - 1)
 
 
+def pyramid_layer_budget(values: Mapping[str, Any], layer: int, layers: int) -> int:
+    """PyramidKV's budget of full-attention layer ``layer`` of ``layers`` (:func:`pyramid_budgets`)."""
+    return pyramid_budgets(values["budget"], values["window"], values["beta"], layers)[layer]
+
+
+def pyramid_smallest_budget(values: Mapping[str, Any]) -> int:
+    """About the tokens PyramidKV's top layer keeps: budget / beta."""
+    return max(1, values["budget"] // values["beta"])
+
+
 def policy_of(spec, layer: int = 0, layers: int = 1) -> Policy:
     """The policy of full-attention layer ``layer`` of ``layers`` (its index among the model's
     full-attention layers and their count) for an importance strategy spec (a
-    :class:`cachelib.spec.Spec`); every layer gets the same policy except with ``pyramidkv``."""
+    :class:`cachelib.spec.Spec`); every layer gets the same policy unless the method's budgets
+    differ by depth (``layer_budget``)."""
+    method = spec.strategy.importance
+    if method is None:
+        raise ValueError(f"{spec.name} is not an importance strategy (its table entry has no importance facts)")
     values = spec.values
     budget = values["budget"]
-    if spec.name == "pyramidkv":
+    if method.layer_budget is not None:
         if not 0 <= layer < layers:
             raise ValueError(
-                f"pyramidkv: layer {layer} is not one of the {layers} full-attention layers (0..{layers - 1})"
+                f"{spec.name}: layer {layer} is not one of the {layers} full-attention layers (0..{layers - 1})"
             )
-        budget = pyramid_budgets(budget, values["window"], values["beta"], layers)[layer]
+        budget = method.layer_budget(values, layer, layers)
     return Policy(
         spec.name,
+        method,
         budget,
-        window=values.get("window") or values.get("recent") or 0,
+        window=values[method.window] if method.window else 0,
         kernel=values.get("kernel") or 5,
         pooling="max" if values.get("max_pool") else "avg",
         safeguard=values["safeguard"] if values.get("adaptive") else None,

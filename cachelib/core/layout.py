@@ -1,7 +1,7 @@
 """What the planner puts on one layer: a cache class with the knobs its byte rule needs, and
 that class's byte rule (:mod:`cachelib.core.rules`).
 
-A :class:`LayerCache` names a class, not a strategy: a strategy's table entry
+A :class:`LayerLayout` names a class, not a strategy: a strategy's table entry
 (:data:`cachelib.spec.STRATEGIES`) says which classes it puts on which layers, and
 :func:`rule_for` knows how each class allocates. Classes that allocate alike share a rule.
 """
@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 from . import rules as R
 
+EACH_STEP = "each step"
+ONCE = "once"
+
 
 @dataclass(frozen=True)
-class LayerCache:
+class LayerLayout:
     """The cache class one layer gets, with the knobs its byte rule needs."""
 
     kind: str  # the class whose allocation rules apply
@@ -25,6 +28,9 @@ class LayerCache:
     group_size: int | None = None
     offloaded: bool = False
     kv_format: str | None = None  # stored in a runtime's format (rules.KV_FORMATS), not the dtype
+    # an importance cache (cachelib.core.importance): it keeps the `budget` knob's tokens, evicting
+    # EACH_STEP or ONCE (at the first decode step); `kind` is then its strategy's name
+    evicts: str | None = None
 
     def knob(self, name: str) -> int:
         return dict(self.knobs)[name]
@@ -41,7 +47,7 @@ class LayerCache:
 
 
 def rule_for(
-    cache: LayerCache, token_bytes: int, quantized_bytes: int | None, state_bytes: int, kv_heads: int = 1
+    cache: LayerLayout, token_bytes: int, quantized_bytes: int | None, state_bytes: int, kv_heads: int = 1
 ) -> R.Rule:
     """The byte rule of ``cache``'s class. ``token_bytes`` is one full-precision token slot of the
     layer, ``quantized_bytes`` one quantized slot (None when the layer stores no quantized
@@ -73,11 +79,11 @@ def rule_for(
         return R.DynamicSliding(token_bytes, cache.knob("window"))
     if kind == "StaticSlidingWindowLayer":
         return R.StaticSliding(token_bytes, cache.knob("max_cache_len"), cache.knob("window"))
-    if kind in ("knorm", "tova", "h2o"):  # importance caches (cachelib.core.importance)
+    if cache.evicts == EACH_STEP:  # importance caches (cachelib.core.importance)
         return R.BudgetEachStep(token_bytes, cache.knob("budget"), kind=kind)
-    if kind == "snapkv" and "safe" in dict(cache.knobs):  # Ada-KV: heads share the budget unevenly
+    if cache.evicts == ONCE and "safe" in dict(cache.knobs):  # Ada-KV: heads share the budget unevenly
         return R.BudgetOnceHeads(token_bytes, cache.knob("budget"), kv_heads, cache.knob("safe"), kind=kind)
-    if kind in ("snapkv", "pyramidkv"):  # pyramidkv: the layer's own budget (its depth's)
+    if cache.evicts == ONCE:  # the layer's own budget (pyramidkv: its depth's)
         return R.BudgetOnce(token_bytes, cache.knob("budget"), kind=kind)
     if kind in ("ArraysCache", "LinearAttentionLayer"):
         return R.RecurrentState(state_bytes, kind=kind)

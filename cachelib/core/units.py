@@ -153,7 +153,7 @@ def human_gib(n: float | None) -> str:
     return f"{sign}{int(n)} B"
 
 
-def check_backend_name(backend: str) -> str:
+def check_backend(backend: str) -> str:
     """``backend`` when it is one of :data:`BACKENDS`, else a ``ValueError`` naming the choices."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")

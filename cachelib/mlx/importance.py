@@ -20,10 +20,9 @@ import numpy as np
 
 from ..core.importance import Policy, compresses_now, evict_to, keep_slots, policy_of, tokens_used
 from ..introspect import CacheView
+from ..spec import STRATEGIES
 from . import hooks
 from .base import LayerCache, array_bytes, attention_mask, check_trim, dtype_name
-
-SCORED = ("knorm", "snapkv", "tova", "h2o")
 
 
 def attention_weights(keys: mx.array, queries: mx.array, scale: float | None = None) -> mx.array:
@@ -66,6 +65,82 @@ def _pad_max(s: mx.array, n: int) -> mx.array:
     return mx.concatenate([s, top], axis=-1)
 
 
+class Scorer:
+    """How one importance method scores keys on MLX: one subclass per method, named by the method's
+    entry of the strategy table (``Strategy.importance.mlx``). Stateless: the layer cache holds the
+    scores. The formulas are the PyTorch scorers' (:mod:`cachelib.torch.importance`)."""
+
+    deferred = False  # scored by the next update (inside a decode step's compiled call), not at observe
+
+    @staticmethod
+    def score(keys: mx.array, queries: mx.array | None, *, window: int, kernel: int, pooling: str, scale) -> mx.array:
+        """Scores of ``keys`` (B, H_kv, T, D) by the step's ``queries`` (B, H_q, Tq, D): (B, H_kv, T) float32."""
+        raise NotImplementedError
+
+    @classmethod
+    def observed(cls, policy: Policy, scores: mx.array, keys: mx.array, queries: mx.array, scale) -> mx.array | None:
+        """The held keys' scores after a step's queries (None: unchanged)."""
+        return cls.score(keys, queries, window=policy.window, kernel=policy.kernel, pooling=policy.pooling, scale=scale)
+
+
+class KNorm(Scorer):
+    """Keeps the keys of lowest L2 norm; scores new keys as they come (no queries)."""
+
+    @staticmethod
+    def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
+        k = keys.astype(mx.float32)
+        return -mx.sqrt((k * k).sum(-1))
+
+
+class SnapKV(Scorer):
+    """The observation window's pooled attention (SnapKV; PyramidKV scores alike)."""
+
+    @staticmethod
+    def score(keys, queries, *, window=64, kernel=5, pooling="avg", scale=None):
+        T = keys.shape[2]
+        w = min(window, queries.shape[2])
+        if w < 1 or T <= w:
+            raise ValueError(f"score_keys: snapkv needs more keys ({T}) than the observation window ({w})")
+        weights = attention_weights(keys, queries[..., -w:, :], scale)[..., : T - w]
+        s = _group_mean(_pool(weights.mean(2), kernel, pooling), keys.shape[1])
+        return _pad_max(s, w)
+
+    @classmethod
+    def observed(cls, policy, scores, keys, queries, scale):
+        if keys.shape[2] <= min(policy.window, queries.shape[2]):  # nothing before the window to score
+            return None
+        return super().observed(policy, scores, keys, queries, scale)
+
+
+class TOVA(Scorer):
+    """The last query's attention, averaged over all query heads (TOVA)."""
+
+    deferred = True
+
+    @staticmethod
+    def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
+        B, h_kv, T, _ = keys.shape
+        if T < 2:
+            return mx.zeros((B, h_kv, T), dtype=mx.float32)
+        w = attention_weights(keys, queries[..., -1:, :], scale)[..., 0, :-1]  # (B, H_q, T - 1)
+        s = mx.broadcast_to(w.mean(1, keepdims=True), (B, h_kv, T - 1))
+        return _pad_max(s, 1)
+
+
+class H2O(Scorer):
+    """Every query's attention, accumulated over the steps (H2O's heavy hitters)."""
+
+    deferred = True
+
+    @staticmethod
+    def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
+        return _group_mean(attention_weights(keys, queries, scale).sum(2), keys.shape[1])
+
+    @classmethod
+    def observed(cls, policy, scores, keys, queries, scale):
+        return mx.nan_to_num(scores, nan=0.0) + cls.score(keys, queries, scale=scale)
+
+
 def score_keys(
     method: str,
     keys: mx.array,
@@ -76,36 +151,23 @@ def score_keys(
     pooling: str = "avg",
     scale: float | None = None,
 ) -> mx.array:
-    """Per-(batch, KV head, position) scores of ``keys`` (B, H_kv, T, D), higher = keep: the
-    same formulas as :func:`cachelib.torch.importance.score_keys`. float32 (B, H_kv, T)."""
-    if method not in SCORED:
-        raise ValueError(f"score_keys: unknown method {method!r}; choose one of: {', '.join(SCORED)}")
+    """Per-(batch, KV head, position) scores of ``keys`` (B, H_kv, T, D), higher = keep, by the
+    scorer of importance strategy ``method``: the same formulas as
+    :func:`cachelib.torch.importance.score_keys`. float32 (B, H_kv, T)."""
+    methods = [name for name, s in STRATEGIES.items() if s.importance is not None and s.importance.mlx]
+    if method not in methods:
+        raise ValueError(f"score_keys: unknown method {method!r}; choose one of: {', '.join(methods)}")
     if keys.ndim != 4:
         raise ValueError(f"score_keys: keys must be (B, H_kv, T, D), got shape {tuple(keys.shape)}")
-    if method == "knorm":
-        k = keys.astype(mx.float32)
-        return -mx.sqrt((k * k).sum(-1))
-    if queries is None or queries.ndim != 4:
-        raise ValueError(f"score_keys: {method} needs queries (B, H_q, Tq, D)")
-    if pooling not in ("avg", "max"):
-        raise ValueError(f"score_keys: pooling must be 'avg' or 'max', got {pooling!r}")
-    if kernel < 1 or kernel % 2 == 0:
-        raise ValueError(f"score_keys: kernel must be an odd integer >= 1, got {kernel}")
-    B, h_kv, T, _ = keys.shape
-    if method == "h2o":
-        return _group_mean(attention_weights(keys, queries, scale).sum(2), h_kv)
-    if method == "tova":
-        if T < 2:
-            return mx.zeros((B, h_kv, T), dtype=mx.float32)
-        w = attention_weights(keys, queries[..., -1:, :], scale)[..., 0, :-1]  # (B, H_q, T - 1)
-        s = mx.broadcast_to(w.mean(1, keepdims=True), (B, h_kv, T - 1))
-        return _pad_max(s, 1)
-    w = min(window, queries.shape[2])
-    if w < 1 or T <= w:
-        raise ValueError(f"score_keys: snapkv needs more keys ({T}) than the observation window ({w})")
-    weights = attention_weights(keys, queries[..., -w:, :], scale)[..., : T - w]
-    s = _group_mean(_pool(weights.mean(2), kernel, pooling), h_kv)
-    return _pad_max(s, w)
+    entry = STRATEGIES[method]
+    if entry.importance.needs_queries:
+        if queries is None or queries.ndim != 4:
+            raise ValueError(f"score_keys: {method} needs queries (B, H_q, Tq, D)")
+        if pooling not in ("avg", "max"):
+            raise ValueError(f"score_keys: pooling must be 'avg' or 'max', got {pooling!r}")
+        if kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"score_keys: kernel must be an odd integer >= 1, got {kernel}")
+    return entry.scorer("mlx").score(keys, queries, window=window, kernel=kernel, pooling=pooling, scale=scale)
 
 
 def _gather(x: mx.array, slots: mx.array) -> mx.array:
@@ -158,36 +220,34 @@ def _drop_slot(x: mx.array, slot: mx.array) -> mx.array:
     return mx.where(j < slot.reshape(*slot.shape, *([1] * (x.ndim - 2))), x[:, :, :-1], x[:, :, 1:])
 
 
-def _scored(method: str, scale: float | None, scores: mx.array, keys: mx.array, queries: mx.array) -> mx.array:
-    """The held keys' scores after a step's queries: TOVA's, or H2O's accumulated ones."""
-    if method == "tova":
-        return score_keys("tova", keys, queries, scale=scale)
-    return mx.nan_to_num(scores, nan=0.0) + score_keys("h2o", keys, queries, scale=scale)
+@functools.cache
+def _observe(scorer: type[Scorer], policy: Policy, scale: float | None):
+    """The scorer's ``observed``, compiled (one call per layer)."""
+    return mx.compile(functools.partial(scorer.observed, policy, scale=scale))
+
+
+def _new_scores(scorer: type[Scorer], policy: Policy, keys: mx.array) -> mx.array:
+    """Scores of appended keys: the scorer's own for a method without queries, else NaN (unscored)."""
+    if not policy.needs_queries:
+        return scorer.score(keys, None, window=policy.window, kernel=policy.kernel, pooling=policy.pooling, scale=None)
+    B, H, n, _ = keys.shape
+    return mx.full((B, H, n), mx.nan, dtype=mx.float32)
 
 
 @functools.cache
-def _observe(method: str, scale: float | None):
-    """:func:`_scored`, compiled (one call per layer)."""
-    return mx.compile(functools.partial(_scored, method, scale))
-
-
-@functools.cache
-def _decode_update(method: str, protect: int, scale: float | None = None):
+def _decode_update(scorer: type[Scorer], policy: Policy, score_first: bool, protect: int, scale: float | None = None):
     """A decode step's update of a layer that evicts one slot per (batch, head) and appends the
-    step's tokens, compiled into one call: ``tova``/``h2o`` first score the held keys with the last
-    step's queries (deferred from ``observe``; ``""``: the scores as held), then the free slot
+    step's tokens, compiled into one call: with ``score_first`` the held keys are first scored
+    with the last step's queries (deferred from ``observe``), then the free slot
     :func:`select_slots` would drop (the last in best-first order) leaves each array in one fused
-    pass, and the new tokens are appended (``knorm`` scores them)."""
+    pass, and the new tokens are appended (scored when the method needs no queries)."""
 
     def update(keys, values, positions, scores, new_keys, new_values, offset):
         worst = mx.argmax(_best_first(scores[..., : scores.shape[-1] - protect]), axis=-1)  # (B, H)
         keys, values, positions, scores = (_drop_slot(x, worst) for x in (keys, values, positions, scores))
         B, H, n, _ = new_keys.shape
         new_pos = mx.broadcast_to(offset + mx.arange(n, dtype=mx.int64), (B, H, n))
-        if method == "knorm":
-            new_scores = score_keys("knorm", new_keys, None)
-        else:
-            new_scores = mx.full((B, H, n), mx.nan, dtype=mx.float32)
+        new_scores = _new_scores(scorer, policy, new_keys)
         return (
             mx.concatenate([keys, new_keys], axis=2),
             mx.concatenate([values, new_values], axis=2),
@@ -196,10 +256,10 @@ def _decode_update(method: str, protect: int, scale: float | None = None):
         )
 
     def score_and_update(keys, values, positions, scores, new_keys, new_values, offset, queries):
-        scores = _scored(method, scale, scores, keys, queries)
+        scores = scorer.observed(policy, scores, keys, queries, scale)
         return update(keys, values, positions, scores, new_keys, new_values, offset)
 
-    return mx.compile(score_and_update if method in ("tova", "h2o") else update)
+    return mx.compile(score_and_update if score_first else update)
 
 
 class ImportanceKVCache(LayerCache):
@@ -221,6 +281,7 @@ class ImportanceKVCache(LayerCache):
 
     def __init__(self, policy: Policy):
         self.policy = policy
+        self.scorer: type[Scorer] = STRATEGIES[policy.name].scorer("mlx")
         self.keys = None
         self.values = None
         self.offset = 0
@@ -246,8 +307,8 @@ class ImportanceKVCache(LayerCache):
             self._check_scored()
             start = time.perf_counter()
             pending, self._pending = self._pending, None
-            method = self.policy.method if pending is not None or self.policy.method == "knorm" else ""
-            update = _decode_update(method, self.policy.protected(keep), pending and pending[1])
+            protect = self.policy.protected(keep)
+            update = _decode_update(self.scorer, self.policy, pending is not None, protect, pending and pending[1])
             args = [self.keys, self.values, self.positions, self.scores, keys, values, mx.array(self.offset, mx.int64)]
             arrays = update(*args, *(pending[:1] if pending else ()))
             self.score_seconds += time.perf_counter() - start
@@ -257,18 +318,16 @@ class ImportanceKVCache(LayerCache):
             self._evict(keep)
         if self.padded and not hooks.capturing():
             raise ValueError(
-                f"{self.policy.method}: its KV heads hold different counts (adaptive=1), and only the "
+                f"{self.policy.name}: its KV heads hold different counts (adaptive=1), and only the "
                 "attention-capture hook masks the padding: run the model inside cachelib.mlx.hooks.capture(model)"
             )
         if compresses_now(self.policy, n, self.compressed):
             self.compressed = True
         new_pos = mx.broadcast_to(mx.arange(self.offset, self.offset + n, dtype=mx.int64), (B, H, n))
-        if self.policy.method == "knorm":
-            start = time.perf_counter()
-            new_scores = score_keys("knorm", keys, None)
+        start = time.perf_counter()
+        new_scores = _new_scores(self.scorer, self.policy, keys)
+        if not self.policy.needs_queries:
             self.score_seconds += time.perf_counter() - start
-        else:
-            new_scores = mx.full((B, H, n), mx.nan, dtype=mx.float32)
         if self.held == 0:
             return self._appended(n, keys, values, new_pos, new_scores)
         pairs = ((self.keys, keys), (self.values, values), (self.positions, new_pos), (self.scores, new_scores))
@@ -297,15 +356,12 @@ class ImportanceKVCache(LayerCache):
             return
         self.awaiting = False
         start = time.perf_counter()
-        p = self.policy
-        if p.scoring == "snapkv":
-            if self.held > min(p.window, queries.shape[2]):
-                s = score_keys(
-                    "snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale
-                )
-                self.scores, self.unscored = s, False
-        else:  # tova, h2o: scored by the next update, in its compiled call (or by _settle)
+        if self.scorer.deferred:  # scored by the next update, in its compiled call (or by _settle)
             self._pending, self.unscored = (queries, scale), False
+        else:
+            s = self.scorer.observed(self.policy, self.scores, self.keys, queries, scale)
+            if s is not None:
+                self.scores, self.unscored = s, False
         self.score_seconds += time.perf_counter() - start
 
     def _settle(self) -> None:
@@ -313,12 +369,12 @@ class ImportanceKVCache(LayerCache):
         if self._pending is not None:
             queries, scale = self._pending
             self._pending = None
-            self.scores = _observe(self.policy.method, scale)(self.scores, self.keys, queries)
+            self.scores = _observe(self.scorer, self.policy, scale)(self.scores, self.keys, queries)
 
     def _check_scored(self) -> None:
         if self.policy.needs_queries and self.unscored:
             raise ValueError(
-                f"{self.policy.method}: the held keys were never scored; this method needs the step's "
+                f"{self.policy.name}: the held keys were never scored; this method needs the step's "
                 "queries: run the model inside cachelib.mlx.hooks.capture(model)"
             )
 
@@ -392,7 +448,7 @@ class ImportanceKVCache(LayerCache):
         positions = None if self.positions is None else np.array(self.positions)  # the one host copy, when read
         used = tokens_used(positions)  # == held unless Ada-KV pads some heads
         return CacheView(
-            kind=self.policy.method,
+            kind=self.policy.name,
             layout="selected",
             offset=self.offset,
             tokens_held=used,

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from ..core.units import BACKENDS
+from ..core.units import BACKENDS, check_backend
 
-
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; supported: {', '.join(BACKENDS)}")
-    return backend
+__all__ = ["BACKENDS", "check_backend", "available_devices", "activate_mlx_device", "resolve_device"]
 
 
 def available_devices(backend: str) -> list[str]:

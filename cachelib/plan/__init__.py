@@ -24,7 +24,7 @@ from ..core.units import GB, GiB  # re-exported for callers writing sizes
 from .accounting import (
     Account,
     LayerAccount,
-    LayerCache,
+    LayerLayout,
     StepBytes,
     Trace,
     Update,
@@ -83,7 +83,7 @@ __all__ = [
     "GB",
     "GiB",
     "LayerAccount",
-    "LayerCache",
+    "LayerLayout",
     "Latent",
     "NO_LIMIT",
     "PlanRequest",

@@ -51,8 +51,8 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from ..core import rules as R
-from ..core.layout import LayerCache, rule_for
-from ..core.units import BACKENDS, check_dtype
+from ..core.layout import LayerLayout, rule_for
+from ..core.units import check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
 from .runtimes import (
@@ -178,12 +178,6 @@ def recurrent_state_bytes(arch: Arch, backend: str = "mlx", dtype: str = "float1
 # which cache each layer gets
 
 
-def check_backend(spec: Spec, backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    spec.check_backend(backend)
-
-
 def _deployment(deployment: Deployment | None, backend: str) -> Deployment:
     return as_deployment(deployment, backend)
 
@@ -195,7 +189,7 @@ def cache_layout(
     *,
     deployment: Deployment | None = None,
     context: int | None = None,
-) -> list[LayerCache]:
+) -> list[LayerLayout]:
     """The cache class of every layer for ``spec`` on ``backend``: the strategy's table entry
     says what goes on full-attention layers and on the model's own sliding-window layers.
 
@@ -212,21 +206,21 @@ def cache_layout(
     return _layout(device_arch_of(arch, d), parse_spec(spec), d, context)
 
 
-def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None, batch: int = 1) -> list[LayerCache]:
+def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None, batch: int = 1) -> list[LayerLayout]:
     spec = runtime_spec(spec, d)  # transformers' standard is its DynamicCache
     rt = d.profile
     if rt is not None and rt.runtime_cache:
-        if spec.name != "standard":
+        if not spec.reference:
             raise ValueError(
                 f"runtime {rt.name} allocates its own cache; strategy {spec.name!r} does not apply there "
                 "(use standard, which plans the runtime's own allocation)"
             )
         return _runtime_layout(dev, d, context, batch)
-    check_backend(spec, d.backend)
+    spec.check_backend(d.backend)
     return _strategy_layout(dev, spec, d.backend)
 
 
-def _strategy_layout(arch: Arch, spec: Spec, backend: str) -> list[LayerCache]:
+def _strategy_layout(arch: Arch, spec: Spec, backend: str) -> list[LayerLayout]:
     strategy = spec.strategy
     full = strategy.plan(spec, backend)
     if spec.key_bits is not None:
@@ -238,7 +232,7 @@ def _strategy_layout(arch: Arch, spec: Spec, backend: str) -> list[LayerCache]:
     else:
         own = strategy.plan_sliding(spec, backend, window) if strategy.plan_sliding else None
         sliding = own or _model_sliding(backend, window)
-    recurrent = LayerCache("ArraysCache" if backend == "mlx" else "LinearAttentionLayer", "recurrent")
+    recurrent = LayerLayout("ArraysCache" if backend == "mlx" else "LinearAttentionLayer", "recurrent")
     by_type = {"full": full, "sliding": sliding, "recurrent": recurrent}
     layout = [by_type[k] for k in arch.layer_kinds]
     if strategy.layered:  # each full-attention layer's descriptor depends on its depth (PyramidKV)
@@ -252,7 +246,7 @@ def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def _runtime_layout(arch: Arch, d: Deployment, context: int | None, batch: int = 1) -> list[LayerCache]:
+def _runtime_layout(arch: Arch, d: Deployment, context: int | None, batch: int = 1) -> list[LayerLayout]:
     window = arch.sliding_window or 0
     if d.runtime == "vllm":
         if d.max_model_len and context and context > d.max_model_len:
@@ -262,17 +256,17 @@ def _runtime_layout(arch: Arch, d: Deployment, context: int | None, batch: int =
             )
         block = d.paged_block
         by_type = {
-            "full": LayerCache("PagedBlocks", "full", (("block_size", block),)),
-            "sliding": LayerCache("PagedSlidingWindow", "sliding", (("window", window), ("block_size", block))),
-            "recurrent": LayerCache("MambaSpec", "recurrent"),
+            "full": LayerLayout("PagedBlocks", "full", (("block_size", block),)),
+            "sliding": LayerLayout("PagedSlidingWindow", "sliding", (("window", window), ("block_size", block))),
+            "recurrent": LayerLayout("MambaSpec", "recurrent"),
         }
     else:  # llama.cpp
         by_type = _llama_cpp_layout(arch, d, batch)
-        by_type["recurrent"] = LayerCache("llama_memory_recurrent", "recurrent")
+        by_type["recurrent"] = LayerLayout("llama_memory_recurrent", "recurrent")
     return [by_type[k] for k in arch.layer_kinds]
 
 
-def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerCache]:
+def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerLayout]:
     """llama.cpp's caches for ``batch`` sequences: with ``-c`` (``max_model_len``) the cells
     :func:`~cachelib.core.rules.llama_cpp_cells` allocates at start (``slots``: every stream's
     cells; ``limit``: one sequence's context, ``n_ctx_seq``, or its share of a unified KV);
@@ -299,25 +293,25 @@ def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerC
             ("seqs", batch),
         )
         return {
-            "full": LayerCache("llama_kv_cache", "full", knobs),
-            "sliding": LayerCache("llama_kv_cache_swa", "sliding", knobs),
+            "full": LayerLayout("llama_kv_cache", "full", knobs),
+            "sliding": LayerLayout("llama_kv_cache_swa", "sliding", knobs),
         }
     c = R.llama_cpp_cells(d.max_model_len, slots, unified, window=window, swa_full=swa_full, ubatch=ubatch)
     limit = c.n_ctx // batch if unified else c.n_ctx_seq
     return {
-        "full": LayerCache(
+        "full": LayerLayout(
             "llama_kv_cache", "full", (("slots", c.full * c.streams), ("limit", limit), ("seqs", batch))
         ),
-        "sliding": LayerCache("llama_kv_cache_swa", "sliding", (("slots", c.swa * c.streams), ("seqs", batch))),
+        "sliding": LayerLayout("llama_kv_cache_swa", "sliding", (("slots", c.swa * c.streams), ("seqs", batch))),
     }
 
 
-def _model_sliding(backend: str, window: int) -> LayerCache:
+def _model_sliding(backend: str, window: int) -> LayerLayout:
     """The cache a model's own sliding-window layer gets: mlx-lm a ring without sinks,
     transformers a sliding-window layer."""
     if backend == "mlx":
-        return LayerCache("RotatingKVCache", "sliding", (("max_size", window), ("keep", 0)))
-    return LayerCache("DynamicSlidingWindowLayer", "sliding", (("window", window),))
+        return LayerLayout("RotatingKVCache", "sliding", (("max_size", window), ("keep", 0)))
+    return LayerLayout("DynamicSlidingWindowLayer", "sliding", (("window", window),))
 
 
 _RUNTIME_RULES = {
@@ -330,7 +324,7 @@ _RUNTIME_RULES = {
 }
 
 
-def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int, kv_format: str | None = None) -> R.Rule:
+def _rule(cache: LayerLayout, arch: Arch, backend: str, dtype: str, batch: int, kv_format: str | None = None) -> R.Rule:
     fp = token_bytes(arch, dtype, batch=batch, kv_format=cache.kv_format or kv_format)
     if cache.kind in _RUNTIME_RULES:
         return _runtime_rule(cache, arch, dtype, batch, fp)
@@ -343,7 +337,7 @@ def _rule(cache: LayerCache, arch: Arch, backend: str, dtype: str, batch: int, k
     return rule_for(cache, fp, q, state, kv_heads=arch.kv_heads)
 
 
-def _runtime_rule(cache: LayerCache, arch: Arch, dtype: str, batch: int, fp: int) -> R.Rule:
+def _runtime_rule(cache: LayerLayout, arch: Arch, dtype: str, batch: int, fp: int) -> R.Rule:
     kind = cache.kind
     if kind == "PagedBlocks":
         return R.Paged(fp, cache.knob("block_size"))
@@ -447,7 +441,7 @@ class Replay:
 
     def __init__(
         self,
-        caches: Sequence[LayerCache],
+        caches: Sequence[LayerLayout],
         arch: Arch,
         backend: str,
         dtype: str,
@@ -458,7 +452,7 @@ class Replay:
         self.arch = arch  # the layers' architecture: one device's under a deployment
         self.first_layer = 0  # the model's index of the first layer here (a pipeline stage's start)
         self.stage_count = 1  # pipeline stages laid out alike
-        groups: dict[LayerCache, int] = {}
+        groups: dict[LayerLayout, int] = {}
         for c in self.caches:
             groups.setdefault(c, len(groups))
         self.group_caches = list(groups)
@@ -679,7 +673,7 @@ class Trace:
     backend: str
     dtype: str
     batch: int
-    layers: tuple[LayerCache, ...]
+    layers: tuple[LayerLayout, ...]
     steps: tuple[StepBytes, ...]
     deployment: Deployment | None = None  # steps are one device's bytes under a deployment
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.units import human_gib
-from ..spec import Spec, parse_spec
+from ..spec import Spec, mlx_flags, parse_spec
 from .layouts import MLX_OWN_MAKE_CACHE, mlx_module
 from .quality import is_exact, meets
 from .runtimes import MLX_LM_QUANTIZED_KV_START, own_loop
@@ -70,29 +70,20 @@ def runtime_flags(spec: str | Spec, runtime: str | None, model_type: str | None 
     if own_loop(runtime):
         return []
     if runtime == "mlx-lm":
-        if s.name == "standard":
-            return []
-        if s.name == "rotating" and s.get("keep") == 4 and s.get("bits") is None:
-            if model_type and mlx_module(model_type) in MLX_OWN_MAKE_CACHE:
-                return None
-            return ["--max-kv-size", str(s.get("max_size"))]
-        if s.name == "quantized" and s.get("key_bits") is None and s.get("value_bits") is None:
-            out = ["--kv-bits", str(s.get("bits"))]
-            if s.get("group_size") != MLX_LM_GROUP_SIZE:
-                out += ["--kv-group-size", str(s.get("group_size"))]
-            if s.get("start") != MLX_LM_QUANTIZED_KV_START:
-                out += ["--quantized-kv-start", str(s.get("start"))]
-            return out
-        return None
+        flags = mlx_flags(s)
+        if flags is None:
+            return None
+        if "max_kv_size" in flags and model_type and mlx_module(model_type) in MLX_OWN_MAKE_CACHE:
+            return None
+        defaults = {"kv_group_size": MLX_LM_GROUP_SIZE, "quantized_kv_start": MLX_LM_QUANTIZED_KV_START}
+        out = []
+        for flag, value in flags.items():  # a flag left at mlx-lm's default is not written
+            if value != defaults.get(flag):
+                out += ["--" + flag.replace("_", "-"), str(value)]
+        return out
     if runtime == "transformers":
-        if s.name in ("standard", "concat"):
-            return ["DynamicCache(config=model.config)"]
-        if s.name == "static":
-            return [f"StaticCache(config=model.config, max_cache_len={s.get('max_len')})"]
-        if s.name == "offloaded":
-            return ["DynamicCache(config=model.config, offloading=True)"]
-        return None
-    return [] if s.name == "standard" else None  # vllm, llama.cpp: their own cache
+        return None if s.transformers_cache is None else [s.transformers_cache]
+    return [] if s.reference else None  # vllm, llama.cpp: their own cache
 
 
 def model_ref(arch, model: str | None = None) -> str:

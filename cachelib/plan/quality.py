@@ -114,15 +114,6 @@ EXACT = Quality(0.0, 1.0, "any model", "exact: keeps every token at full precisi
 WHOLE = Quality(0.0, 1.0, "any model", "exact: its bound holds the whole context, so nothing is evicted")
 
 
-def _smallest_bound(spec) -> int:
-    """The bound of the layer that keeps least: PyramidKV's top layer keeps about budget/beta
-    (its mean ``budget`` is ``spec.window``); every other bounded strategy keeps ``spec.window``
-    on every layer."""
-    if spec.name == "pyramidkv":
-        return max(1, spec.get("budget") // spec.get("beta"))
-    return spec.window
-
-
 @dataclass(frozen=True)
 class Judgement:
     """What the evidence says about one strategy at one target context."""
@@ -155,7 +146,7 @@ def judge(
         return Judgement(text, EXACT, "lossless: exact by construction")
     target_kept = kept_fraction(spec, context)
     bounded = spec.window is not None
-    if bounded and target_kept >= 1.0 and _smallest_bound(spec) >= context:
+    if bounded and target_kept >= 1.0 and spec.smallest_window >= context:
         return Judgement(text, WHOLE, f"its bound ({spec.window:,}) holds the whole {context:,}-token context")
     names = _names(planned)
 

@@ -18,7 +18,7 @@ from dataclasses import KW_ONLY, MISSING, dataclass, field, fields, replace
 from typing import NamedTuple, Sequence
 
 from ..core.units import check_bytes, human_gib, memory_text, parse_memory
-from ..spec import TORCH_QUANT_BITS, Spec, parse_spec, strategy
+from ..spec import TORCH_QUANT_BITS, Spec, make_spec, parse_spec, spec_from_mlx_flags, strategy
 from .accounting import account, replay, schedule
 from .answer import runtime_flags
 from .arch import Arch
@@ -632,7 +632,7 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
         allowed = TORCH_QUANT_BITS if r.backend == "torch" else strategy("quantized").knob("bits").choices
         tried = []
         for bits in sorted(allowed, reverse=True):
-            spec = parse_spec(f"quantized:bits={bits}")
+            spec = make_spec("quantized", {"bits": bits})
             n = fits(spec)
             tried.append(f"{bits} bits: {n}")
             if n >= want:
@@ -646,7 +646,7 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
         return Solved(None, None, 0, f"--solve bits: no KV bits fit {where} (sessions per bits: {', '.join(tried)})")
 
     def ring(size: int) -> Spec:
-        return parse_spec(f"rotating:max_size={size},keep=4")
+        return spec_from_mlx_flags(max_kv_size=size)  # mlx-lm's ring: 4 sink tokens
 
     whole = fits(ring(r.context))
     if whole >= want:
@@ -717,9 +717,7 @@ def suggestions(evidence: Sequence[Evidence], context: int) -> list[Spec]:
     for spec in scaled_candidates(evidence, context):
         knob = spec.strategy.window
         try:
-            typed = parse_spec(
-                f"{spec.name}:" + ",".join(f"{k}={typed_size(v) if k == knob else v}" for k, v in spec.params)
-            )
+            typed = make_spec(spec.name, {k: typed_size(v) if k == knob else v for k, v in spec.params})
         except ValueError:
             continue
         if typed.window is not None and typed.window < context:

@@ -67,6 +67,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from ..core.rules import KV_FORMATS
+from ..core.units import check_backend
 from .arch import Arch, Recurrent
 from .layouts import MLX_LM_VERSION, MLX_OWN_MAKE_CACHE, llama_cpp_layer_kinds, mlx_layer_kinds, mlx_module
 
@@ -155,7 +156,6 @@ RUNTIMES: dict[str, Runtime] = {
     )
 }
 
-DEVICE_BACKENDS = ("mlx", "torch")  # backends cachelib's own loop runs on
 # the runtime a plan that names none is made for: what users deploy with on that backend
 DEFAULT_RUNTIMES = {"mlx": "mlx-lm", "torch": "transformers"}
 
@@ -177,9 +177,7 @@ def own_loop(runtime: str | None) -> bool:
 
 def default_runtime(backend: str) -> str:
     """The runtime planned when none is named: mlx-lm on ``mlx``, transformers on ``torch``."""
-    if backend not in DEFAULT_RUNTIMES:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(DEFAULT_RUNTIMES)}")
-    return DEFAULT_RUNTIMES[backend]
+    return DEFAULT_RUNTIMES[check_backend(backend)]
 
 
 def prompt_last_alone(runtime: str | None) -> bool:
@@ -240,8 +238,8 @@ class Deployment:
                 raise ValueError(
                     f"runtime {rt.name} runs on backend {' or '.join(map(repr, rt.backends))}, not {self.backend!r}"
                 )
-        elif self.backend not in DEVICE_BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; allowed: {', '.join(DEVICE_BACKENDS)}")
+        else:
+            check_backend(self.backend)
         _count("tp", self.tp)
         _count("pp", self.pp)
         where = rt.name if rt else f"backend {self.backend}"
@@ -436,13 +434,13 @@ def mlx_lm_spec(
             "mlx-lm cannot combine --max-kv-size with --kv-bits (RotatingKVCache quantization is not "
             "implemented there); give one of them"
         )
+    from ..spec import spec_from_mlx_flags
+
     if max_kv_size is not None:
-        return f"rotating:max_size={_count('max_kv_size', max_kv_size)},keep=4"
-    if kv_bits is not None:
-        # maybe_quantize_kv_cache runs after each update: a cache holding >= start tokens is converted before the
-        # next one, as start=max(start, 1) does here (with 0, the first update is still written at full precision)
-        return f"quantized:bits={kv_bits},group_size={kv_group_size},start={max(quantized_kv_start, 1)}"
-    return "standard"
+        return str(spec_from_mlx_flags(_count("max_kv_size", max_kv_size)))
+    # maybe_quantize_kv_cache runs after each update: a cache holding >= start tokens is converted before the
+    # next one, as start=max(start, 1) does here (with 0, the first update is still written at full precision)
+    return str(spec_from_mlx_flags(None, kv_bits, kv_group_size, max(quantized_kv_start, 1)))
 
 
 def runtime_spec(spec, deployment: Deployment):
@@ -452,14 +450,15 @@ def runtime_spec(spec, deployment: Deployment):
     given (``static:max_len=N`` is its ``StaticCache``, ``offloaded`` its offloaded cache). Under
     mlx-lm, ``quantized`` with ``start=0`` is ``start=1``: ``maybe_quantize_kv_cache`` converts
     after an update, so the first one is held at full precision (see :func:`mlx_lm_spec`)."""
-    from ..spec import parse_spec
+    from ..spec import make_spec, parse_spec
 
     spec = parse_spec(spec)
-    if deployment.runtime == "transformers" and spec.name == "standard":
+    if deployment.runtime == "transformers" and spec.reference:
         return parse_spec("concat")
-    if deployment.runtime == "mlx-lm" and spec.name == "quantized" and spec.get("start") == 0:
-        knobs = {**dict(spec.params), "start": 1}  # --quantized-kv-start 0: the first update is held whole
-        return parse_spec(f"{spec.name}:" + ",".join(f"{k}={v}" for k, v in knobs.items()))
+    first = spec.strategy.full_precision_first
+    if deployment.runtime == "mlx-lm" and first is not None and spec.get(first) == 0:
+        # --quantized-kv-start 0: the first update is held whole
+        return make_spec(spec.name, {**dict(spec.params), first: 1})
     return spec
 
 
@@ -566,16 +565,16 @@ def stage_arches(arch: Arch, deployment: Deployment) -> list[Arch]:
         recurrent = Recurrent(recurrent.channels // tp, recurrent.conv_kernel, recurrent.state_size)
     out = []
     for layers in stages(arch, deployment.pp, deployment):
-        k = tuple(kinds[i] for i in layers)
+        stage_kinds = tuple(kinds[i] for i in layers)
         out.append(
             replace(
                 arch,
-                num_layers=len(k),
-                layer_kinds=k,
-                sliding_window=window if "sliding" in k else None,
+                num_layers=len(stage_kinds),
+                layer_kinds=stage_kinds,
+                sliding_window=window if "sliding" in stage_kinds else None,
                 num_kv_heads=kv_heads_per_rank(arch, tp),
                 num_heads=arch.num_heads // tp if arch.num_heads else 0,
-                recurrent=recurrent if "recurrent" in k else None,
+                recurrent=recurrent if "recurrent" in stage_kinds else None,
             )
         )
     return out

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..core.reader import MAX_CONFIG_BYTES, parse_toml, read_text
-from ..core.units import clip_input
-from ..models import BACKENDS, model_names
+from ..core.units import check_backend, clip_input
+from ..models import model_names
 from ..profile import Probes, parse_memory_limit
 from ..profile.evaluate import CORPUS, DEFAULT_PREFILL_CHUNK, DEFAULT_SCORE_TOKENS, DEFAULT_WINDOWS
 from ..spec import STRATEGIES, Spec, SpecError, make_spec, parse_spec, split_spec, strategy
@@ -420,8 +420,10 @@ class _Reader:
         models = tuple(self.model(m) for m in self.axis("models", str, required=True))
         backends = self.axis("backends", str, default=("mlx",))
         for b in backends:
-            if b not in BACKENDS:
-                raise self.fail("backends", f"unknown backend {b!r}; backends: {', '.join(BACKENDS)}")
+            try:
+                check_backend(b)
+            except ValueError as e:
+                raise self.fail("backends", str(e)) from None
         devices = self.devices(backends)
         if "contexts" in self.data:
             return self.evaluation_grid(name, models, backends, devices)

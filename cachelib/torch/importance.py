@@ -36,11 +36,10 @@ import torch
 
 from ..core.importance import Policy, compresses_now, evict_to, keep_slots, policy_of, tokens_used
 from ..introspect import CacheView
+from ..spec import STRATEGIES
 from . import hooks
 from .base import AttentionLayer, check_crop, check_ignored_keywords, dtype_name
 from .cache import Cache, build_layers
-
-SCORED = ("knorm", "snapkv", "tova", "h2o")
 
 
 def attention_weights(keys: torch.Tensor, queries: torch.Tensor, scale: float | None = None) -> torch.Tensor:
@@ -78,6 +77,76 @@ def _group_mean(scores: torch.Tensor, h_kv: int) -> torch.Tensor:
     return scores.view(B, h_kv, h_q // h_kv, T).mean(2)
 
 
+class Scorer:
+    """How one importance method scores keys on PyTorch: one subclass per method, named by the
+    method's entry of the strategy table (``Strategy.importance.torch``). Stateless: the layer holds
+    the scores (as numpy float32, where :mod:`cachelib.core.importance` chooses the kept slots)."""
+
+    @staticmethod
+    def score(keys: torch.Tensor, queries, *, window: int, kernel: int, pooling: str, scale) -> torch.Tensor:
+        """Scores of ``keys`` (B, H_kv, T, D) by the step's ``queries`` (B, H_q, Tq, D): (B, H_kv, T) float32."""
+        raise NotImplementedError
+
+    @classmethod
+    def observed(cls, policy: Policy, scores: np.ndarray, keys, queries, scale) -> np.ndarray | None:
+        """The held keys' scores after a step's queries (None: unchanged)."""
+        s = cls.score(keys, queries, window=policy.window, kernel=policy.kernel, pooling=policy.pooling, scale=scale)
+        return s.cpu().numpy()
+
+
+class KNorm(Scorer):
+    """``-||k||_2``: keeps the keys of lowest norm; scores new keys as they come (no queries)."""
+
+    @staticmethod
+    def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
+        return -keys.float().norm(dim=-1)
+
+
+class SnapKV(Scorer):
+    """The observation window's pooled attention (kvpress 0.5.5's ``SnapKVPress``; PyramidKV alike)."""
+
+    @staticmethod
+    def score(keys, queries, *, window=64, kernel=5, pooling="avg", scale=None):
+        T = keys.shape[2]
+        w = min(window, queries.shape[2])
+        if w < 1 or T <= w:
+            raise ValueError(f"score_keys: snapkv needs more keys ({T}) than the observation window ({w})")
+        weights = attention_weights(keys, queries[..., -w:, :], scale)[..., : T - w]  # (B, H_q, w, T - w)
+        s = _group_mean(_pool(weights.mean(2), kernel, pooling), keys.shape[1])
+        return torch.nn.functional.pad(s, (0, w), value=float(s.max()))
+
+    @classmethod
+    def observed(cls, policy, scores, keys, queries, scale):
+        if keys.shape[-2] <= min(policy.window, queries.shape[2]):  # nothing before the window to score
+            return None
+        return super().observed(policy, scores, keys, queries, scale)
+
+
+class TOVA(Scorer):
+    """The last query's attention averaged over all query heads (kvpress 0.5.5's ``TOVAPress``)."""
+
+    @staticmethod
+    def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
+        B, h_kv, T, _ = keys.shape
+        if T < 2:
+            return torch.zeros((B, h_kv, T), dtype=torch.float32, device=keys.device)
+        w = attention_weights(keys, queries[..., -1:, :], scale)[..., 0, :-1]  # (B, H_q, T - 1)
+        s = w.mean(1, keepdim=True).expand(B, h_kv, T - 1)
+        return torch.nn.functional.pad(s, (0, 1), value=float(s.max()))
+
+
+class H2O(Scorer):
+    """Every query's attention, accumulated over the steps (H2O's heavy hitters)."""
+
+    @staticmethod
+    def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
+        return _group_mean(attention_weights(keys, queries, scale).sum(2), keys.shape[1])
+
+    @classmethod
+    def observed(cls, policy, scores, keys, queries, scale):
+        return np.nan_to_num(scores, nan=0.0) + cls.score(keys, queries, scale=scale).cpu().numpy()
+
+
 def score_keys(
     method: str,
     keys: torch.Tensor,
@@ -88,38 +157,24 @@ def score_keys(
     pooling: str = "avg",
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Per-(batch, KV head, position) scores of ``keys`` (B, H_kv, T, D), higher = keep, by
-    ``method`` (``knorm``, ``snapkv``, ``tova``, ``h2o``; see the module docstring for exactly
-    what each computes). ``queries`` (B, H_q, Tq, D) are the post-RoPE queries of the last Tq
-    positions (None for ``knorm``). Returns a float32 (B, H_kv, T) tensor."""
-    if method not in SCORED:
-        raise ValueError(f"score_keys: unknown method {method!r}; choose one of: {', '.join(SCORED)}")
+    """Per-(batch, KV head, position) scores of ``keys`` (B, H_kv, T, D), higher = keep, by the
+    scorer of importance strategy ``method`` (``knorm``, ``snapkv``, ``tova``, ``h2o``, ...; see the
+    module docstring for exactly what each computes). ``queries`` (B, H_q, Tq, D) are the post-RoPE
+    queries of the last Tq positions (None for ``knorm``). Returns a float32 (B, H_kv, T) tensor."""
+    methods = [name for name, s in STRATEGIES.items() if s.importance is not None and s.importance.torch]
+    if method not in methods:
+        raise ValueError(f"score_keys: unknown method {method!r}; choose one of: {', '.join(methods)}")
     if keys.ndim != 4:
         raise ValueError(f"score_keys: keys must be (B, H_kv, T, D), got shape {tuple(keys.shape)}")
-    if method == "knorm":
-        return -keys.float().norm(dim=-1)
-    if queries is None or queries.ndim != 4:
-        raise ValueError(f"score_keys: {method} needs queries (B, H_q, Tq, D)")
-    if pooling not in ("avg", "max"):
-        raise ValueError(f"score_keys: pooling must be 'avg' or 'max', got {pooling!r}")
-    if kernel < 1 or kernel % 2 == 0:
-        raise ValueError(f"score_keys: kernel must be an odd integer >= 1, got {kernel}")
-    B, h_kv, T, _ = keys.shape
-    if method == "h2o":
-        return _group_mean(attention_weights(keys, queries, scale).sum(2), h_kv)
-    if method == "tova":
-        if T < 2:
-            return torch.zeros((B, h_kv, T), dtype=torch.float32, device=keys.device)
-        w = attention_weights(keys, queries[..., -1:, :], scale)[..., 0, :-1]  # (B, H_q, T - 1)
-        s = w.mean(1, keepdim=True).expand(B, h_kv, T - 1)
-        return torch.nn.functional.pad(s, (0, 1), value=float(s.max()))
-    # snapkv
-    w = min(window, queries.shape[2])
-    if w < 1 or T <= w:
-        raise ValueError(f"score_keys: snapkv needs more keys ({T}) than the observation window ({w})")
-    weights = attention_weights(keys, queries[..., -w:, :], scale)[..., : T - w]  # (B, H_q, w, T - w)
-    s = _group_mean(_pool(weights.mean(2), kernel, pooling), h_kv)
-    return torch.nn.functional.pad(s, (0, w), value=float(s.max()))
+    entry = STRATEGIES[method]
+    if entry.importance.needs_queries:
+        if queries is None or queries.ndim != 4:
+            raise ValueError(f"score_keys: {method} needs queries (B, H_q, Tq, D)")
+        if pooling not in ("avg", "max"):
+            raise ValueError(f"score_keys: pooling must be 'avg' or 'max', got {pooling!r}")
+        if kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"score_keys: kernel must be an odd integer >= 1, got {kernel}")
+    return entry.scorer("torch").score(keys, queries, window=window, kernel=kernel, pooling=pooling, scale=scale)
 
 
 class ImportanceLayer(AttentionLayer):
@@ -138,7 +193,8 @@ class ImportanceLayer(AttentionLayer):
         check_ignored_keywords(type(self).__name__, ignored)
         super().__init__()
         self.policy = policy
-        self.kind = policy.method
+        self.scorer: type[Scorer] = STRATEGIES[policy.name].scorer("torch")
+        self.kind = policy.name
         self.offset = 0
         self.positions: np.ndarray | None = None  # (B, H_kv, held) absolute positions
         self.scores: np.ndarray | None = None  # (B, H_kv, held) float32, NaN where unscored
@@ -168,15 +224,13 @@ class ImportanceLayer(AttentionLayer):
             self._evict(keep)
         if self.padded and not hooks.capturing():
             raise ValueError(
-                f"{self.policy.method}: its KV heads hold different counts (adaptive=1), and only the "
+                f"{self.policy.name}: its KV heads hold different counts (adaptive=1), and only the "
                 "attention-capture hook masks the padding: run the model inside cachelib.torch.hooks.capture(model)"
             )
         if compresses_now(self.policy, n, self.compressed):
             self.compressed = True
         new_pos = np.broadcast_to(np.arange(self.offset, self.offset + n, dtype=np.int64), (B, H, n))
-        new_scores = (
-            self._knorm(key_states) if self.policy.method == "knorm" else np.full((B, H, n), np.nan, np.float32)
-        )
+        new_scores = np.full((B, H, n), np.nan, np.float32) if self.policy.needs_queries else self._scored(key_states)
         if self.keys is None or self.held == 0:
             self.keys, self.values = key_states, value_states
             self.positions, self.scores = new_pos.copy(), new_scores
@@ -196,9 +250,12 @@ class ImportanceLayer(AttentionLayer):
         """Whether some slots are padding (Ada-KV's heads keep different counts)."""
         return self.positions is not None and bool((self.positions < 0).any())
 
-    def _knorm(self, key_states) -> np.ndarray:
+    def _scored(self, key_states) -> np.ndarray:
+        """New keys scored as they come (a method without queries)."""
         start = time.perf_counter()
-        out = score_keys("knorm", key_states, None).cpu().numpy()
+        p = self.policy
+        out = self.scorer.score(key_states, None, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=None)
+        out = out.cpu().numpy()
         self.score_seconds += time.perf_counter() - start
         return out
 
@@ -209,25 +266,16 @@ class ImportanceLayer(AttentionLayer):
             return
         self.awaiting = False
         start = time.perf_counter()
-        p = self.policy
-        if p.scoring == "snapkv":
-            if self.held > min(p.window, queries.shape[2]):
-                s = score_keys(
-                    "snapkv", self.keys, queries, window=p.window, kernel=p.kernel, pooling=p.pooling, scale=scale
-                )
-                self.scores = s.cpu().numpy()
-        elif p.method == "tova":
-            self.scores = score_keys("tova", self.keys, queries, scale=scale).cpu().numpy()
-        else:  # h2o: accumulate
-            s = score_keys("h2o", self.keys, queries, scale=scale).cpu().numpy()
-            self.scores = np.nan_to_num(self.scores, nan=0.0) + s
+        s = self.scorer.observed(self.policy, self.scores, self.keys, queries, scale)
+        if s is not None:
+            self.scores = s
         self.score_seconds += time.perf_counter() - start
 
     def _evict(self, keep: int) -> None:
         start = time.perf_counter()
         if self.policy.needs_queries and np.isnan(self.scores).any():
             raise ValueError(
-                f"{self.policy.method}: the held keys were never scored; this method needs the step's "
+                f"{self.policy.name}: the held keys were never scored; this method needs the step's "
                 "queries: run the model inside cachelib.torch.hooks.capture(model)"
             )
         slots = keep_slots(self.policy, self.scores, keep)  # (B, H, M), -1: padding
@@ -258,7 +306,7 @@ class ImportanceLayer(AttentionLayer):
     def crop(self, tokens_to_remove: int) -> None:
         n = check_crop(tokens_to_remove, self.held, type(self).__name__)
         if n:
-            raise ValueError(f"{self.policy.method}: an importance cache cannot drop its newest tokens (crop)")
+            raise ValueError(f"{self.policy.name}: an importance cache cannot drop its newest tokens (crop)")
 
     def reset(self) -> None:
         self.keys = self.values = None

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from cachelib.core.importance import Policy
+from cachelib.core.importance import policy_of
 from cachelib.mlx import hooks
 from cachelib.mlx.factory import make_cache
 from cachelib.mlx.importance import ImportanceKVCache
 from cachelib.mlx.importance import score_keys as mlx_scores
+from cachelib.spec import parse_spec
 from cachelib.torch.importance import ImportanceLayer
 from cachelib.torch.importance import score_keys as torch_scores
 
@@ -56,17 +57,18 @@ def test_scores_equal_on_both_backends(method, kw):
 
 
 @pytest.mark.parametrize(
-    "policy",
+    "spec",
     [
-        Policy("knorm", 9),
-        Policy("tova", 10),
-        Policy("h2o", 10, window=3),
-        Policy("snapkv", 10, window=4),
-        Policy("snapkv", 12, window=5, kernel=3, pooling="max"),
+        "knorm:budget=9",
+        "tova:budget=10",
+        "h2o:budget=10,recent=3",
+        "snapkv:budget=10,window=4",
+        "snapkv:budget=12,window=5,kernel=3,max_pool=1",
     ],
 )
-def test_cache_calls_keep_the_same_positions_on_both_backends(policy):
+def test_cache_calls_keep_the_same_positions_on_both_backends(spec):
     """Same keys, values and queries, call for call: the same positions kept, the same arrays."""
+    policy = policy_of(parse_spec(spec))
     rng = np.random.default_rng(1)
     B, h_kv, h_q, D = 2, 2, 4, 16
     ours, twin = ImportanceKVCache(policy), ImportanceLayer(policy)
@@ -143,7 +145,7 @@ def test_device_selection_keeps_the_slots_of_the_host_rule():
     """select_slots (MLX, issue #34) and a decode step's one-slot eviction choose the slots
     cachelib.core.importance.select chooses: the same 12-bit rounding, ties to the older slot."""
     from cachelib.core.importance import select
-    from cachelib.mlx.importance import _decode_update, select_slots
+    from cachelib.mlx.importance import TOVA, _decode_update, select_slots
 
     rng = np.random.default_rng(34)
     for _ in range(150):
@@ -157,7 +159,7 @@ def test_device_selection_keeps_the_slots_of_the_host_rule():
         k = rng.standard_normal((B, H, T, 4)).astype(np.float32)
         pos = np.broadcast_to(np.arange(T, dtype=np.int64) * 3, (B, H, T))
         new = mx.zeros((B, H, 0, 4))
-        update = _decode_update("", protect)
+        update = _decode_update(TOVA, policy_of(parse_spec("tova:budget=2")), False, protect)
         out = update(mx.array(k), mx.array(-k), mx.array(pos), mx.array(s), new, new, mx.array(0, mx.int64))
         np.testing.assert_array_equal(np.array(out[0]), np.take_along_axis(k, kept[..., None], axis=2))
         np.testing.assert_array_equal(np.array(out[1]), np.take_along_axis(-k, kept[..., None], axis=2))

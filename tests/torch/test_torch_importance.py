@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cachelib.core.importance import Policy, select
+from cachelib.core.importance import policy_of, select
 from cachelib.spec import SpecError, parse_spec
 from cachelib.torch import hooks
 from cachelib.torch.factory import make_cache
@@ -108,7 +108,7 @@ def test_select_keeps_the_protected_newest_and_the_best_older_slots_ties_to_the_
 
 
 def test_evicting_layer_attends_over_exactly_budget_tokens_during_decode():
-    layer = ImportanceLayer(Policy("knorm", 6))
+    layer = ImportanceLayer(policy_of(parse_spec("knorm:budget=6")))
     k = torch.randn(1, 1, 10, 4)
     assert layer.get_mask_sizes(10) == (10, 0)
     assert layer.update(k, k)[0].shape[-2] == 10  # the prompt is attended in full
@@ -122,7 +122,7 @@ def test_evicting_layer_attends_over_exactly_budget_tokens_during_decode():
 
 
 def test_snapkv_compresses_once_then_appends():
-    layer = ImportanceLayer(Policy("snapkv", 6, window=2))
+    layer = ImportanceLayer(policy_of(parse_spec("snapkv:budget=6,window=2")))
     k = torch.randn(1, 1, 10, 4)
     layer.update(k, k)
     layer.observe(torch.randn(1, 2, 10, 4), None)
