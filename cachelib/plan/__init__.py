@@ -20,23 +20,9 @@ memory budget.
 - ``python -m cachelib plan`` lives in :mod:`cachelib.cli.plan`, above the profile reader it uses.
 """
 
+from ..core.layout import LayerLayout
 from ..core.units import GB, GiB  # re-exported for callers writing sizes
-from .accounting import (
-    Account,
-    LayerAccount,
-    LayerLayout,
-    StepBytes,
-    Trace,
-    Update,
-    account,
-    cache_layout,
-    kv_bytes_per_token,
-    quantized_storage_ratio,
-    recurrent_state_bytes,
-    schedule,
-    token_bytes,
-    trace,
-)
+from .accounting import Account, LayerAccount, StepBytes, Trace, Update, account, schedule, trace
 from .arch import Arch, Latent, Recurrent, arch_from_config, arch_from_model_info, count_params, load_config
 from .curves import chart_range, context_grid, frontier_curves, memory_curves
 from .device import (
@@ -49,9 +35,11 @@ from .device import (
     weights_format,
     weights_per_device,
 )
+from .layer_caches import cache_layout
 from .presets import preset, preset_names, resolve_model
 from .request import PlanRequest, PlanResult, memory_bytes, plan, plan_request
 from .runtimes import RUNTIMES, Deployment, runtime_names
+from .slot_bytes import kv_bytes_per_token, quantized_storage_ratio, recurrent_state_bytes, token_bytes
 from .solver import (
     NO_LIMIT,
     Fit,

@@ -1,43 +1,11 @@
 """Exact KV-cache bytes of a model under a strategy: per layer, in total, and step by step.
 
-:func:`cache_layout` says which cache class each layer of an :class:`~cachelib.plan.arch.Arch`
-gets for a strategy spec on a backend (the same choice ``cachelib.mlx`` / ``cachelib.torch``
-make); :func:`trace` replays a prefill then 1-token decode steps through those classes' byte
+:func:`~cachelib.plan.layer_caches.cache_layout` says which cache class each layer gets
+(slot sizes: :mod:`cachelib.plan.slot_bytes`); :func:`trace` replays a prefill then 1-token decode steps through those classes' byte
 rules (:mod:`cachelib.core.rules`) and records every update; :func:`account` runs the same
 replay fast (regular decode stretches are skipped in bulk) and returns the final state plus the
 run's peaks. Bytes allocated equal what the real caches report as ``nbytes``; peaks add the
 transient copies the rules model.
-
-Byte sizes of one token slot (one layer, whole batch):
-full precision ``B * H_kv * (D_k + D_v) * itemsize``; quantized ``B * H_kv * (D_k * bits_k / 8
-+ D_v * bits_v / 8 + 2 * (D_k + D_v) / group_size * itemsize)`` (packed data + a scale and a
-bias per group in the input dtype, as mlx-lm and our torch quantizer store them).
-
-Which cache each layer gets. Full-attention layers, by strategy (both backends unless noted):
-``standard`` KVCache(step); ``concat`` MLX ConcatenateKVCache, torch DynamicLayer; ``rotating``
-RotatingKVCache(max_size, keep), a quantized ring with ``bits``; ``quantized``
-QuantizedKVCache, or with ``start=N`` a KVCache converted at the first update that begins with
-offset >= N;
-``kivi`` QuantizedLayer(bits, group_size, residual); ``chunked`` ChunkedKVCache(chunk_size) with
-its front trimmed before every update, as llama4 drives it; ``static`` StaticLayer(max_len);
-``sliding`` MLX RotatingKVCache(window, keep=0), torch DynamicSlidingWindowLayer(window);
-``offloaded`` torch DynamicLayer kept on the host. A model's own sliding-window layers keep
-their window cache whatever the strategy (``sliding`` gives them its own window instead):
-MLX RotatingKVCache(window, keep=0); torch
-DynamicSlidingWindowLayer(window), StaticSlidingWindowLayer under ``static``, offloaded too
-under ``offloaded`` (transformers' DynamicCache offloads every layer).
-
-Which layers are the model's own sliding-window (or recurrent) layers is the runtime's rule
-(:mod:`cachelib.plan.layouts`): on MLX what mlx-lm's model class builds (Gemma-2 and Mistral:
-every layer full), on torch what transformers' ``DynamicCache(config=...)`` builds. Under a
-:class:`~cachelib.plan.runtimes.Deployment` every count is one device's (its pipeline stage, its
-tensor-parallel rank's KV heads, its KV format), and vLLM / llama.cpp allocate their own caches:
-``PagedBlocks`` / ``PagedSlidingWindow`` (vLLM's blocks), ``llama_kv_cache`` (llama.cpp's cells,
-the whole context at start).
-
-Recurrent layers hold MLX ``ArraysCache`` state (conv ``(B, K-1, C)`` and SSM ``(B, C, N)`` in
-the input dtype) or transformers ``LinearAttentionLayer`` state (conv ``(B, C, K)`` in the input
-dtype, SSM ``(B, C, N)`` in float32, as transformers' Mamba computes it).
 
 Offloading follows transformers' ``Cache``: before layer i updates, the next offloaded layer is
 prefetched to the device; after its update, layer i goes back to the host. Between steps the
@@ -47,322 +15,23 @@ device holds the non-offloaded layers and the first offloaded layer (prefetched 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..core import rules as R
-from ..core.layout import LayerLayout, rule_for
+from ..core.layout import LayerLayout
 from ..core.units import check_dtype
 from ..spec import Spec, parse_spec
 from .arch import Arch
+from .layer_caches import deployment_of, device_layout, layer_rule
 from .runtimes import (
     Deployment,
-    as_deployment,
-    kv_format_check,
     largest_stage,
-    llama_cpp_settings,
     prompt_last_alone,
-    runtime_spec,
     stage_arches,
     stages,
 )
 
 CYCLE_KEYS = 4096  # distinct cycle keys a feed remembers before it starts looking afresh
-
-
-# ---------------------------------------------------------------------------------------------
-# per-token and per-state sizes
-
-
-def _check_group(arch: Arch, group_size: int) -> None:
-    dims = {arch.key_dim, arch.value_dim}
-    if any(d % group_size for d in dims):
-        ok = [g for g in (32, 64, 128) if all(d % g == 0 for d in dims)]
-        raise ValueError(
-            f"group_size={group_size} does not divide the cached head dims of {arch.name} "
-            f"(keys {arch.key_dim}, values {arch.value_dim}); allowed: {', '.join(map(str, ok)) or 'none'}"
-        )
-
-
-def token_bytes(
-    arch: Arch,
-    dtype: str = "float16",
-    *,
-    batch: int = 1,
-    key_bits: int | None = None,
-    value_bits: int | None = None,
-    group_size: int = 64,
-    kv_format: str | None = None,
-) -> int:
-    """Bytes one token slot takes in one attention layer's cache (keys + values, whole batch).
-
-    With ``key_bits``/``value_bits`` that side is stored quantized: ``D * bits / 8`` packed
-    bytes plus ``2 * D / group_size`` scale and bias elements in ``dtype``. With ``kv_format``
-    (``fp8``, ``q8_0``, ``q4_0``: :data:`cachelib.core.rules.KV_FORMATS`) each K and V row of
-    ``kv_heads x head_dim`` elements is stored in that format instead of ``dtype``.
-    """
-    item = check_dtype(dtype)
-    if (key_bits is None) != (value_bits is None):
-        raise ValueError("give both key_bits and value_bits, or neither")
-    if kv_format is not None:
-        if key_bits is not None:
-            raise ValueError(f"kv_format {kv_format!r} is a storage format of its own; it takes no bits")
-        kv_format_check(arch, kv_format)
-        rows = R.format_bytes(arch.kv_heads * arch.key_dim, kv_format)
-        rows += R.format_bytes(arch.kv_heads * arch.value_dim, kv_format)
-        return batch * rows
-    if key_bits is None:
-        return batch * arch.kv_heads * (arch.key_dim + arch.value_dim) * item
-    _check_group(arch, group_size)
-
-    def side(dim: int, bits: int) -> int:
-        return dim * bits // 8 + 2 * (dim // group_size) * item
-
-    return batch * arch.kv_heads * (side(arch.key_dim, key_bits) + side(arch.value_dim, value_bits))
-
-
-def kv_bytes_per_token(
-    arch: Arch,
-    dtype: str = "float16",
-    *,
-    bits: int | None = None,
-    key_bits: int | None = None,
-    value_bits: int | None = None,
-    group_size: int = 64,
-    kv_format: str | None = None,
-    deployment: Deployment | None = None,
-) -> int:
-    """Bytes one more token costs a full cache, summed over every attention layer (batch 1):
-    the figure model cards quote (Llama-3.1-8B fp16: 131,072; fp8 KV: 65,536). With a
-    ``deployment``: on one device of it (its stage's layers, its rank's KV heads, its
-    ``kv_format``; Llama-3.1-70B at tp=8: 40,960)."""
-    kb = key_bits if key_bits is not None else bits
-    vb = value_bits if value_bits is not None else bits
-    if deployment is not None:
-        arch = device_arch_of(arch, deployment)
-        kv_format = kv_format or deployment.kv_format
-    per_layer = token_bytes(arch, dtype, key_bits=kb, value_bits=vb, group_size=group_size, kv_format=kv_format)
-    return per_layer * arch.attention_layers
-
-
-def device_arch_of(arch: Arch, deployment: Deployment) -> Arch:
-    """The architecture one device of ``deployment`` holds (:func:`cachelib.plan.runtimes.device_arch`)."""
-    stage_list = stage_arches(arch, deployment)
-    return stage_list[largest_stage(stage_list)]
-
-
-def quantized_storage_ratio(bits: int, group_size: int = 64, dtype: str = "float16") -> float:
-    """Quantized bytes per element over ``dtype`` bytes per element (4-bit, group 64, fp16
-    scales: 0.28125)."""
-    item = check_dtype(dtype)
-    if bits <= 0 or group_size <= 0:
-        raise ValueError(f"bits and group_size must be positive, got bits={bits}, group_size={group_size}")
-    return (bits / 8 + 2 * item / group_size) / item
-
-
-def recurrent_state_bytes(arch: Arch, backend: str = "mlx", dtype: str = "float16", *, batch: int = 1) -> int:
-    """Bytes of one recurrent layer's state (conv window + SSM state)."""
-    item = check_dtype(dtype)
-    rec = arch.recurrent
-    if rec is None:
-        return 0
-    if backend == "mlx":  # conv (B, K-1, C), ssm (B, C, N), both in the input dtype
-        return batch * rec.channels * ((rec.conv_kernel - 1) + rec.state_size) * item
-    if backend == "ggml":  # llama.cpp llama_memory_recurrent: r (K-1)*C and s N*C, float32
-        return batch * rec.channels * ((rec.conv_kernel - 1) + rec.state_size) * 4
-    # transformers: conv (B, C, K) in the input dtype, ssm (B, C, N) in float32
-    return batch * rec.channels * (rec.conv_kernel * item + rec.state_size * 4)
-
-
-# ---------------------------------------------------------------------------------------------
-# which cache each layer gets
-
-
-def _deployment(deployment: Deployment | None, backend: str) -> Deployment:
-    return as_deployment(deployment, backend)
-
-
-def cache_layout(
-    arch: Arch,
-    spec: str | Spec,
-    backend: str = "mlx",
-    *,
-    deployment: Deployment | None = None,
-    context: int | None = None,
-) -> list[LayerLayout]:
-    """The cache class of every layer for ``spec`` on ``backend``: the strategy's table entry
-    says what goes on full-attention layers and on the model's own sliding-window layers.
-
-    Which layers slide is the runtime's own rule (:mod:`cachelib.plan.layouts`): on ``mlx``
-    mlx-lm's ``make_cache`` (Gemma-2: every layer full), on ``torch`` transformers'
-    ``DynamicCache(config=...)``. With a ``deployment`` (its backend wins over ``backend``) the
-    layers are one device's: the largest pipeline stage's (see :mod:`cachelib.plan.runtimes`);
-    vLLM and llama.cpp allocate their own caches (strategy ``standard`` only): paged blocks, and
-    the whole ``-c`` context (``max_model_len``, else ``context``) at start; with neither, each
-    moment is sized as ``-c`` = the tokens so far would allocate it (what a search over contexts
-    needs).
-    """
-    d = _deployment(deployment, backend)
-    return _layout(device_arch_of(arch, d), parse_spec(spec), d, context)
-
-
-def _layout(dev: Arch, spec: Spec, d: Deployment, context: int | None, batch: int = 1) -> list[LayerLayout]:
-    spec = runtime_spec(spec, d)  # transformers' standard is its DynamicCache
-    rt = d.profile
-    if rt is not None and rt.runtime_cache:
-        if not spec.reference:
-            raise ValueError(
-                f"runtime {rt.name} allocates its own cache; strategy {spec.name!r} does not apply there "
-                "(use standard, which plans the runtime's own allocation)"
-            )
-        return _runtime_layout(dev, d, context, batch)
-    spec.check_backend(d.backend)
-    return _strategy_layout(dev, spec, d.backend)
-
-
-def _strategy_layout(arch: Arch, spec: Spec, backend: str) -> list[LayerLayout]:
-    strategy = spec.strategy
-    full = strategy.plan(spec, backend)
-    if spec.key_bits is not None:
-        _check_group(arch, spec.get("group_size"))
-        full = replace(full, key_bits=spec.key_bits, value_bits=spec.value_bits, group_size=spec.get("group_size"))
-    window = arch.sliding_window or 0
-    if strategy.every_attention_layer:
-        sliding = replace(full, layer_type="sliding")
-    else:
-        own = strategy.plan_sliding(spec, backend, window) if strategy.plan_sliding else None
-        sliding = own or _model_sliding(backend, window)
-    recurrent = LayerLayout("ArraysCache" if backend == "mlx" else "LinearAttentionLayer", "recurrent")
-    by_type = {"full": full, "sliding": sliding, "recurrent": recurrent}
-    layout = [by_type[k] for k in arch.layer_kinds]
-    if strategy.layered:  # each full-attention layer's descriptor depends on its depth (PyramidKV)
-        index = [i for i, k in enumerate(arch.layer_kinds) if k == "full"]
-        for n, i in enumerate(index):
-            layout[i] = replace(layout[i], knobs=strategy.plan(spec, backend, layer=n, layers=len(index)).knobs)
-    return layout
-
-
-def _pad(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-def _runtime_layout(arch: Arch, d: Deployment, context: int | None, batch: int = 1) -> list[LayerLayout]:
-    window = arch.sliding_window or 0
-    if d.runtime == "vllm":
-        if d.max_model_len and context and context > d.max_model_len:
-            raise ValueError(
-                f"vllm: context {context:,} is past max_model_len={d.max_model_len:,}; vLLM refuses "
-                "such a request (raise max_model_len)"
-            )
-        block = d.paged_block
-        by_type = {
-            "full": LayerLayout("PagedBlocks", "full", (("block_size", block),)),
-            "sliding": LayerLayout("PagedSlidingWindow", "sliding", (("window", window), ("block_size", block))),
-            "recurrent": LayerLayout("MambaSpec", "recurrent"),
-        }
-    else:  # llama.cpp
-        by_type = _llama_cpp_layout(arch, d, batch)
-        by_type["recurrent"] = LayerLayout("llama_memory_recurrent", "recurrent")
-    return [by_type[k] for k in arch.layer_kinds]
-
-
-def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerLayout]:
-    """llama.cpp's caches for ``batch`` sequences: with ``-c`` (``max_model_len``) the cells
-    :func:`~cachelib.core.rules.llama_cpp_cells` allocates at start (``slots``: every stream's
-    cells; ``limit``: one sequence's context, ``n_ctx_seq``, or its share of a unified KV);
-    without, each moment as the smallest ``-c`` that holds the run so far."""
-    slots, unified, swa_full, ubatch = llama_cpp_settings(d, batch)
-    window = arch.sliding_window or 0
-    if d.kv_format in ("q8_0", "q4_0") and d.flash_attn != "off":
-        block = R.KV_FORMATS[d.kv_format][1]  # flash attention: each head a whole number of blocks
-        if arch.key_dim % block or (not arch.latent and arch.value_dim % block):
-            raise ValueError(
-                f"llama.cpp -ctk/-ctv {d.kv_format} with flash attention needs head dims divisible "
-                f"by {block} ({arch.name}: {arch.key_dim} / {arch.value_dim}); use -ctk/-ctv f16"
-            )
-    if d.max_model_len is None:
-        per = batch if unified else slots
-        knobs = (
-            ("cells_step", R.LLAMA_CPP_PAD),
-            ("per", per),
-            ("parallel", slots),
-            ("unified", int(unified)),
-            ("swa_full", int(swa_full)),
-            ("ubatch", ubatch),
-            ("window", window),
-            ("seqs", batch),
-        )
-        return {
-            "full": LayerLayout("llama_kv_cache", "full", knobs),
-            "sliding": LayerLayout("llama_kv_cache_swa", "sliding", knobs),
-        }
-    c = R.llama_cpp_cells(d.max_model_len, slots, unified, window=window, swa_full=swa_full, ubatch=ubatch)
-    limit = c.n_ctx // batch if unified else c.n_ctx_seq
-    return {
-        "full": LayerLayout(
-            "llama_kv_cache", "full", (("slots", c.full * c.streams), ("limit", limit), ("seqs", batch))
-        ),
-        "sliding": LayerLayout("llama_kv_cache_swa", "sliding", (("slots", c.swa * c.streams), ("seqs", batch))),
-    }
-
-
-def _model_sliding(backend: str, window: int) -> LayerLayout:
-    """The cache a model's own sliding-window layer gets: mlx-lm a ring without sinks,
-    transformers a sliding-window layer."""
-    if backend == "mlx":
-        return LayerLayout("RotatingKVCache", "sliding", (("max_size", window), ("keep", 0)))
-    return LayerLayout("DynamicSlidingWindowLayer", "sliding", (("window", window),))
-
-
-_RUNTIME_RULES = {
-    "PagedBlocks",
-    "PagedSlidingWindow",
-    "MambaSpec",
-    "llama_kv_cache",
-    "llama_kv_cache_swa",
-    "llama_memory_recurrent",
-}
-
-
-def _rule(cache: LayerLayout, arch: Arch, backend: str, dtype: str, batch: int, kv_format: str | None = None) -> R.Rule:
-    fp = token_bytes(arch, dtype, batch=batch, kv_format=cache.kv_format or kv_format)
-    if cache.kind in _RUNTIME_RULES:
-        return _runtime_rule(cache, arch, dtype, batch, fp)
-    q = None
-    if cache.key_bits is not None:
-        q = token_bytes(
-            arch, dtype, batch=batch, key_bits=cache.key_bits, value_bits=cache.value_bits, group_size=cache.group_size
-        )
-    state = recurrent_state_bytes(arch, backend, dtype, batch=batch) if cache.layer_type == "recurrent" else 0
-    return rule_for(cache, fp, q, state, kv_heads=arch.kv_heads)
-
-
-def _runtime_rule(cache: LayerLayout, arch: Arch, dtype: str, batch: int, fp: int) -> R.Rule:
-    kind = cache.kind
-    if kind == "PagedBlocks":
-        return R.Paged(fp, cache.knob("block_size"))
-    if kind == "PagedSlidingWindow":
-        return R.PagedSliding(fp, cache.knob("window"), cache.knob("block_size"))
-    knobs = dict(cache.knobs)
-    if kind in ("llama_kv_cache", "llama_kv_cache_swa"):  # cells count every sequence: one cell's bytes
-        cell = fp // batch
-        if "cells_step" in knobs:  # sized by the context so far
-            return R.LlamaCppGrowing(
-                cell,
-                per=knobs["per"],
-                slots=knobs["parallel"],
-                unified=bool(knobs["unified"]),
-                swa=cache.layer_type == "sliding",
-                window=knobs["window"],
-                swa_full=bool(knobs["swa_full"]),
-                ubatch=knobs["ubatch"],
-                seqs=knobs["seqs"],
-                kind=kind,
-            )
-        return R.Preallocated(cell, knobs["slots"], knobs.get("limit"), kind=kind, seqs=knobs["seqs"])
-    if kind == "MambaSpec":  # vLLM: conv (K-1, C) and SSM (C, N) state pages in the model dtype
-        return R.RecurrentState(recurrent_state_bytes(arch, "mlx", dtype, batch=batch), kind=kind)
-    return R.RecurrentState(recurrent_state_bytes(arch, "ggml", dtype, batch=batch), kind=kind)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,7 +125,7 @@ class Replay:
         for c in self.caches:
             groups.setdefault(c, len(groups))
         self.group_caches = list(groups)
-        self.rules = [_rule(c, arch, backend, dtype, batch, kv_format) for c in self.group_caches]
+        self.rules = [layer_rule(c, arch, backend, dtype, batch, kv_format) for c in self.group_caches]
         self.order = [groups[c] for c in self.caches]
         self.offloaded = [c.offloaded for c in self.caches]
         off = [i for i, o in enumerate(self.offloaded) if o]
@@ -640,7 +309,7 @@ def replay(
     spec = parse_spec(spec)
     check_dtype(dtype)
     _positive_int("batch", batch)
-    d = _deployment(deployment, backend)
+    d = deployment_of(deployment, backend)
     return _stage_replays(arch, spec, d, dtype, batch, context)[0]
 
 
@@ -658,7 +327,7 @@ def _stage_replays(arch: Arch, spec: Spec, d: Deployment, dtype: str, batch: int
         if key in seen:
             seen[key].stage_count += 1
             continue
-        run = Replay(_layout(a, spec, d, context, batch), a, d.backend, dtype, batch, d.kv_format)
+        run = Replay(device_layout(a, spec, d, context, batch), a, d.backend, dtype, batch, d.kv_format)
         run.first_layer = starts[i]
         seen[key] = run
     return list(seen.values())
@@ -717,7 +386,7 @@ def trace(
     the largest pipeline stage on one tensor-parallel rank; the prompt goes in the runtime's
     chunks (``deployment.prefill_chunk``) unless ``prefill_chunk`` says otherwise."""
     spec = parse_spec(spec)
-    d = _deployment(deployment, backend)
+    d = deployment_of(deployment, backend)
     if updates is not None:
         if context is not None or prefill is not None or prefill_chunk is not None:
             raise ValueError("give either updates or context/prefill/prefill_chunk, not both")
@@ -809,7 +478,7 @@ def account(
     spec = parse_spec(spec)
     check_dtype(dtype)
     _positive_int("batch", batch)
-    d = _deployment(deployment, backend)
+    d = deployment_of(deployment, backend)
     plan = schedule(context, prefill, prefill_chunk or d.prefill_chunk, last_alone=prompt_last_alone(d.runtime))
     runs = _stage_replays(arch, spec, d, dtype, batch, context)
     total = 0

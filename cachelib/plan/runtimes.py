@@ -5,7 +5,7 @@ A :class:`Deployment` names a runtime (or none: cachelib's own caches on a backe
 backend, the parallelism and the KV storage format. :func:`device_arch` turns a model's
 :class:`~cachelib.plan.arch.Arch` into the architecture one device holds (its stage's layers,
 laid out as the runtime builds them, with its rank's KV heads), and
-:func:`cachelib.plan.accounting.cache_layout` gives each of those layers the cache class the
+:func:`cachelib.plan.layer_caches.cache_layout` gives each of those layers the cache class the
 runtime allocates. Where each rule comes from is cited next to it.
 
 The runtimes:

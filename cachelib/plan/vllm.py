@@ -292,7 +292,7 @@ def kv_blocks(
 ) -> Blocks:
     """The blocks, tokens and concurrency vLLM makes of ``available`` pool bytes on a device
     holding ``dev`` (:func:`cachelib.plan.runtimes.device_arch`; see the module docstring)."""
-    from .accounting import token_bytes
+    from .slot_bytes import token_bytes
 
     if "recurrent" in dev.layer_kinds:
         raise ValueError(f"{dev.name}: vLLM's pages for recurrent (Mamba) layers are not modelled here")
