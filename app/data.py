@@ -176,7 +176,10 @@ def measured_on(summary: pd.DataFrame) -> str:
     """What the summary's memory numbers were measured against, in one sentence."""
     against = sorted({str(a) for a in summary.get("saved_against", pd.Series(dtype=object)).dropna() if a})
     if not against:
-        return "MiB used, tokens held and bytes/token held: at each strategy's last memory sample; allocated MiB is the peak."
+        return (
+            "MiB used, tokens held and bytes/token held: at each strategy's last memory sample; "
+            "allocated MiB is the peak."
+        )
     what = " / ".join(
         "the baseline's bytes used (the profile lacks the cache geometry)"
         if a == "baseline"

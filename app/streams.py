@@ -52,7 +52,8 @@ def generated_text(view: RunView, decode: Callable[[list[int]], str] | None) -> 
     mode = str(view.meta.get("mode", "teacher-forced"))
     if decode is None:
         st.caption(
-            f"The tokenizer of {md(view.meta.get('model', 'this model'))} is not on this machine: tokens are shown as ids."
+            f"The tokenizer of {md(view.meta.get('model', 'this model'))} is not on this machine: tokens are "
+            "shown as ids."
         )
         decode = lambda ids: " ".join(str(i) for i in ids)  # noqa: E731
     if mode == "free-running":

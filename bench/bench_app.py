@@ -254,7 +254,8 @@ def main() -> None:
         )
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the start")
     print(
-        f"bench_app: {args.tokens} tokens x {STRATEGIES} strategies, bundled SmolLM2, backend mlx (the page's default); "
+        f"bench_app: {args.tokens} tokens x {STRATEGIES} strategies, bundled SmolLM2, backend mlx (the page's "
+        "default); "
         f"weights cache {cache_state}; {os.cpu_count()} CPU cores",
         flush=True,
     )
@@ -291,7 +292,8 @@ def main() -> None:
                         f"warm run {j + 1}: first chart {r['first_chart_s']:.2f} s after Run (progress bar at "
                         f"{r['started_s']:.2f} s, chart sent at {r['chart_sent_s']:.2f} s), run {r['run_s']:.1f} s, "
                         f"{r['steps_per_s']:.2f} steps/s x {STRATEGIES} strategies, charts refreshed "
-                        f"{r['refreshes']} times, every {r['refresh_every_s']:.2f} s; CPU: server {r['server_cpu_s']:.1f} s, "
+                        f"{r['refreshes']} times, every {r['refresh_every_s']:.2f} s; CPU: server "
+                        f"{r['server_cpu_s']:.1f} s, "
                         f"browser {r['browser_cpu_s']:.1f} s; load average {os.getloadavg()[0]:.1f}",
                         flush=True,
                     )
@@ -303,7 +305,8 @@ def main() -> None:
                     print(
                         f"stop run {j + 1}: Stop pressed at step {r['shown_at_click']} shown "
                         f"({r['recorded_at_click']} recorded), run ended after step {r['final_steps']}: "
-                        f"{r['steps_after_shown']} steps after the step shown, {r['steps_after_click']} after the click, "
+                        f"{r['steps_after_shown']} steps after the step shown, {r['steps_after_click']} after "
+                        "the click, "
                         f"{r['stop_s']:.2f} s",
                         flush=True,
                     )

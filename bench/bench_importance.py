@@ -246,7 +246,8 @@ def main() -> None:
         budgets = [int(b) for b in args.budgets.split(",")]
         specs = ["standard"] + [s for b in budgets for s in retrieval_specs(b)]
         print(
-            f"model {args.model}, passkey at depth {args.depth} of {args.context} tokens, question prefilled, {args.trials} trial(s)"
+            f"model {args.model}, passkey at depth {args.depth} of {args.context} tokens, question prefilled, "
+            f"{args.trials} trial(s)"
         )
         for backend in args.backends.split(","):
             rows = run_retrieval(backend.strip(), args.model, specs, args.context, args.depth, args.trials)
@@ -269,12 +270,14 @@ def main() -> None:
         specs = [s for s in specs if s == "standard" or s.split(":")[0] in methods]
     print(f"model {args.model}, prompt {args.prompt_tokens} tokens, {args.tokens} decode steps, budget {args.budget}")
     print(
-        f"{'backend':<7} {'strategy':<34} {'median step ms':>14} {'x standard':>10} {'CPU x std':>9} {'score ms':>9} {'held':>6} {'cache bytes':>12}"
+        f"{'backend':<7} {'strategy':<34} {'median step ms':>14} {'x standard':>10} {'CPU x std':>9} "
+        f"{'score ms':>9} {'held':>6} {'cache bytes':>12}"
     )
     for backend in args.backends.split(","):
         for r in run_backend(backend.strip(), args.model, specs, args.prompt_tokens, args.tokens):
             print(
-                f"{r['backend']:<7} {r['strategy']:<34} {r['median_step_ms']:>14.2f} {r['ratio_to_standard']:>10.2f} {r['cpu_ratio_to_standard']:>9.2f} "
+                f"{r['backend']:<7} {r['strategy']:<34} {r['median_step_ms']:>14.2f} "
+                f"{r['ratio_to_standard']:>10.2f} {r['cpu_ratio_to_standard']:>9.2f} "
                 f"{r['median_score_ms']:>9.2f} {r['tokens_held']:>6} {r['cache_bytes']:>12,}"
             )
 

@@ -72,7 +72,8 @@ def cold_loads(backends: list[str], runs: int) -> None:
     from cachelib.core.home import cache_dir
 
     print(
-        f"cold load of the bundled model, fresh process each (imports included), median of {runs}; {os.cpu_count()} CPU cores"
+        f"cold load of the bundled model, fresh process each (imports included), median of {runs}; "
+        f"{os.cpu_count()} CPU cores"
     )
     print(f"{'backend':<7} {'cache off s':>11} {'first s':>8} {'second s':>9}  weights")
     for backend in backends:
@@ -137,7 +138,8 @@ def main() -> None:
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
         print(
             f"{r['backend']:<7} {r['device']:<6} {r['prefill_tok_s']:14.1f} {r['decode_tok_s']:13.1f} "
-            f"{r['rss_after_load_mb']:8.0f} {r['load_seconds']:7.1f}  {r['weights']} ({r['prompt_tokens']}-token prompt)"
+            f"{r['rss_after_load_mb']:8.0f} {r['load_seconds']:7.1f}  {r['weights']} "
+            f"({r['prompt_tokens']}-token prompt)"
         )
 
 

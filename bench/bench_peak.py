@@ -4,7 +4,8 @@ activation peak (:mod:`cachelib.plan.device`, runtime ``cachelib``) against MLX'
 chunk evaluated as cachelib's profiler does, then decode steps; mlx-lm's own ``generate_step`` is
 ``bench/bench_runtime_peak.py``'s), for 3 strategies x 2 contexts on the bundled SmolLM2 (MLX on
 the CPU, float32, weights dequantized) and the tiny presets. Target: within 10% of the measured
-peak; the error of the part beyond the weights (cache + activations) is printed too, since the weights dominate the total.
+peak; the error of the part beyond the weights (cache + activations) is printed too, since the
+weights dominate the total.
 
 Where CUDA exists, the same runs on torch are measured with ``torch.cuda.max_memory_allocated()``;
 elsewhere that path is skipped with the reason.
@@ -116,7 +117,8 @@ def _torch_rows(models: list[str], contexts: list[int], chunk: int, decode: int)
                 err = (total - measured) / measured
                 errors.append(abs(err))
                 print(
-                    f"{loaded.info.name + ' (cuda)':<22} {spec:<30} {prompt:>6} {total:>12,} {measured:>12,} {err:>+7.1%}"
+                    f"{loaded.info.name + ' (cuda)':<22} {spec:<30} {prompt:>6} {total:>12,} {measured:>12,} "
+                    f"{err:>+7.1%}"
                 )
     return errors
 

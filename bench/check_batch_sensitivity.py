@@ -132,7 +132,8 @@ def main() -> None:
     for backend in args.backend:
         loaded = load("smollm2", backend)
         print(
-            f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.steps} teacher-forced steps; worst per-step KL (nats) against the strategy run alone"
+            f"\n{backend} ({loaded.info.device}, {loaded.info.dtype}), {args.steps} teacher-forced steps; "
+            "worst per-step KL (nats) against the strategy run alone"
         )
         print(f"{'strategy':<34}" + "".join(f"{c:>21}" for c in cols))
         for spec, row in measure(loaded, args.steps).items():

@@ -205,7 +205,8 @@ def main() -> int:
         f"(transformers {meta['transformers']}), seed {meta['seed']}, float32"
     )
     print(
-        f"{'case':<24} {'method':<7} {'kept':>9} {'max |diff|':>11} {'max |score|':>12} {'top-k same':>11} {'overlap':>8}"
+        f"{'case':<24} {'method':<7} {'kept':>9} {'max |diff|':>11} {'max |score|':>12} {'top-k same':>11} "
+        f"{'overlap':>8}"
     )
     for r in rows:
         print(

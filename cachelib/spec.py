@@ -357,7 +357,8 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             "kivi",
-            "KIVI-style: the newest `residual` tokens in full precision, older ones quantized (transformers QuantizedCache)",
+            "KIVI-style: the newest `residual` tokens in full precision, older ones quantized (transformers "
+            "QuantizedCache)",
             (
                 Knob("bits", "bits per quantized element", 4, choices=TORCH_QUANT_BITS),
                 _GROUP,

@@ -1,12 +1,12 @@
 """``python -m cachelib``: the command line over the same API the app uses.
 
-Subcommands: ``profile`` (record a run), ``report`` (profiles as one HTML file), ``evaluate`` (long-context quality against the full
-cache), ``plan`` (capacity planner), ``sweep`` (grids of runs on Dask), ``strategies`` and
-``models`` (what is available), ``profiles`` (a folder's profiles, incomplete ones and unclosed
-partial files included). Bad input — a bad value, a path that cannot be read or written — exits
-with code 2 and one line that says what is wrong. Ctrl-C and SIGTERM stop a profiling run
-cleanly (exit 130 and 143): its profile is closed, marked incomplete, and the line says where it is.
-"""
+Subcommands: ``profile`` (record a run), ``report`` (profiles as one HTML file), ``evaluate``
+(long-context quality against the full cache), ``plan`` (capacity planner), ``sweep`` (grids of runs
+on Dask), ``strategies`` and ``models`` (what is available), ``profiles`` (a folder's profiles,
+incomplete ones and unclosed partial files included). Bad input — a bad value, a path that cannot be
+read or written — exits with code 2 and one line that says what is wrong. Ctrl-C and SIGTERM stop a
+profiling run cleanly (exit 130 and 143): its profile is closed, marked incomplete, and the line
+says where it is."""
 
 from __future__ import annotations
 

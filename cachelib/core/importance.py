@@ -6,8 +6,8 @@ Both backends score keys on their own arrays (``cachelib.mlx.importance``,
 ``cachelib.torch.importance``, one formula each); PyTorch brings the float32 scores to the host
 and chooses the kept slots here, with numpy, and MLX applies the same rule on the device
 (``cachelib.mlx.importance.select_slots``, tested against :func:`select`), so that MLX and PyTorch
-keep the same positions on the same scores: scores are compared at 12 significant bits (:func:`comparable`), ties go to the
-older slot, and the kept slots stay in position order.
+keep the same positions on the same scores: scores are compared at 12 significant bits
+(:func:`comparable`), ties go to the older slot, and the kept slots stay in position order.
 
 Timing, the same for every method: an update of ``n`` tokens first evicts (when the policy says
 so) and then appends the ``n`` new tokens; attention then sees everything held, and the

@@ -118,7 +118,8 @@ class RowsCache(LayerCache):
         offsets = {c.offset for c in self.rows}
         if len(offsets) != 1:
             raise ValueError(
-                f"strategy batch: the rows have seen different token counts {sorted(offsets)}; they must advance together"
+                f"strategy batch: the rows have seen different token counts {sorted(offsets)}; they must "
+                "advance together"
             )
         return self.rows[0].offset
 
@@ -171,7 +172,8 @@ class RowsCache(LayerCache):
                 )
         elif len(set(lengths)) > 1:
             raise ValueError(
-                f"strategy batch: the rows returned {lengths} keys and the model asked for no mask to hide the padding; "
+                f"strategy batch: the rows returned {lengths} keys and the model asked for no mask to hide the "
+                "padding; "
                 "run these strategies one by one"
             )
         width = max(lengths)

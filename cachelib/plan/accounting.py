@@ -1,10 +1,10 @@
 """Exact KV-cache bytes of a model under a strategy: per layer, in total, and step by step.
 
-:func:`~cachelib.plan.layer_caches.cache_layout` says which cache class each layer gets
-(slot sizes: :mod:`cachelib.plan.slot_bytes`); :func:`trace` replays a prefill then 1-token decode steps through those classes' byte
-rules (:mod:`cachelib.core.rules`) and records every update; :func:`account` runs the same
-replay fast (regular decode stretches are skipped in bulk) and returns the final state plus the
-run's peaks. Bytes allocated equal what the real caches report as ``nbytes``; peaks add the
+:func:`~cachelib.plan.layer_caches.cache_layout` says which cache class each layer gets (slot sizes:
+:mod:`cachelib.plan.slot_bytes`); :func:`trace` replays a prefill then 1-token decode steps through
+those classes' byte rules (:mod:`cachelib.core.rules`) and records every update; :func:`account`
+runs the same replay fast (regular decode stretches are skipped in bulk) and returns the final state
+plus the run's peaks. Bytes allocated equal what the real caches report as ``nbytes``; peaks add the
 transient copies the rules model.
 
 Offloading follows transformers' ``Cache``: before layer i updates, the next offloaded layer is

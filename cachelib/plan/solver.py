@@ -108,7 +108,8 @@ def weight_bytes(arch: Arch, bits: float = 16) -> int:
         raise ValueError(f"weight bits must be positive, got {bits!r}")
     if arch.num_params is None:
         raise ValueError(
-            f"{arch.name} has no parameter count; give the weights' memory instead (--weights-memory, or weights_bytes=)"
+            f"{arch.name} has no parameter count; give the weights' memory instead (--weights-memory, or "
+            "weights_bytes=)"
         )
     return math.ceil(arch.num_params * bits / 8)
 

@@ -111,10 +111,11 @@ def _cache_file(sources: list) -> Path | None:
 
 
 def load_evidence(sources: Iterable[str | os.PathLike] | None = None, *, cache: bool = True) -> EvidenceSet:
-    """The evidence in ``sources`` (files or folders; default: the committed evidence). A source
-    that does not exist, or holds no evidence at all, is a ValueError naming it. With ``cache``
-    the set is kept on disk (:func:`cachelib.core.home.cache_dir`: ``$CACHELIB_HOME``, else ``~/.cache/cachelib``) under the
-    files' paths, sizes and mtimes, so reading the same unchanged files again costs milliseconds."""
+    """The evidence in ``sources`` (files or folders; default: the committed evidence). A source that
+    does not exist, or holds no evidence at all, is a ValueError naming it. With ``cache`` the set
+    is kept on disk (:func:`cachelib.core.home.cache_dir`: ``$CACHELIB_HOME``, else
+    ``~/.cache/cachelib``) under the files' paths, sizes and mtimes, so reading the same unchanged
+    files again costs milliseconds."""
     sources = [DEFAULT_EVIDENCE] if sources is None else list(sources)
     kept = _cache_file(sources) if cache else None
     if kept is not None and kept.is_file():

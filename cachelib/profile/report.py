@@ -258,7 +258,8 @@ th, td { border-bottom: 1px solid #ddd; padding: 0.3rem 0.6rem; text-align: righ
 th:first-child, td:first-child { text-align: left; }
 .wide { overflow-x: auto; }
 .meta { color: #555; } .note { color: #555; font-size: 0.85rem; }
-.stream { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 0.85rem; background: #f7f7f7; padding: 0.5rem; }
+.stream { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 0.85rem; background: #f7f7f7;
+  padding: 0.5rem; }
 .departure { background: #ffd54f; font-weight: 700; } .instead { text-decoration: line-through; color: #999; }
 .after { color: #777; }
 """
@@ -373,7 +374,8 @@ def _summary_html(table: pd.DataFrame, baseline: str) -> str:
         if r["strategy"] != baseline
     )
     return (
-        f"<div class='wide'><table class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        "<div class='wide'><table "
+        f"class='summary'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         + (f"<p><b>In plain words</b></p><ul class='verdicts'>{words}</ul>" if words else "")
     )
 

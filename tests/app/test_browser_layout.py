@@ -23,7 +23,8 @@ LAYOUT_PROBLEMS = """() => {
   const widgets = '[data-testid=stButton], [data-testid=stDownloadButton], [data-testid=stSelectbox], '
     + '[data-testid=stNumberInput], [data-testid=stTextInput], [data-testid=stTextArea], '
     + '[data-testid=stMultiSelect], [data-testid=stSlider], [data-testid=stDataFrame], .stPlotlyChart';
-  const name = el => (el.innerText || el.getAttribute('aria-label') || el.className || '').trim().split('\\n')[0].slice(0, 40);
+  const name = el => (el.innerText || el.getAttribute('aria-label') || el.className || '')
+    .trim().split('\\n')[0].slice(0, 40);
   for (const el of document.querySelectorAll(widgets)) {
     const box = el.getBoundingClientRect();
     if (box.width === 0) continue;  // not shown (a collapsed expander)
@@ -34,22 +35,25 @@ LAYOUT_PROBLEMS = """() => {
       problems.push(`${el.dataset.testid || el.className}: "${name(el)}" spans ${box.left | 0}..${box.right | 0}, `
         + `its column ${outer.left | 0}..${outer.right | 0}, window ${viewport}`);
   }
-  for (const label of document.querySelectorAll('[data-testid=stButton] button p, [data-testid=stDownloadButton] button p')) {
+  const labels = '[data-testid=stButton] button p, [data-testid=stDownloadButton] button p';
+  for (const label of document.querySelectorAll(labels)) {
     const box = label.closest('.stMarkdownEllipsis, [data-testid=stMarkdownContainer]') || label;
-    if (label.getBoundingClientRect().width > 0 && (box.scrollWidth > box.clientWidth + 1 || label.scrollWidth > label.clientWidth + 1))
-      problems.push(`button label cut off: "${label.innerText}" needs ${Math.max(box.scrollWidth, label.scrollWidth)} px, has ${box.clientWidth}`);
+    const cut = box.scrollWidth > box.clientWidth + 1 || label.scrollWidth > label.clientWidth + 1;
+    if (label.getBoundingClientRect().width > 0 && cut)
+      problems.push(`button label cut off: "${label.innerText}" needs `
+        + `${Math.max(box.scrollWidth, label.scrollWidth)} px, has ${box.clientWidth}`);
   }
   for (const input of document.querySelectorAll('[data-testid=stSelectbox] input, [data-testid=stNumberInput] input')) {
     if (input.getBoundingClientRect().width > 0 && input.scrollWidth > input.clientWidth + 1)
-      problems.push(`text cut off in ${input.getAttribute('aria-label')}: "${input.value}" needs ${input.scrollWidth} px, `
-        + `has ${input.clientWidth}`);
+      problems.push(`text cut off in ${input.getAttribute('aria-label')}: "${input.value}" `
+        + `needs ${input.scrollWidth} px, has ${input.clientWidth}`);
   }
   return problems;
 }"""
 
 CHART_WIDTHS = """() => {
-  const page = document.querySelector('[data-testid=stMainBlockContainer]').getBoundingClientRect();
-  const inner = page.width - 2 * parseFloat(getComputedStyle(document.querySelector('[data-testid=stMainBlockContainer]')).paddingLeft);
+  const main = document.querySelector('[data-testid=stMainBlockContainer]');
+  const inner = main.getBoundingClientRect().width - 2 * parseFloat(getComputedStyle(main).paddingLeft);
   return Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => d.getBoundingClientRect().width / inner);
 }"""
 

@@ -41,7 +41,8 @@ def test_stop_pressed_while_charts_refresh_ends_the_run_at_the_next_step(app_url
     )
     page.locator(".st-key-run button").click()
     page.wait_for_function(
-        "() => { const m = (document.querySelector('[data-testid=stProgress]')?.innerText || '').match(/step (\\d+)\\//);"
+        "() => "
+        "{ const m = (document.querySelector('[data-testid=stProgress]')?.innerText || '').match(/step (\\d+)\\//);"
         f" return m && +m[1] >= {STOP_AT}; }}",
         polling=50,
     )

@@ -80,7 +80,8 @@ def test_to_argv_writes_only_what_differs_from_the_cli_defaults():
     plain = PlanRequest(["standard"], context=10).to_argv("smollm2")  # no runtime named: mlx's, written out
     assert (
         plain
-        == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --runtime mlx-lm --dtype float16".split()
+        == "python -m cachelib plan --model smollm2 --context 10 --strategy standard --runtime mlx-lm "
+        "--dtype float16".split()
     )
     own = PlanRequest(["standard"], context=10, runtime="cachelib", backend="torch").to_argv("smollm2")
     assert own[-6:] == ["--runtime", "cachelib", "--backend", "torch", "--dtype", "float16"]

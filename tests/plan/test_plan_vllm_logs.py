@@ -411,7 +411,8 @@ def test_the_cli_takes_vllms_flag_names_and_prints_vllms_three_lines(capsys):
         (["--runtime", "vllm", "--gpu-memory-utilization", "0"], "error: --gpu-memory-utilization must be in (0, 1]"),
         (
             ["--runtime", "llama.cpp", "--gpu-memory-utilization", "0.8"],
-            "error: --gpu-memory-utilization is a flag of runtime vllm; runtime llama.cpp does not have it (vllm's flags: ",
+            "error: --gpu-memory-utilization is a flag of runtime vllm; runtime llama.cpp does not have it "
+            "(vllm's flags: ",
         ),
         (["--max-num-seqs", "8"], "error: --max-num-seqs is a flag of runtime vllm; runtime mlx-lm does not have it"),
         (["--runtime", "mlx-lm", "--kv-cache-dtype", "fp8"], "error: --kv-cache-dtype is a flag of runtime vllm"),
