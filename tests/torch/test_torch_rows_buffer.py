@@ -102,3 +102,22 @@ def test_a_negative_buffer_limit_is_refused(tiny):
     caches = [probe.make_cache(parse_spec("standard")) for _ in range(2)]
     with pytest.raises(ValueError, match="buffer_bytes must be an integer >= 0"):
         RowsCache(caches, buffer_bytes=-1)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_table_unpack_of_a_few_tokens_gives_the_values_of_the_shifts(bits, dtype):
+    from cachelib.torch import quantizer
+
+    q = quantizer.Quantizer(bits, 32)
+    codes, _, _ = q.quantize(torch.randn(1, 3, 40, 64, generator=torch.Generator().manual_seed(bits)))
+    every_byte = torch.arange(256, dtype=torch.uint8).reshape(1, 1, -1, 64 * bits // 8)
+    for packed in (codes[..., :1, :], codes[..., 7:9, :], every_byte):
+        assert packed.numel() <= quantizer.LOOKUP_BYTES
+        looked_up = q._unpack(packed, dtype)
+        limit, quantizer.LOOKUP_BYTES = quantizer.LOOKUP_BYTES, -1  # the shifts, for reference
+        try:
+            shifted = q._unpack(packed, dtype)
+        finally:
+            quantizer.LOOKUP_BYTES = limit
+        assert looked_up.dtype == dtype and torch.equal(looked_up, shifted)
