@@ -16,7 +16,13 @@ import torch
 from cachelib.decode import Runner
 from cachelib.profile.backends import probe_for
 from cachelib.spec import parse_spec
+from cachelib.torch.formats import FormatKVCacheLayer
+from cachelib.torch.layers import DynamicLayer
+from cachelib.torch.mlx_style import ChunkedKVCacheLayer, KVCacheLayer, QuantizedKVCacheLayer
+from cachelib.torch.quantized import QuantizedLayer
+from cachelib.torch.rotating import RotatingKVCacheLayer
 from cachelib.torch.rows import RowsCache
+from cachelib.torch.static import StaticLayer
 
 STRATEGIES = [
     "standard",
@@ -121,3 +127,51 @@ def test_the_table_unpack_of_a_few_tokens_gives_the_values_of_the_shifts(bits, d
         finally:
             quantizer.LOOKUP_BYTES = limit
         assert looked_up.dtype == dtype and torch.equal(looked_up, shifted)
+
+
+LAYERS = {
+    "standard": lambda: KVCacheLayer(),
+    "concat": lambda: DynamicLayer(),
+    "static": lambda: StaticLayer(max_cache_len=200),
+    "ring keep 2": lambda: RotatingKVCacheLayer(max_size=12, keep=2),
+    "ring keep 0": lambda: RotatingKVCacheLayer(max_size=9),
+    "quantized ring": lambda: RotatingKVCacheLayer(max_size=10, keep=1, bits=4, group_size=32),
+    "quantized 8": lambda: QuantizedKVCacheLayer(group_size=32, bits=8),
+    "quantized 4, start 20": lambda: QuantizedKVCacheLayer(group_size=32, bits=4, start=20),
+    "quantized mixed widths": lambda: QuantizedKVCacheLayer(group_size=32, key_bits=8, value_bits=2),
+    "kivi": lambda: QuantizedLayer(nbits=4, q_group_size=32, residual_length=4),
+    "kivi residual 1": lambda: QuantizedLayer(nbits=8, q_group_size=32, residual_length=1),
+    "format q4_0": lambda: FormatKVCacheLayer("q4_0"),
+    "chunked": lambda: ChunkedKVCacheLayer(chunk_size=30),  # trims from the 24th update on,
+}
+# update sizes: a prompt, single tokens (rings wrap, KIVI flushes, storage grows), a block, more
+UPDATES = [7] + [1] * 20 + [3] + [1] * 15
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_written_claims_hold_and_the_changed_slots_rebuild_what_update_returns(name):
+    # a layer driven by update and its twin driven by update_changed, fed the same keys: every
+    # slot outside `written` is what the update before returned, and the twin's changed slots
+    # laid over its copy of the last return give exactly what update returned
+    layer, twin = LAYERS[name](), LAYERS[name]()
+    gen = torch.Generator().manual_seed(3)
+    before, held, claims = None, None, 0
+    for n in UPDATES:
+        k, v = torch.randn(1, 2, n, 64, generator=gen), torch.randn(1, 2, n, 64, generator=gen)
+        out, _ = layer.update(k, v)
+        w = layer.written
+        if w is not None and before is not None:
+            claims += 1
+            kept = [j for j in range(min(out.shape[2], before.shape[2])) if not w.start <= j < w.end]
+            assert torch.equal(out[:, :, kept], before[:, :, kept]), f"{name}: a slot outside {w} changed"
+            if w.verbatim:
+                assert torch.equal(out[:, :, w.start : w.end], k), f"{name}: {w} is not the input"
+        start, part, _, length = twin.update_changed(k, v, 0 if held is None else held.shape[2], out.shape[2])
+        assert length == out.shape[2]
+        rebuilt = torch.zeros_like(out)
+        if held is not None:
+            rebuilt[:, :, : min(length, held.shape[2])] = held[:, :, :length]
+        rebuilt[:, :, start : start + part.shape[2]] = part
+        assert torch.equal(rebuilt, out), f"{name}: the changed slots [{start}, +{part.shape[2]}) miss a change"
+        before, held = out.clone(), rebuilt
+    assert claims > len(UPDATES) // 2, f"{name}: only {claims} updates said what they wrote"
