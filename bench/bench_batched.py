@@ -35,7 +35,7 @@ random keys and values (the states of a prefill of ``N`` tokens, without its min
 forwards); the decode steps are real forwards of the bundled model. Then (``--evaluate-context``)
 a 2-row batch as ``evaluate`` runs it (prefill chunks of 2048 by ``advance_rows``, then one token a
 step by ``step_rows``) against transformers' own batch of two standard rows fed the same tokens,
-prefill and decode timed separately, interleaved over ``--rounds``:
+prefill and decode timed separately, one forward of each in turn, over ``--rounds``:
 
     python bench/bench_batched.py --backend torch --context 4000 --steps 12 --strategies 4 8
 """
@@ -376,7 +376,7 @@ def overhead(loaded, k: int, args) -> None:
 
 def evaluate_batch(loaded, context: int, steps: int, rounds: int) -> None:
     """A 2-row batch as ``evaluate`` runs it against transformers' own batch of two standard rows:
-    prefill (chunks of 2048) and decode timed apart, interleaved over ``rounds``; two standard-like
+    prefill (chunks of 2048) and decode timed apart, one forward of each in turn; two standard-like
     rows (``concat`` is transformers' own layer), then a standard and a 4-bit quantized row."""
     ids = [int(i) for i in np.random.default_rng(0).integers(100, 40000, context + steps)]
     chunk = 2048
@@ -390,41 +390,41 @@ def evaluate_pair(loaded, specs: list[str], ids: list[int], context: int, chunk:
     from cachelib.profile.backends import probe_for
     from cachelib.spec import parse_spec
 
-    runner, probe = Runner(loaded), probe_for(loaded)
+    runner, probe, model = Runner(loaded), probe_for(loaded), loaded.model
 
-    def ours():
-        rows = runner.rows_cache([probe.make_cache(parse_spec(s)) for s in specs])
+    def forward(which: str, cache, tokens: list[int], logits: bool) -> float:
         start = time.perf_counter()
+        if which == "ours":
+            (runner.step_rows if logits else runner.advance_rows)(cache, [tokens] * 2)
+        else:
+            with torch.inference_mode():
+                out = model(input_ids=torch.tensor([tokens] * 2), cache=cache, use_cache=True, logits_to_keep=1)
+                if logits:
+                    out.logits[:, -1].float().cpu().numpy()
+        return time.perf_counter() - start
+
+    names = {"ours": "evaluate batch (2 rows)", "theirs": "transformers batch of 2"}
+    prefill: dict[str, list[float]] = {n: [] for n in names}
+    decode: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):  # one forward of each in turn, the first to go alternating by round
+        order = ["ours", "theirs"] if r % 2 == 0 else ["theirs", "ours"]
+        caches = {"ours": runner.rows_cache([probe.make_cache(parse_spec(s)) for s in specs])}
+        caches["theirs"] = runner.default_cache()
+        took = {n: 0.0 for n in names}
         for s in range(0, context, chunk):
-            runner.advance_rows(rows, [ids[s : min(s + chunk, context)]] * 2)
-        mid = time.perf_counter()
+            for n in order:
+                took[n] += forward(n, caches[n], ids[s : min(s + chunk, context)], False)
+        for n in names:
+            prefill[n].append(took[n])
         for t in ids[context:]:
-            runner.step_rows(rows, [[t]] * 2)
-        return mid - start, (time.perf_counter() - mid) / steps
-
-    def theirs():
-        cache, model = runner.default_cache(), loaded.model
-        start = time.perf_counter()
-        with torch.inference_mode():
-            for s in range(0, context, chunk):
-                x = torch.tensor([ids[s : min(s + chunk, context)]] * 2)
-                model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
-        mid = time.perf_counter()
-        with torch.inference_mode():
-            for t in ids[context:]:
-                model(input_ids=torch.tensor([[t]] * 2), cache=cache, use_cache=True, logits_to_keep=1).logits.float()
-        return mid - start, (time.perf_counter() - mid) / steps
-
-    got: dict[str, list[tuple[float, float]]] = {"evaluate batch (2 rows)": [], "transformers batch of 2": []}
-    for _ in range(rounds):
-        got["evaluate batch (2 rows)"].append(ours())
-        got["transformers batch of 2"].append(theirs())
-    med = {n: (statistics.median(p for p, _ in v), statistics.median(d for _, d in v)) for n, v in got.items()}
-    ref = med["transformers batch of 2"]
+            for n in order:
+                decode[n].append(forward(n, caches[n], [t], True))
     print(f"\n2-row evaluate batch ({', '.join(specs)}) at {context} tokens, {steps} decode steps, {rounds} rounds")
     print(f"{'batch':<26} {'prefill s':>10} {'x ref':>7} {'decode ms/step':>15} {'x ref':>7}")
-    for name, (p, d) in med.items():
-        print(f"{name:<26} {p:10.2f} {p / ref[0]:6.3f}x {d * 1e3:15.1f} {d / ref[1]:6.3f}x")
+    ref = statistics.median(prefill["theirs"]), statistics.median(decode["theirs"])
+    for n, label in names.items():
+        p, d = statistics.median(prefill[n]), statistics.median(decode[n])
+        print(f"{label:<26} {p:10.2f} {p / ref[0]:6.3f}x {d * 1e3:15.1f} {d / ref[1]:6.3f}x")
 
 
 if __name__ == "__main__":
