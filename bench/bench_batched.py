@@ -301,14 +301,12 @@ def filled(loaded, specs: list[str], context: int, seed: int = 0) -> list:
     probe, cfg = probe_for(loaded), loaded.model.config
     heads, dim = cfg.num_key_value_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     gen = torch.Generator().manual_seed(seed)
-    kv = [torch.randn(2, 1, heads, context, dim, generator=gen) for _ in range(cfg.num_hidden_layers)]
-    caches = []
+    caches = [probe.make_cache(parse_spec(s)) if s != "runtime" else Runner(loaded).default_cache() for s in specs]
     with torch.inference_mode():
-        for spec in specs:
-            cache = probe.make_cache(parse_spec(spec)) if spec != "runtime" else Runner(loaded).default_cache()
-            for layer, (k, v) in enumerate(kv):
+        for layer in range(cfg.num_hidden_layers):  # one layer's keys and values alive at a time
+            k, v = torch.randn(2, 1, heads, context, dim, generator=gen)
+            for cache in caches:
                 cache.update(k, v, layer)
-            caches.append(cache)
     return caches
 
 
