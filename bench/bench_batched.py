@@ -23,6 +23,21 @@ batch, ``one by one, probes off`` for the probe-free batch, and k x ``runtime, b
 runtime's batch.
 
     python bench/bench_batched.py [--backend mlx torch] [--tokens 256] [--rounds 2] [--strategies 4 8]
+
+With ``--context N`` (torch; issue #34) it measures instead what the strategy batch costs per
+decode step at ``N`` tokens of context, beyond the runtime's own batch of identical rows: for k
+strategies incl. quantized and KIVI rows, decode steps of three caches run one after another in
+turn, step by step (``--steps`` each, medians): the strategy batch writing only the slots each row
+changed (``RowsCache``'s per-layer buffers), the same batch copying every row whole at every
+layer (``buffer_bytes=0``, the path before them), and transformers' ``DynamicCache`` with k
+identical rows. Each cache's ``N`` tokens are written by the layers' own updates from seeded
+random keys and values (the states of a prefill of ``N`` tokens, without its minutes of
+forwards); the decode steps are real forwards of the bundled model. Then (``--evaluate-context``)
+a 2-row batch as ``evaluate`` runs it (prefill chunks of 2048 by ``advance_rows``, then one token a
+step by ``step_rows``) against transformers' own batch of two standard rows fed the same tokens,
+prefill and decode timed separately, one forward of each in turn, over ``--rounds``:
+
+    python bench/bench_batched.py --backend torch --context 4000 --steps 12 --strategies 4 8
 """
 
 from __future__ import annotations
@@ -192,7 +207,16 @@ def main() -> None:
     ap.add_argument(
         "--strategies", type=int, nargs="+", default=[4, 8], choices=range(2, len(STRATEGIES) + 1), metavar="K"
     )
+    ap.add_argument("--context", type=int, default=0, help="torch: the per-step batch overhead at this context")
+    ap.add_argument("--steps", type=int, default=12, help="with --context: decode steps timed per cache")
+    ap.add_argument("--evaluate-context", type=int, default=512, help="with --context: the 2-row evaluate batch's")
+    ap.add_argument(
+        "--buffer-bytes", type=int, default=None, help="with --context: RowsCache's limit (default its own)"
+    )
     args = ap.parse_args()
+    if args.context:
+        context_bench(args)
+        return
     for backend in args.backend:
         loaded = load("smollm2", backend)
         prompt_ids = encode_prompt(loaded.tokenizer, PROMPT)
@@ -250,6 +274,155 @@ def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) ->
             f"    probe cost, {mode}: {(med[mode][0] - med[off][0]) * 1e3:+.1f} ms wall, "
             f"{(med[mode][1] - med[off][1]) * 1e3:+.1f} ms CPU per step (default probes against all off)"
         )
+
+
+# --- per-step overhead at a long context (torch, issue #34) -----------------------------------
+
+CONTEXT_STRATEGIES = [
+    "standard",
+    "quantized:bits=4",
+    "kivi:bits=4",
+    "quantized:bits=8",
+    "rotating:max_size=1024,keep=4",
+    "q8_0",
+    "kivi:bits=2,residual=64",
+    "quantized:bits=4,start=1024",
+]
+
+
+def filled(loaded, specs: list[str], context: int, seed: int = 0) -> list:
+    """One whole-model cache per spec, each holding ``context`` tokens written by its layers' own
+    update from seeded random keys/values (what a prefill leaves, shapes and all)."""
+    import torch
+
+    from cachelib.profile.backends import probe_for
+    from cachelib.spec import parse_spec
+
+    probe, cfg = probe_for(loaded), loaded.model.config
+    heads, dim = cfg.num_key_value_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    gen = torch.Generator().manual_seed(seed)
+    caches = [probe.make_cache(parse_spec(s)) if s != "runtime" else Runner(loaded).default_cache() for s in specs]
+    with torch.inference_mode():
+        for layer in range(cfg.num_hidden_layers):  # one layer's keys and values alive at a time
+            k, v = torch.randn(2, 1, heads, context, dim, generator=gen)
+            for cache in caches:
+                cache.update(k, v, layer)
+    return caches
+
+
+def runtime_batch(loaded, k: int, context: int):
+    """transformers' ``DynamicCache`` of ``k`` identical rows holding ``context`` tokens."""
+    import torch
+
+    one = filled(loaded, ["runtime"], context)[0]
+    cache = Runner(loaded).default_cache()
+    with torch.inference_mode():
+        for layer, dl in enumerate(one.layers):
+            cache.update(dl.keys.expand(k, -1, -1, -1).clone(), dl.values.expand(k, -1, -1, -1).clone(), layer)
+    return cache
+
+
+def context_bench(args) -> None:
+    loaded = load("smollm2", "torch")
+    load_avg = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"torch ({loaded.info.device}, {loaded.info.dtype}), {args.context} tokens of context, {args.steps} decode "
+        f"steps per cache, interleaved step by step; load average at start {load_avg} (a shared, busy machine)"
+    )
+    for k in args.strategies:
+        overhead(loaded, k, args)
+    evaluate_batch(loaded, args.evaluate_context, args.steps, args.rounds)
+
+
+def overhead(loaded, k: int, args) -> None:
+    """Decode steps of k strategies at ``args.context`` tokens: written slots, whole copy and the
+    runtime's batch of k, interleaved step by step; prints medians."""
+    from cachelib.torch.rows import RowsCache
+
+    runner, specs = Runner(loaded), CONTEXT_STRATEGIES[:k]
+    config = loaded.model.config.get_text_config(decoder=True)
+    limit = {} if args.buffer_bytes is None else {"buffer_bytes": args.buffer_bytes}
+    new = RowsCache(filled(loaded, specs, args.context), config, **limit)
+    old = RowsCache(filled(loaded, specs, args.context), config, buffer_bytes=0)
+    ref = RuntimeDecode(loaded, k)
+    ref.cache = runtime_batch(loaded, k, args.context)
+    runtime = f"runtime, batch of {k}"
+    times: dict[str, list[float]] = {"written slots": [], "whole copy": [], runtime: []}
+    for step in range(args.steps + 1):  # step 0 (each cache's first, buffers made) is not counted
+        token = 100 + step
+        for name in times:
+            start = time.perf_counter()
+            if name == runtime:
+                ref.step([token])
+            else:
+                runner.step_rows(new if name == "written slots" else old, [[token]] * k)
+            if step:
+                times[name].append(time.perf_counter() - start)
+    buffered = "per-layer buffers" if new._layers else "no buffers (past the byte limit: whole copy)"
+    print(f"\nk={k}: {', '.join(specs)}; the batch kept {buffered}, {new._buffered / 2**20:.0f} MiB")
+    med = {n: statistics.median(t) for n, t in times.items()}
+    base = med[runtime]
+    print(f"{'cache':<24} {'median step ms':>15} {'beyond runtime ms':>18} {'x runtime':>10}")
+    for name, t in med.items():
+        print(f"{name:<24} {t * 1e3:15.1f} {(t - base) * 1e3:18.1f} {t / base:9.3f}x")
+    over_new, over_old = med["written slots"] - base, med["whole copy"] - base
+    print(
+        f"batch overhead per step: {over_old * 1e3:.1f} ms whole copy -> {over_new * 1e3:.1f} ms written slots "
+        f"({over_new / base:+.1%} of the runtime's step; target <= +10%)"
+    )
+
+
+def evaluate_batch(loaded, context: int, steps: int, rounds: int) -> None:
+    """A 2-row batch as ``evaluate`` runs it against transformers' own batch of two standard rows:
+    prefill (chunks of 2048) and decode timed apart, one forward of each in turn; two standard-like
+    rows (``concat`` is transformers' own layer), then a standard and a 4-bit quantized row."""
+    ids = [int(i) for i in np.random.default_rng(0).integers(100, 40000, context + steps)]
+    chunk = 2048
+    for specs in (["standard", "concat"], ["standard", "quantized:bits=4"]):
+        evaluate_pair(loaded, specs, ids, context, chunk, steps, rounds)
+
+
+def evaluate_pair(loaded, specs: list[str], ids: list[int], context: int, chunk: int, steps: int, rounds: int):
+    import torch
+
+    from cachelib.profile.backends import probe_for
+    from cachelib.spec import parse_spec
+
+    runner, probe, model = Runner(loaded), probe_for(loaded), loaded.model
+
+    def forward(which: str, cache, tokens: list[int], logits: bool) -> float:
+        start = time.perf_counter()
+        if which == "ours":
+            (runner.step_rows if logits else runner.advance_rows)(cache, [tokens] * 2)
+        else:
+            with torch.inference_mode():
+                out = model(input_ids=torch.tensor([tokens] * 2), cache=cache, use_cache=True, logits_to_keep=1)
+                if logits:
+                    out.logits[:, -1].float().cpu().numpy()
+        return time.perf_counter() - start
+
+    names = {"ours": "evaluate batch (2 rows)", "theirs": "transformers batch of 2"}
+    prefill: dict[str, list[float]] = {n: [] for n in names}
+    decode: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):  # one forward of each in turn, the first to go alternating by round
+        order = ["ours", "theirs"] if r % 2 == 0 else ["theirs", "ours"]
+        caches = {"ours": runner.rows_cache([probe.make_cache(parse_spec(s)) for s in specs])}
+        caches["theirs"] = runner.default_cache()
+        took = {n: 0.0 for n in names}
+        for s in range(0, context, chunk):
+            for n in order:
+                took[n] += forward(n, caches[n], ids[s : min(s + chunk, context)], False)
+        for n in names:
+            prefill[n].append(took[n])
+        for t in ids[context:]:
+            for n in order:
+                decode[n].append(forward(n, caches[n], [t], True))
+    print(f"\n2-row evaluate batch ({', '.join(specs)}) at {context} tokens, {steps} decode steps, {rounds} rounds")
+    print(f"{'batch':<26} {'prefill s':>10} {'x ref':>7} {'decode ms/step':>15} {'x ref':>7}")
+    ref = statistics.median(prefill["theirs"]), statistics.median(decode["theirs"])
+    for n, label in names.items():
+        p, d = statistics.median(prefill[n]), statistics.median(decode[n])
+        print(f"{label:<26} {p:10.2f} {p / ref[0]:6.3f}x {d * 1e3:15.1f} {d / ref[1]:6.3f}x")
 
 
 if __name__ == "__main__":

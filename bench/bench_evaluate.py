@@ -9,6 +9,15 @@ steps per strategy); only the prefill differs. The token-by-token variant is slo
 tokens it is ~4 x 4,096 forward passes per run; ``--context 1024`` is a quick run.
 
     python bench/bench_evaluate.py [--backend mlx] [--context 4096] [--score-tokens 128] [--runs 1]
+
+With ``--bound`` (torch; issue #34) it times instead one ``evaluate`` of ``--bound-strategies``
+(one strategy batch: one forward per prefill chunk or scored token for all rows) against the
+compute bound of those forwards: their FLOPs (every linear layer, causal attention over the keys
+each token sees, the LM head for the one position kept) over the float32 matmul rate measured in
+the same run on a prefill-shaped product (chunk x hidden @ hidden x intermediate; the best rate
+this machine gives, so the bound is a lower bound):
+
+    python bench/bench_evaluate.py --backend torch --bound --context 1024 --score-tokens 32 --runs 2
 """
 
 from __future__ import annotations
@@ -55,7 +64,12 @@ def main() -> None:
     ap.add_argument("--score-tokens", type=int, default=128)
     ap.add_argument("--prefill-chunk", type=int, default=2048)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--bound", action="store_true", help="torch: evaluate against its forwards' compute bound")
+    ap.add_argument("--bound-strategies", nargs="+", default=["standard", "kivi:bits=4"])
     args = ap.parse_args()
+    if args.bound:
+        compute_bound(args)
+        return
     loaded = load("smollm2", args.backend)
     evaluate(loaded, ["standard"], texts=[TEXT], context=64, score_tokens=4, windows=1)  # warm-up
     times: dict[str, list[float]] = {"chunked": [], "token-by-token": []}
@@ -79,6 +93,66 @@ def main() -> None:
     for s in STRATEGIES:
         c, t = frames["chunked"].loc[s], frames["token-by-token"].loc[s]
         print(f"{s:<34} {c['seconds']:10.1f} {t['seconds']:9.1f} {c['mean_kl']:11.4f} {t['mean_kl']:9.4f}")
+
+
+def forward_flops(config, rows: int, past: int, n: int) -> float:
+    """FLOPs of one forward of ``n`` new tokens per row after ``past`` held, ``rows`` rows, one
+    position's logits kept: 2 per multiply-add of the linear layers, causal attention (query i
+    of the chunk reads ``past + i + 1`` keys: QK and AV) and the LM head."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or hidden // heads
+    linear = 2 * hidden * heads * dim + 2 * hidden * kv * dim + 3 * hidden * config.intermediate_size
+    keys_read = n * past + n * (n + 1) / 2
+    per_row = layers * (2 * linear * n + 2 * 2 * heads * dim * keys_read) + 2 * hidden * config.vocab_size
+    return rows * per_row
+
+
+def matmul_rate(config, chunk: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a float32 (chunk x hidden) @ (hidden x intermediate) product, median of ``repeats``."""
+    import torch
+
+    a, b = torch.randn(chunk, config.hidden_size), torch.randn(config.hidden_size, config.intermediate_size)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * chunk * config.hidden_size * config.intermediate_size / statistics.median(times)
+
+
+def compute_bound(args) -> None:
+    loaded = load("smollm2", "torch")
+    config = loaded.model.config.get_text_config(decoder=True)
+    k, context, chunk = len(args.bound_strategies), args.context, args.prefill_chunk
+    # evaluate's forwards: the context but its last token in chunks, then one token a step
+    flops, past = 0.0, 0
+    for s in range(0, context - 1, chunk):
+        n = min(chunk, context - 1 - s)
+        flops += forward_flops(config, k, past, n)
+        past += n
+    for _ in range(args.score_tokens):
+        flops += forward_flops(config, k, past, 1)
+        past += 1
+    evaluate(loaded, ["standard"], texts=[TEXT], context=64, score_tokens=4, windows=1)  # warm-up
+    runs, rates = [], []
+    for _ in range(args.runs):
+        rates.append(matmul_rate(config))
+        start = time.perf_counter()
+        evaluate(
+            loaded, args.bound_strategies, texts=[TEXT], context=context, score_tokens=args.score_tokens, windows=1
+        )
+        runs.append(time.perf_counter() - start)
+    rate, took = statistics.median(rates), statistics.median(runs)
+    bound = flops / rate
+    print(
+        f"torch ({loaded.info.device}, {loaded.info.dtype}): evaluate of {k} strategies "
+        f"({', '.join(args.bound_strategies)}) at {context} tokens, {args.score_tokens} scored, 1 window, "
+        f"median of {args.runs} (a shared, busy machine)"
+    )
+    print(f"forwards: {flops / 1e9:.1f} GFLOP; matmul rate measured {rate / 1e9:.1f} GFLOP/s (float32, {chunk} rows)")
+    print(f"evaluate {took:.2f} s, compute bound {bound:.2f} s: {took / bound:.2f}x the bound (target <= 2x)")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Union
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from ..introspect import CacheView, QuantError
+from ..introspect import CacheView, QuantError, Written
 
 Arrays = Union[torch.Tensor, tuple[torch.Tensor, ...]]
 
@@ -104,6 +104,9 @@ class AttentionLayer(CacheLayerMixin):
     is_sliding = False
     kind: str | None = None  # the strategy name introspect() reports; None: the class name
     _arrays: tuple[str, ...] = ("keys", "values")
+    # What the last update changed in what it handed back, against what the update before handed
+    # back (a strategy batch writes only that); None: not known, every slot may have changed.
+    written: Written | None = None
 
     def __init__(self):
         self.keys = None
@@ -168,6 +171,19 @@ class AttentionLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
+    # --- a strategy batch: what changed ------------------------------------------------------
+
+    def update_changed(self, key_states, value_states, held: int, need: int):
+        """``update``, handing back only what a holder of its last return lacks: ``(start, keys,
+        values, length)``, where ``keys``/``values`` are slots ``[start, start + n)`` of the
+        ``length`` slots ``update`` returns; with the first ``held`` slots of the last return
+        kept, they make the first ``need`` slots of this one. Layers whose return is costly to
+        build (dequantized) override it to build only those slots."""
+        keys, values = self.update(key_states, value_states)
+        length = keys.shape[-2]
+        start, end = changed_slots(self.written, held, need, length)
+        return start, keys[..., start:end, :], values[..., start:end, :], length
+
     # --- introspection -------------------------------------------------------------------------
 
     @abstractmethod
@@ -180,6 +196,17 @@ class AttentionLayer(CacheLayerMixin):
         fields.setdefault("bytes_allocated", self.nbytes)
         fields.setdefault("batch_size", self.batch_size or 1)
         return CacheView(**fields)
+
+
+def changed_slots(written: Written | None, held: int, need: int, length: int) -> tuple[int, int]:
+    """Slots ``[start, end)`` of an update's ``length`` returned slots that a holder of the first
+    ``held`` slots of the previous return must take to have the first ``need`` (``written``: what
+    the update changed; anything unknown or not covered makes it all of them)."""
+    need = min(need, length)
+    w = written
+    if w is None or not 0 <= w.start <= w.end <= length or w.start > held or need > max(held, w.end):
+        return 0, need
+    return min(w.start, need), min(w.end, need)
 
 
 class QuantErrorProbe:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..introspect import CacheView
+from ..introspect import CacheView, Written
 from .base import AttentionLayer, check_crop, check_ignored_keywords, dtype_name
 
 
@@ -34,6 +34,8 @@ class DynamicLayer(AttentionLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        prev = self.keys.shape[-2]
+        self.written = Written(prev, prev + key_states.shape[-2], True)
         if self.keys.shape[-2] == 0:
             # Nothing to concatenate onto: hold the new states themselves (no copy).
             self.keys, self.values = key_states, value_states

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..core.units import STEP
-from ..introspect import CacheView
-from .base import AttentionLayer, QuantErrorProbe, check_crop, dtype_name, tokens
+from ..introspect import CacheView, Written
+from .base import AttentionLayer, QuantErrorProbe, changed_slots, check_crop, dtype_name, tokens
 from .cache import Cache, build_layers
 from .quantizer import check_bits, check_group_size, check_head_dim
 from .storage import DENSE, QuantizedCodec, clone, encode_pair, grow, head, span, write, zeros
@@ -57,6 +57,21 @@ class StepLayer(AttentionLayer):
         key_codec, value_codec = self._codecs()
         keys, values = head(self.keys, held), head(self.values, held)
         return key_codec.decode(keys, key_dtype), value_codec.decode(values, value_dtype)
+
+    def _store(self, key_states, value_states) -> int:
+        """Store the new tokens (setting :attr:`written`); returns the slots ``update`` returns."""
+        raise NotImplementedError
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        held = self._store(key_states, value_states)
+        return self._fetch(held, key_states.dtype, value_states.dtype)
+
+    def update_changed(self, key_states, value_states, held: int, need: int):
+        length = self._store(key_states, value_states)
+        start, end = changed_slots(self.written, held, need, length)
+        key_codec, value_codec = self._codecs()
+        keys, values = span(self.keys, start, end), span(self.values, start, end)
+        return start, key_codec.decode(keys, key_states.dtype), value_codec.decode(values, value_states.dtype), length
 
     def get_seq_length(self) -> int:
         return self.offset
@@ -99,9 +114,14 @@ class KVCacheLayer(StepLayer):
             end = self.offset = prev + n_new
             keys.narrow(2, prev, n_new).copy_(key_states)
             self.values.narrow(2, prev, n_new).copy_(value_states)
+            self.written = Written(prev, end, True)
             return keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
+        return super().update(key_states, value_states)
+
+    def _store(self, key_states, value_states) -> int:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        converted = getattr(self, "quantized", False)
         new_keys, new_values = self._encode(key_states, value_states)
         prev, n_new = self.offset, key_states.shape[-2]
         if self.keys is None:
@@ -117,7 +137,10 @@ class KVCacheLayer(StepLayer):
         self.offset += n_new
         write(self.keys, prev, new_keys)
         write(self.values, prev, new_values)
-        return self._fetch(self.offset, key_states.dtype, value_states.dtype)
+        # a conversion to quantized (``start`` reached) rewrote every held slot
+        rewritten = converted != getattr(self, "quantized", False)
+        self.written = None if rewritten else Written(prev, self.offset, self._codecs()[0] is DENSE)
+        return self.offset
 
     def _encode(self, key_states, value_states):
         return key_states, value_states
@@ -245,11 +268,13 @@ class ChunkedKVCacheLayer(StepLayer):
             self.keys = clone(span(self.keys, excess, valid))
             self.values = clone(span(self.values, excess, valid))
 
-    def update(self, key_states, value_states, *args, **kwargs):
+    def _store(self, key_states, value_states) -> int:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n_new = key_states.shape[-2]
         excess, valid = self._excess(), self.offset - self.start_position
+        # a front trim moved every held slot
+        self.written = None if excess else Written(valid, valid + n_new, True)
         extra = _growth(self.step, n_new)
         if self.keys is None:
             self.keys, self.values = zeros(key_states, extra), zeros(value_states, extra)
@@ -267,7 +292,7 @@ class ChunkedKVCacheLayer(StepLayer):
         self.offset += n_new
         write(self.keys, prev, key_states)
         write(self.values, prev, value_states)
-        return self._fetch(self.offset - self.start_position, key_states.dtype, value_states.dtype)
+        return self.offset - self.start_position
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         start = self.start_position + self._excess()

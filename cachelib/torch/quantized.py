@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..introspect import CacheView
-from .base import AttentionLayer, QuantErrorProbe, cat, check_crop, dtype_name, each, tokens
+from ..introspect import CacheView, Written
+from .base import AttentionLayer, QuantErrorProbe, cat, changed_slots, check_crop, dtype_name, each, tokens
 from .quantizer import Quantizer, check_bits, check_group_size, check_head_dim
 
 
@@ -50,6 +50,7 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
         self.quantizer = Quantizer(nbits, q_group_size)
         self.cumulative_length = 0
         self.quantized_keys = self.quantized_values = None  # (codes, scales, biases), token axis -2
+        self._store_returned: int | None = None  # store tokens behind the last return (None: not known)
 
     def lazy_initialization(self, key_states, value_states) -> None:
         check_head_dim(key_states.shape[-1], self.q_group_size, "QuantizedLayer")
@@ -75,17 +76,39 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
             self.quantized_values = cat([self.quantized_values, qv])
 
     def update(self, key_states, value_states, *args, **kwargs):
+        return self._update(key_states, value_states, 0)[1:3]
+
+    def update_changed(self, key_states, value_states, held: int, need: int):
+        return self._update(key_states, value_states, held, need)
+
+    def _update(self, key_states, value_states, held: int, need: int | None = None):
+        """The update; returns ``(start, keys, values, length)`` as :meth:`update_changed` (with
+        ``need`` None: every returned slot, as ``update``)."""
+        prev = self.cumulative_length
         self.cumulative_length += key_states.shape[-2]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self._quantize(key_states, value_states)
-            return key_states, value_states
+            # handed back at full precision: the store's tokens are all new to the next return
+            self.written, self._store_returned = Written(prev, self.cumulative_length, True), 0
+            return 0, key_states, value_states, key_states.shape[-2]
+        # What comes back is the store dequantized, then residual and new tokens at full
+        # precision; against the last return, the tokens the store took since are new.
+        stored, end = tokens(self.quantized_keys), self.cumulative_length
+        if self._store_returned == stored:
+            self.written = Written(prev, end, True)
+        else:
+            self.written = None if self._store_returned is None else Written(self._store_returned, end, False)
+        self._store_returned = stored
+        start, stop = changed_slots(self.written, held, end if need is None else need, end)
         parts_k, parts_v = [], []
-        if self.quantized_keys is not None:
-            parts_k.append(self.quantizer.dequantize(self.quantized_keys).to(key_states.dtype))
-            parts_v.append(self.quantizer.dequantize(self.quantized_values).to(value_states.dtype))
-        out_k = torch.cat(parts_k + [self.keys, key_states], dim=-2)
-        out_v = torch.cat(parts_v + [self.values, value_states], dim=-2)
+        if self.quantized_keys is not None and start < stored:
+            first = lambda t: t[..., start:, :]  # noqa: E731
+            parts_k.append(self.quantizer.dequantize(each(self.quantized_keys, first)).to(key_states.dtype))
+            parts_v.append(self.quantizer.dequantize(each(self.quantized_values, first)).to(value_states.dtype))
+        rest = max(start - stored, 0)  # residual tokens the caller holds
+        out_k = torch.cat(parts_k + [self.keys[..., rest:, :], key_states], dim=-2)[..., : stop - start, :]
+        out_v = torch.cat(parts_v + [self.values[..., rest:, :], value_states], dim=-2)[..., : stop - start, :]
         if self.keys.shape[-2] + key_states.shape[-2] >= self.residual_length:
             self._quantize(torch.cat((self.keys, key_states), -2), torch.cat((self.values, value_states), -2))
             self.keys, self.values = self.keys[..., :0, :].clone(), self.values[..., :0, :].clone()
@@ -94,7 +117,7 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
                 self._record_error([])
             self.keys = torch.cat((self.keys, key_states), dim=-2)
             self.values = torch.cat((self.values, value_states), dim=-2)
-        return out_k, out_v
+        return start, out_k, out_v, end
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -117,16 +140,19 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
             self.quantized_keys = each(self.quantized_keys, trim)
             self.quantized_values = each(self.quantized_values, trim)
         self.cumulative_length -= n
+        self._store_returned = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.is_initialized:
             self._map_arrays(lambda t: t.index_select(0, beam_idx.to(t.device)))
+            self._store_returned = None
 
     def reset(self) -> None:
         self.keys = self.values = None
         self.quantized_keys = self.quantized_values = None
         self.is_initialized = False
         self.cumulative_length = 0
+        self._store_returned = None
 
     def introspect(self) -> CacheView:
         quantized = tokens(self.quantized_keys)

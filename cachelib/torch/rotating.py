@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from ..core import ring
 from ..core.units import STEP
-from ..introspect import CacheView
-from .base import AttentionLayer, CropError, QuantErrorProbe, cat, check_crop, dtype_name, tokens
+from ..introspect import CacheView, Written
+from .base import AttentionLayer, CropError, QuantErrorProbe, cat, changed_slots, check_crop, dtype_name, tokens
 from .mlx_style import StrategyCache, check_step
 from .quantizer import check_bits, check_group_size, check_head_dim
 from .storage import DENSE, QuantizedCodec, clone, encode_pair, grow, head, span, write, zeros
@@ -95,6 +95,24 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
         return new_keys, new_values
 
     def update(self, key_states, value_states, *args, **kwargs):
+        held = self._store(key_states, value_states)
+        return (
+            self.key_codec.decode(head(self.keys, held), key_states.dtype),
+            self.value_codec.decode(head(self.values, held), value_states.dtype),
+        )
+
+    def update_changed(self, key_states, value_states, held: int, need: int):
+        length = self._store(key_states, value_states)
+        start, end = changed_slots(self.written, held, need, length)
+        return (
+            start,
+            self.key_codec.decode(span(self.keys, start, end), key_states.dtype),
+            self.value_codec.decode(span(self.values, start, end), value_states.dtype),
+            length,
+        )
+
+    def _store(self, key_states, value_states) -> int:
+        """Store the new tokens (setting :attr:`written`); returns the slots ``update`` returns."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new_keys, new_values = self._encode(key_states, value_states)
@@ -102,11 +120,8 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
             self._write_one(new_keys, new_values)
         else:
             self._append(new_keys, new_values, key_states.shape[-2])
-        held = min(self.offset, tokens(self.keys))
-        return (
-            self.key_codec.decode(head(self.keys, held), key_states.dtype),
-            self.value_codec.decode(head(self.values, held), value_states.dtype),
-        )
+            self.written = None  # the held tokens were put back in time order: every slot may have moved
+        return min(self.offset, tokens(self.keys))
 
     def _write_one(self, new_keys, new_values) -> None:
         size = tokens(self.keys)
@@ -122,6 +137,8 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
         write(self.values, w.slot, new_values)
         self.offset += 1
         self._idx = w.slot + 1
+        # one slot written, the others where they were (a cut moves them all)
+        self.written = None if w.cut else Written(w.slot, w.slot + 1, self.key_codec is DENSE)
 
     def _append(self, new_keys, new_values, n_new: int) -> None:
         plan = ring.write_block(n_new, self.offset, self._idx, tokens(self.keys), self.max_size, self.keep)

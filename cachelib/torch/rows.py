@@ -8,12 +8,28 @@ layers), and returns the rows' keys/values padded to a common length. The mask i
 transformers (it would take one row's sizes for all): :meth:`RowsCache.attention_mask` builds a
 boolean ``(B, 1, N, L)`` mask before the forward, row ``i`` being exactly what transformers'
 causal mask is for row ``i``'s own cache (from its ``get_mask_sizes``) with the padding hidden,
-and the model uses a 4-D mask as given. Quantized rows hand back dequantized tensors already
-(as transformers' quantized caches do), so they need nothing here.
+and the model uses a 4-D mask as given.
+
+The batch's keys and values: each layer keeps one ``(B, H, slots, D)`` buffer for keys and one
+for values, row ``i``'s first slots holding what row ``i``'s layer handed back last (the rest
+finite leftovers its mask hides). A step writes only what changed: each layer says in
+:attr:`~.base.AttentionLayer.written` what its update changed, and
+:meth:`~.base.AttentionLayer.update_changed` hands back just those slots, so an appending row
+gives its new tokens, a ring the one slot it overwrote, a quantized row (and KIVI) its new tokens
+dequantized (a token's codes never change once written, so the buffer holds exactly what the
+row's own dequantized return would), KIVI also the tokens its store took at a residual flush; a
+row that moved everything (an eviction, a ring put back in time order, a quantized cache
+converting at ``start``, a chunk trimmed) or that the batch did not update last is copied whole.
+A decode step where every row changed one slot writes each buffer once. The buffers cost a copy
+of every row padded to the longest, ``2 x B x H x slots x D`` elements a layer; past
+``buffer_bytes`` for the whole batch (default :data:`BUFFER_BYTES`; 0: never), the batch copies
+every row whole into one buffer shared by the layers at every layer and step (what it always did
+before; the logits are the same bit for bit).
 
 Supported: models whose decoder layers are all full attention, and rows whose layers are
-attention layers of ours on the device (offloaded caches, recurrent and hybrid layers run
-one by one).
+attention layers of ours on the device (offloaded caches, recurrent and hybrid layers, and
+importance layers that score with the step's queries run one by one; ``knorm`` scores from the
+keys alone and may share a batch).
 """
 
 from __future__ import annotations
@@ -24,8 +40,10 @@ import torch
 from transformers import cache_utils as _tf
 
 from ..core.masks import visible
+from ..core.units import STEP
 from .cache import Cache
 from .formats import FormatKVCacheLayer
+from .importance import ImportanceLayer
 from .layers import DynamicLayer
 from .mlx_style import ChunkedKVCacheLayer, KVCacheLayer, QuantizedKVCacheLayer
 from .quantized import QuantizedLayer
@@ -47,6 +65,9 @@ ROW_LAYERS = (
     ChunkedKVCacheLayer,
     FormatKVCacheLayer,
 )
+# the most the per-layer key/value buffers may hold, all layers together, before the batch copies
+# every row whole into one shared buffer instead
+BUFFER_BYTES = 1 << 30
 
 
 def batch_problem(cache, config=None) -> str | None:
@@ -61,6 +82,8 @@ def batch_problem(cache, config=None) -> str | None:
         if types != {"full_attention"}:
             return f"the model's layers are {sorted(types)}; a strategy batch takes full-attention models only"
     for i, layer in enumerate(cache.layers):
+        if type(layer) is ImportanceLayer and not layer.policy.needs_queries:
+            continue  # knorm: scored from the keys as they come, no hook needed
         if type(layer) not in ROW_LAYERS:
             names = ", ".join(c.__name__ for c in ROW_LAYERS)
             return f"layer {i} is {_a(type(layer).__name__)}, which cannot share a batch (rows may hold: {names})"
@@ -72,7 +95,11 @@ class RowsCache(_tf.Cache):
 
     is_compileable = False
 
-    def __init__(self, rows: Sequence[Cache], config=None):
+    def __init__(self, rows: Sequence[Cache], config=None, buffer_bytes: int = BUFFER_BYTES):
+        """``buffer_bytes``: the most the layers' key/value buffers may hold together (0: none,
+        every layer copies every row whole into one shared buffer, each step)."""
+        if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
+            raise ValueError(f"RowsCache: buffer_bytes must be an integer >= 0, got {buffer_bytes!r}")
         if not rows:
             raise ValueError("RowsCache: give at least one row cache")
         for i, row in enumerate(rows):
@@ -82,7 +109,10 @@ class RowsCache(_tf.Cache):
         self.rows = list(rows)
         # layer -> (key count per row the mask was made for, slots per row it shows)
         self._lengths: dict[int, tuple[list[int], list[int]]] = {}
-        self._buffers: list[torch.Tensor | None] = [None, None]  # the batch's keys and values (see _batched)
+        self._buffers: list[torch.Tensor | None] = [None, None]  # keys and values shared by the layers (_batched)
+        self.buffer_limit = buffer_bytes
+        self._layers: dict[int, _LayerBuffers] = {}  # per layer, its own buffers (_write)
+        self._buffered = 0  # bytes of every layer's buffers
 
     def __len__(self):
         return len(self.rows[0])
@@ -131,24 +161,104 @@ class RowsCache(_tf.Cache):
             raise ValueError(
                 f"strategy batch: the forward has {key_states.shape[0]} rows but the batch holds {len(self.rows)} caches"
             )
-        out_k, out_v = [], []
-        for i, row in enumerate(self.rows):
-            k, v = row.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx, *args, **kwargs)
-            out_k.append(k)
-            out_v.append(v)
-        lengths = [k.shape[-2] for k in out_k]
         promised = self._lengths.pop(layer_idx, None)
         if promised is None:
             raise ValueError(
                 "strategy batch: call attention_mask(n, device) before each forward and pass its mask to the model"
             )
-        if lengths != promised[0]:
+        extents = promised[1]
+        buffers = self._layer_buffers(layer_idx, key_states, value_states, max(extents))
+        if buffers is not None:
+            return self._write(buffers, key_states, value_states, layer_idx, promised)
+        out_k, out_v = [], []
+        for i, row in enumerate(self.rows):
+            k, v = row.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx, *args, **kwargs)
+            out_k.append(k)
+            out_v.append(v)
+        self._check_lengths(layer_idx, [k.shape[-2] for k in out_k], promised[0])
+        return self._batched(out_k, extents, 0), self._batched(out_v, extents, 1)
+
+    @staticmethod
+    def _check_lengths(layer_idx: int, lengths: list[int], promised: list[int]) -> None:
+        if lengths != promised:
             raise ValueError(
-                f"strategy batch: layer {layer_idx}'s rows returned {lengths} keys but their masks covered {promised[0]}; "
+                f"strategy batch: layer {layer_idx}'s rows returned {lengths} keys but their masks covered {promised}; "
                 "run these strategies one by one"
             )
-        extents = promised[1]
-        return self._batched(out_k, extents, 0), self._batched(out_v, extents, 1)
+
+    def _layer_buffers(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, width: int):
+        """Layer ``layer_idx``'s own buffers, grown to hold ``width`` slots if need be; None
+        with a single row, or when they would pass the batch's byte limit (then no layer keeps
+        any, for good)."""
+        if len(self.rows) == 1 or self.buffer_limit == 0:
+            return None
+        buf = self._layers.get(layer_idx)
+        b, h = keys.shape[0], keys.shape[1]
+        if buf is not None and not buf.fits(keys, values):
+            self._buffered -= buf.nbytes  # another shape or dtype: start afresh
+            del self._layers[layer_idx]
+            buf = None
+        if buf is not None and buf.keys.shape[2] >= width:
+            return buf
+        slots = -(-width // STEP) * STEP
+        size = b * h * slots * (keys.shape[3] * keys.element_size() + values.shape[3] * values.element_size())
+        held = 0 if buf is None else buf.nbytes
+        if self._buffered - held + size > self.buffer_limit:
+            self.buffer_limit = 0
+            self._layers.clear()
+            self._buffered = 0
+            return None
+        if buf is None:
+            buf = self._layers[layer_idx] = _LayerBuffers(len(self.rows))
+        buf.grow(keys, values, slots)
+        self._buffered += size - held
+        return buf
+
+    def _write(self, buf: "_LayerBuffers", key_states, value_states, layer_idx: int, promised):
+        """Update every row, writing into the layer's buffers only the slots each changed."""
+        lengths, extents = promised
+        starts, parts_k, parts_v, got, verbatim = [], [], [], [], True
+        for i, row in enumerate(self.rows):
+            k_in, v_in = key_states[i : i + 1], value_states[i : i + 1]
+            if layer_idx >= len(row.layers):  # a layer the row's cache makes at its first update
+                k, v = row.update(k_in, v_in, layer_idx)
+                start, length = 0, k.shape[-2]
+                k, v, w = k[..., : extents[i], :], v[..., : extents[i], :], None
+            else:
+                layer = row.layers[layer_idx]
+                held = buf.held[i] if buf.seen[i] == layer.get_seq_length() else 0
+                start, k, v, length = layer.update_changed(k_in, v_in, held, extents[i])
+                w = layer.written
+                buf.seen[i] = layer.get_seq_length()
+            # the changed slots are the input as given: the input is written (one copy for all rows)
+            verbatim = verbatim and w is not None and w.verbatim and (w.start, w.end) == (start, start + k.shape[-2])
+            starts.append(start)
+            parts_k.append(k)
+            parts_v.append(v)
+            got.append(length)
+        self._check_lengths(layer_idx, got, lengths)
+        bk, bv = buf.keys, buf.values
+        n = key_states.shape[2]
+        if all(p.shape[-2] == 1 for p in parts_k):  # a decode step: one write per buffer
+            if verbatim and n == 1:
+                new_k, new_v = key_states, value_states
+            else:
+                new_k, new_v = torch.cat(parts_k), torch.cat(parts_v)
+            if len(set(starts)) == 1:
+                bk[:, :, starts[0] : starts[0] + 1].copy_(new_k)
+                bv[:, :, starts[0] : starts[0] + 1].copy_(new_v)
+            else:
+                rows, slots = buf.index(starts, bk.device)
+                bk[rows, :, slots] = new_k[:, :, 0]
+                bv[rows, :, slots] = new_v[:, :, 0]
+        else:
+            for i, (start, k, v) in enumerate(zip(starts, parts_k, parts_v)):
+                if k.shape[-2]:
+                    bk[i, :, start : start + k.shape[-2]].copy_(k[0])
+                    bv[i, :, start : start + v.shape[-2]].copy_(v[0])
+        buf.held = list(extents)
+        width = max(extents)
+        return bk[:, :, :width], bv[:, :, :width]
 
     def _batched(self, parts: list[torch.Tensor], extents: list[int], which: int) -> torch.Tensor:
         """The rows' keys (``which`` 0) or values (1), row ``i`` cut to its first ``extents[i]``
@@ -190,6 +300,47 @@ class RowsCache(_tf.Cache):
     @property
     def nbytes(self) -> int:
         return sum(row.nbytes for row in self.rows)
+
+
+class _LayerBuffers:
+    """One layer's key and value buffers, ``(B, H, slots, D)``, and per row what they hold:
+    ``held[i]`` leading slots of what row ``i``'s layer handed back when it had seen
+    ``seen[i]`` tokens."""
+
+    def __init__(self, rows: int):
+        self.keys = self.values = None
+        self.held = [0] * rows
+        self.seen: list[int | None] = [None] * rows
+        self._index: tuple[tuple[int, ...], torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+    def fits(self, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Whether these buffers take the rows of keys and values shaped and typed as these."""
+        return all(
+            b.shape[:2] == x.shape[:2] and b.shape[3] == x.shape[3] and b.dtype == x.dtype and b.device == x.device
+            for b, x in ((self.keys, keys), (self.values, values))
+        )
+
+    def grow(self, keys: torch.Tensor, values: torch.Tensor, slots: int) -> None:
+        """Grow (or make) the buffers to ``slots`` slots, keeping what they hold."""
+        grown = []
+        for old, x in ((self.keys, keys), (self.values, values)):
+            new = x.new_zeros((x.shape[0], x.shape[1], slots, x.shape[3]))
+            if old is not None:
+                new[:, :, : old.shape[2]].copy_(old)
+            grown.append(new)
+        self.keys, self.values = grown
+
+    def index(self, starts: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, slots) index tensors writing one slot per row at ``starts``, kept while they repeat."""
+        key = tuple(starts)
+        if self._index is None or self._index[0] != key:
+            rows = torch.arange(len(starts), device=device)
+            self._index = (key, rows, torch.tensor(starts, device=device))
+        return self._index[1], self._index[2]
 
 
 def _a(name: str) -> str:

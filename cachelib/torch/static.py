@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..introspect import CacheView
+from ..introspect import CacheView, Written
 from .base import AttentionLayer, CacheFullError, CropError, check_crop, check_ignored_keywords, dtype_name
 
 
@@ -60,6 +60,7 @@ class StaticLayer(AttentionLayer):
         self.keys[..., start : start + n_new, :] = key_states
         self.values[..., start : start + n_new, :] = value_states
         self.length += n_new
+        self.written = Written(start, start + n_new, True)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
