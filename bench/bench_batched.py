@@ -247,26 +247,30 @@ def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) ->
         f"runtime, batch of {k}": ("runtime, batch 1", k),
     }
     print(
-        f"{'k':>3} {'mode':<28} {'median step ms':>15} {'steps/s':>8} {'speed-up':>9} {'CPU ms/step':>12} {'CPU speed-up':>13}"
+        f"{'k':>3} {'mode':<28} {'median step ms':>15} {'steps/s':>8} {'speed-up':>9} {'CPU ms/step':>12} "
+        f"{'CPU speed-up':>13}"
     )
     speedup: dict[str, tuple[float, float]] = {}
     for name, (w, c) in med.items():
         ref, times = base.get(name, (name, 1))
         speedup[name] = (times * med[ref][0] / w, times * med[ref][1] / c if c else float("nan"))
         print(
-            f"{k:>3} {name:<28} {w * 1e3:15.2f} {1 / w:8.2f} {speedup[name][0]:8.2f}x {c * 1e3:12.2f} {speedup[name][1]:12.2f}x"
+            f"{k:>3} {name:<28} {w * 1e3:15.2f} {1 / w:8.2f} {speedup[name][0]:8.2f}x {c * 1e3:12.2f} "
+            f"{speedup[name][1]:12.2f}x"
         )
     ceiling = speedup[f"runtime, batch of {k}"]
     for name in ("strategy batch", "strategy batch, probes off"):
         ours = speedup[name]
         print(
             f"    {name}: {ours[0]:.2f}x wall, {ours[1]:.2f}x CPU against the runtime's own batching ceiling "
-            f"{ceiling[0]:.2f}x wall, {ceiling[1]:.2f}x CPU: {ours[0] / ceiling[0]:.0%} / {ours[1] / ceiling[1]:.0%} of it"
+            f"{ceiling[0]:.2f}x wall, {ceiling[1]:.2f}x CPU: {ours[0] / ceiling[0]:.0%} / "
+            f"{ours[1] / ceiling[1]:.0%} of it"
         )
     runtime = med[f"runtime, batch of {k}"]
     for name in ("strategy batch, probes off", "strategy batch"):
         print(
-            f"    {name}: a step takes {med[name][0] / runtime[0]:.2f}x the wall, {med[name][1] / runtime[1]:.2f}x the CPU "
+            f"    {name}: a step takes {med[name][0] / runtime[0]:.2f}x the wall, "
+            f"{med[name][1] / runtime[1]:.2f}x the CPU "
             f"of a step of the runtime's own batch of {k}"
         )
     for mode, off in (("strategy batch", "strategy batch, probes off"), ("one by one", "one by one, probes off")):

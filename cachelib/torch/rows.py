@@ -159,7 +159,8 @@ class RowsCache(_tf.Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if key_states.shape[0] != len(self.rows):
             raise ValueError(
-                f"strategy batch: the forward has {key_states.shape[0]} rows but the batch holds {len(self.rows)} caches"
+                f"strategy batch: the forward has {key_states.shape[0]} rows but the batch holds "
+                f"{len(self.rows)} caches"
             )
         promised = self._lengths.pop(layer_idx, None)
         if promised is None:
