@@ -23,7 +23,6 @@ and every value round-trips exactly. Parquet files keep text as is.
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import json
 import math
@@ -40,6 +39,7 @@ import pandas as pd
 
 from ..core.cells import escape_cell
 from ..core.reader import check_regular
+from .outputs import a_or_an, check_out_path, name_max, os_error_at
 from .schema import (
     ADDED_IN_V1,
     COLUMNS,
@@ -191,15 +191,7 @@ def _cell(value: Any) -> Any:
 
 PARTIAL_SUFFIX = ".partial"
 _PARTIAL = re.compile(r"^\.(?P<target>.+)\.(?P<run_id>[0-9a-f]{12})\.partial$")  # .NAME.csv.RUNID.partial
-
-
-def _name_max(folder: Path) -> int:
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):
-        return 255
+_name_max = name_max
 
 
 def _fitted(folder: Path, stem: str, suffix: str) -> str:
@@ -212,22 +204,10 @@ def _fitted(folder: Path, stem: str, suffix: str) -> str:
 
 def check_profile_path(path: str | os.PathLike) -> Path:
     """``path`` as a place a profile can be written: a ``.csv`` name that is not a folder, fits
-    the file system's name limit, in a folder that exists or can be made. Raises ValueError
+    the file system's name limit, in a folder that exists or can be made, where no file of
+    another kind stands (:func:`~cachelib.profile.outputs.check_out_path`). Raises ValueError
     (the name) or OSError (the file system says no), both naming the path, before any work."""
-    path = Path(path)
-    if path.suffix.lower() != ".csv":
-        raise ValueError(f"profiles stream as CSV; got {str(path)!r} (use a .csv name)")
-    if len(os.fsencode(path.name)) > _name_max(path.parent):
-        raise OSError(errno.ENAMETOOLONG, f"file name too long (at most {_name_max(path.parent)} bytes)", str(path))
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not a profile file", str(path))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # a file stands where the folder would go
-        raise NotADirectoryError(errno.ENOTDIR, "a file stands where its folder would go", str(path)) from None
-    except OSError as e:
-        raise type(e)(e.errno, f"cannot make its folder ({e.strerror})", str(path)) from None
-    return path
+    return check_out_path(path, what="profile", suffixes=(".csv",), replaces=("profile",))
 
 
 def partial_running(path: str | os.PathLike) -> bool | None:
@@ -275,10 +255,26 @@ def _identity(path: Path) -> tuple | None:
 class ProfileWriter:
     """Streams a profile's rows as CSV into a partial file of this run's own; :meth:`close` moves
     it into place in one step. Opening checks the path (:func:`check_profile_path`) and creates
-    the partial file, so a path that cannot be written fails here, before any work."""
+    the partial file, so a path that cannot be written fails here, before any work.
 
-    def __init__(self, path: str | os.PathLike, run_id: str | None = None):
-        self.path = check_profile_path(path)
+    The same machinery streams any CSV of rows (``columns``, ``what``, ``check``: an evaluation
+    file, :mod:`cachelib.profile.evaluate`): :meth:`write_row`, then :meth:`finish`. A write the
+    file system refuses (disk full) is an ``OSError`` naming the user's path; :meth:`salvage`
+    then keeps the rows flushed so far, in the file an incomplete run closes into."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        run_id: str | None = None,
+        *,
+        columns: Sequence[str] = COLUMNS,
+        what: str = "profile",
+        check=check_profile_path,
+        incomplete_aside: bool = False,
+    ):
+        self.path = check(path)
+        self.what = what
+        self.incomplete_aside = incomplete_aside  # an incomplete run never closes into NAME.csv, even a new one
         self.run_id = run_id if run_id and re.fullmatch(r"[0-9a-f]{12}", run_id) else uuid.uuid4().hex[:12]
         self._before = _identity(self.path)  # the file a complete run may replace: the one there now
         stem = f".{self.path.name}"
@@ -286,48 +282,100 @@ class ProfileWriter:
         try:
             self._file = open(self.partial, "x", newline="", encoding="utf-8")
         except OSError as e:
-            raise type(e)(e.errno, f"cannot write a profile here ({e.strerror})", str(self.path)) from None
+            raise type(e)(e.errno, f"cannot write {a_or_an(what)} here ({e.strerror})", str(self.path)) from None
         if fcntl is not None:
             try:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # a file system without locks: listings cannot tell running from ended
                 pass
-        self._csv = csv.writer(self._file)
-        self._csv.writerow(COLUMNS)
-        self._file.flush()
+        self._csv = csv.writer(self._file, lineterminator="\n" if what != "profile" else "\r\n")
+        self._good = 0  # bytes on disk up to the last whole row flushed: what survives a full disk
+        self.write_row(list(columns))
+        self.flush()
+
+    def _io(self, op, *args):
+        try:
+            return op(*args)
+        except OSError as e:  # disk full, a quota, a file size limit: the user's path, not the hidden file
+            raise os_error_at(e, self.path, f"cannot write the {self.what}") from None
+
+    def write_row(self, cells: Sequence[Any]) -> None:
+        self._io(self._csv.writerow, cells)
 
     def write(self, table: str, rows: Iterable[dict]) -> None:
         cols = COLUMNS
         for row in rows:
-            self._csv.writerow([table if c == "table" else _cell(row.get(c)) for c in cols])
+            self.write_row([table if c == "table" else _cell(row.get(c)) for c in cols])
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         self.write("meta", ({"key": k, "value": _meta_text(v)} for k, v in meta.items()))
 
     def flush(self) -> None:
-        self._file.flush()
+        self._io(self._file.flush)
+        self._good = self._file.tell()
 
     def close(self, meta: dict[str, Any]) -> Path:
         """Append the final metadata and move the file into place; returns where it went: the
         target, or next to it when this run must not replace what is there (see the module)."""
-        self.write_meta(meta)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        complete = str(meta.get("status", "")) == "complete"
+        try:
+            self.write_meta(meta)
+            return self.finish(complete)
+        except OSError:
+            self.salvage(lambda: self.write_meta(meta | {"status": "incomplete", "reason": _DISK_REASON}))
+            raise
+
+    def finish(self, complete: bool) -> Path:
+        """Move the file into place (after flushing it to disk); returns where it went."""
+        self.flush()
+        self._io(os.fsync, self._file.fileno())
         self._file.close()
         with _folder_lock(self.path.parent):
-            dest = self._destination(str(meta.get("status", "")) == "complete")
-            os.replace(self.partial, dest)
+            dest = self._destination(complete)
+            self._io(os.replace, self.partial, dest)
+        self.kept = dest
         return dest
+
+    def salvage(self, closing=None) -> Path | None:
+        """After a write failed: cut the file back to its last whole row, append ``closing``'s rows
+        if they fit, and close it where an incomplete run goes; None (and no file left) when even
+        that fails. ``kept`` says where the rows went."""
+        self.kept = None
+        try:
+            if not self._file.closed:
+                try:
+                    self._file.flush()
+                except OSError:
+                    pass
+                self._file.truncate(self._good)
+                self._file.seek(self._good)
+                if closing is not None:
+                    try:
+                        closing()
+                        self.flush()
+                    except OSError:
+                        self._file.truncate(self._good)
+                self._file.close()
+            with _folder_lock(self.path.parent):
+                dest = self._destination(False)
+                os.replace(self.partial, dest)
+            self.kept = dest
+        except OSError:
+            self.discard()
+        return self.kept
 
     def discard(self) -> None:
         """Remove the partial file: the run ended before it recorded anything worth keeping."""
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the buffer could not be written out (disk full): the file goes anyway
+                pass
         self.partial.unlink(missing_ok=True)
 
     def _destination(self, complete: bool) -> Path:
         now = _identity(self.path)
-        if now is None or (complete and now == self._before):
+        if (now is None and (complete or not self.incomplete_aside)) or (complete and now == self._before):
             return self.path
         # An incomplete run never replaces a profile; a complete one does not replace a profile
         # another run wrote while it went. Either closes next to the target, under its own name.
@@ -338,6 +386,9 @@ class ProfileWriter:
             if not (folder / name).exists():
                 return folder / name
         return folder / names[-1]
+
+
+_DISK_REASON = "the file system refused a write (disk full?)"
 
 
 def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
