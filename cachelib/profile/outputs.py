@@ -95,7 +95,7 @@ def check_out_path(
         raise type(e)(e.errno, f"cannot make its folder ({e.strerror})", shown) from None
     kind = existing_kind(path)
     if kind is not None and kind not in replaces:
-        allowed = " or ".join(f"a {k}" for k in replaces) if replaces else "no file"
+        allowed = " or ".join(_kind_text(k) for k in replaces) if replaces else "no file"
         raise ValueError(
             f"{shown}: holds {_kind_text(kind)}, which {a_or_an(what)} would replace; give a new name "
             f"(allowed: a path where nothing is, or {allowed})"
@@ -108,6 +108,8 @@ def a_or_an(what: str) -> str:
 
 
 def _kind_text(kind: str) -> str:
+    if kind == "csv:model":
+        return "a plan CSV"
     if kind.startswith("csv:"):
         return f"a CSV of another kind (first column {kind[4:][:40]!r})"
     if kind == "other":
