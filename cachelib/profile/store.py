@@ -288,7 +288,8 @@ class ProfileWriter:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # a file system without locks: listings cannot tell running from ended
                 pass
-        self._csv = csv.writer(self._file, lineterminator="\n" if what != "profile" else "\r\n")
+        self._eol = "\n" if what != "profile" else "\r\n"
+        self._csv = csv.writer(self._file, lineterminator=self._eol)
         self._good = 0  # bytes on disk up to the last whole row flushed: what survives a full disk
         self.write_row(list(columns))
         self.flush()
@@ -342,20 +343,18 @@ class ProfileWriter:
         that fails. ``kept`` says where the rows went."""
         self.kept = None
         try:
-            if not self._file.closed:
+            _close_quietly(self._file)  # what its buffer still held may land in part: cut below
+            _cut(self.partial, self._good)
+            if closing is not None:
+                self._file = open(self.partial, "a", newline="", encoding="utf-8")
+                self._csv = csv.writer(self._file, lineterminator=self._eol)
                 try:
-                    self._file.flush()
+                    closing()
+                    self.flush()
                 except OSError:
                     pass
-                self._file.truncate(self._good)
-                self._file.seek(self._good)
-                if closing is not None:
-                    try:
-                        closing()
-                        self.flush()
-                    except OSError:
-                        self._file.truncate(self._good)
-                self._file.close()
+                _close_quietly(self._file)
+                _cut(self.partial, self._good)
             with _folder_lock(self.path.parent):
                 dest = self._destination(False)
                 os.replace(self.partial, dest)
@@ -389,6 +388,22 @@ class ProfileWriter:
 
 
 _DISK_REASON = "the file system refused a write (disk full?)"
+
+
+def _close_quietly(file) -> None:
+    try:
+        file.close()
+    except OSError:  # its buffer could not be written out: the file is closed anyway
+        pass
+
+
+def _cut(path: Path, size: int) -> None:
+    """Truncate ``path`` to ``size`` bytes (a row cut off by a failed write goes)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
 
 
 def save_profile(profile: Profile, path: str | os.PathLike) -> Path:

@@ -144,7 +144,7 @@ def check_sweep_folder(folder: Path) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         AtomicFile(folder / INDEX_FILE, "sweep index").open().discard()
-    except FileExistsError:
+    except (FileExistsError, NotADirectoryError):
         raise NotADirectoryError(errno.ENOTDIR, "a file stands where the sweep folder would go", str(folder)) from None
     except OSError as e:
         raise os_error_at(e, folder, "cannot write the sweep folder") from None
