@@ -757,6 +757,16 @@ def meta_list(text: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
+def _sweep_index(path: Path) -> bool:
+    """Whether ``path`` is a sweep's ``index.csv`` (by its header), which no listing calls a profile."""
+    from .outputs import existing_kind
+
+    try:
+        return existing_kind(path) == "sweep index"
+    except OSError:
+        return False
+
+
 def list_profiles(folder: str | os.PathLike) -> list[ProfileFile]:
     """``FOLDER/*.csv`` and the runs of sweep folders ``FOLDER/*/*.csv`` (not their index), by
     name, each folder's partial files (``.NAME.csv.RUNID.partial``: a run still going, or one
@@ -773,7 +783,7 @@ def list_profiles(folder: str | os.PathLike) -> list[ProfileFile]:
         out = [
             ProfileFile(prefix + n, where / n, prefix.rstrip("/"))
             for n in names
-            if n.endswith(".csv") and not n.startswith(".") and not (prefix and n == "index.csv")
+            if n.endswith(".csv") and not n.startswith(".") and not (n == "index.csv" and _sweep_index(where / n))
         ]
         out += [
             ProfileFile(prefix + n, where / n, prefix.rstrip("/"), partial=True) for n in names if _PARTIAL.match(n)
