@@ -151,9 +151,14 @@ def _meta_text(value: Any) -> str:
 _FLAGS = {"0": False, "1": True, "False": False, "True": True}  # how a file writes a flag (CSV, Parquet)
 
 
-def _typed(df: pd.DataFrame, table: str) -> pd.DataFrame:
+def _typed(df: pd.DataFrame, table: str, parsed: dict | None = None, index=None) -> pd.DataFrame:
+    """``df``'s cells as the table's typed columns; ``parsed``: number columns parsed already (by
+    the rows of ``index``, the rows of ``df`` in the file)."""
     out = {}
     for col, kind in TABLES[table].items():
+        if parsed is not None and col in parsed:
+            out[col] = parsed[col].astype("Int64" if kind == "int" else "float64").reindex(index).reset_index(drop=True)
+            continue
         s = df[col] if col in df else pd.Series([None] * len(df), dtype=object)
         if kind == "int":
             s = pd.to_numeric(s, errors="raise").astype("Int64")
@@ -440,14 +445,19 @@ def load_profile(source: str | os.PathLike | bytes | io.IOBase, name: str | None
     unknown = set(long["table"].dropna()) - set(TABLES)
     if unknown:
         raise ValueError(f"{label}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(TABLES)}")
-    _check_tables(long, label, source)
+    parsed: dict[str, pd.Series] = {}
+    _check_tables(long, label, source, parsed)
     profile = Profile(meta)
     if isinstance(source, (str, os.PathLike)):
         profile.path = Path(source)
+    tables = long["table"]
     for table in TABLE_NAMES:
-        part = long[long["table"] == table]
+        rows = (tables == table).to_numpy()
+        # only the table's own columns are taken, and its numbers come from the check's parse
+        text_cols = [c for c, kind in TABLES[table].items() if c in long.columns and c not in parsed]
+        part = long.loc[rows, text_cols]
         try:
-            frame = _typed(part.reset_index(drop=True), table)
+            frame = _typed(part.reset_index(drop=True), table, parsed, part.index)
         except (ValueError, TypeError, OverflowError) as e:  # _check_tables let nothing through: a bug
             raise ValueError(f"{label}: table {table!r} has a value of the wrong type ({e})") from None
         profile._frames[table] = frame
@@ -578,9 +588,10 @@ def _ints(s: pd.Series, label: str, source, col: str) -> pd.Series:
     return pd.to_numeric(vals).astype("int64")
 
 
-def _check_tables(long: pd.DataFrame, label: str, source) -> None:
+def _check_tables(long: pd.DataFrame, label: str, source, parsed: dict | None = None) -> None:
     """Every cell of the tables has its column's type and lies in its range (:data:`.schema.LIMITS`),
-    and every row has its table's required cells (:data:`.schema.REQUIRED`)."""
+    and every row has its table's required cells (:data:`.schema.REQUIRED`). ``parsed`` gets each
+    number column's values (the non-empty cells, by row), so the tables are not parsed twice."""
     for col in COLUMNS:  # the meta rows leave these columns empty: checking every row is checking the tables
         kind = DTYPES.get(col, "str")
         if col in META_COLUMNS:
@@ -618,6 +629,8 @@ def _check_tables(long: pd.DataFrame, label: str, source) -> None:
                     i = bad.idxmax()
                     raise _bad(label, source, i, col, f"{_short(vals[i])} is not {pattern[1]}")
             continue
+        if parsed is not None:
+            parsed[col] = nums
         lo, hi = LIMITS.get(col, (None, None))
         for out, allowed in (
             (None if lo is None else nums < lo, f">= {lo}"),
