@@ -470,6 +470,7 @@ def run_point(point: Point | EvaluationPoint, token: str = "", one_by_one: bool 
             if isinstance(point, EvaluationPoint):
                 result = evaluate(**kwargs, out=path)
                 status, reason = result.status, result.reason
+                path = Path(result.path) if result.path is not None else path  # an unfinished one: NAME.incomplete.csv
             else:
                 profile = run_profile(**kwargs, out=path)
                 status, reason = profile.status, str(profile.meta.get("reason", ""))
