@@ -1731,3 +1731,50 @@ def test_20_a_read_only_out_folder_is_refused_before_the_model_loads(make, world
     finally:
         folder.chmod(0o755)
     assert code == 2 and len(err) == 1 and "read-only/e.csv" in err[0] and "Permission denied" in err[0], err
+
+
+def test_20_the_memory_guard_stops_an_evaluation_between_windows_and_the_same_call_resumes(tmp_path, monkeypatch):
+    from cachelib.profile import evaluate, load_evaluation
+
+    text = ROOT / "assets" / "corpus" / "genesis-kjv.txt"
+    out = tmp_path / "e.csv"
+    args = dict(texts=[text], context=32, score_tokens=2, windows=4, out=out, one_by_one=True)
+    seen = []
+
+    def squeezed(step):  # another process takes the machine's memory after the second measurement
+        seen.append(step)
+        if step.done == 2:
+            monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 1)
+
+    stopped = evaluate(MODEL, ["standard", "rotating:max_size=8,keep=2"], on_progress=squeezed, **args)
+    assert not stopped.complete and stopped.reason.startswith("memory guard: "), stopped.reason
+    assert "predicted to need" in stopped.reason and "after 2 of 8 measurements" in stopped.reason
+    assert stopped.path == tmp_path / "e.incomplete.csv" and len(load_evaluation(stopped.path).samples) == 2
+    monkeypatch.undo()
+    done = evaluate(MODEL, ["standard", "rotating:max_size=8,keep=2"], **args)
+    assert done.complete and done.path == out and sorted(p.name for p in tmp_path.iterdir()) == ["e.csv"]
+    assert len(done.samples) == 8 and not done.samples.duplicated(["strategy", "window_start"]).any()
+
+
+def test_20_profiles_calls_complete_only_what_load_profile_opens_and_skips_a_sweep_index(
+    tiny_profile, tmp_path, capsys
+):
+    good = tmp_path / "good.csv"
+    good.write_bytes(tiny_profile.read_bytes())
+    text = tiny_profile.read_text(encoding="utf-8")
+    (tmp_path / "bad-table.csv").write_text(text.replace("\nsteps,", "\nbogus,", 1), encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    step = lines[0].split(",").index("step")
+    first = next(i for i, line in enumerate(lines) if line.startswith("steps,"))
+    cells = lines[first].split(",")
+    cells[step] = "-5"
+    (tmp_path / "bad-step.csv").write_text("".join(lines[:first] + [",".join(cells)] + lines[first + 1 :]))
+    (tmp_path / "index.csv").write_text("point,status,file\np1,done,good.csv\n")
+    assert read_meta(tmp_path / "bad-step.csv")["status"] == "complete"  # the metadata alone says complete
+    code, err, printed = run_cli(["profiles", str(tmp_path)], capsys)
+    assert code == 0, err
+    listed = {line.split()[0]: line for line in printed.splitlines()}
+    assert set(listed) == {"bad-step.csv", "bad-table.csv", "good.csv"}  # the index is no profile
+    assert " complete " in listed["good.csv"]
+    assert "not a profile" in listed["bad-step.csv"] and "step must be >= 0" in listed["bad-step.csv"]
+    assert "not a profile" in listed["bad-table.csv"] and "unknown table(s) bogus" in listed["bad-table.csv"]
