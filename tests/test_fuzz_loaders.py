@@ -1,5 +1,6 @@
-"""Seeded fuzzing of the prompt-cache loader (issue 33): mutated files get a ValueError, never
-another exception and never a crash.
+"""Seeded fuzzing of the loaders (issue 33): mutated files get a ValueError, never another
+exception and never a crash. Prompt caches below; profile CSVs (``read_meta`` and ``load_profile``)
+at the end.
 
 Valid prompt caches of several classes are written, then mutated ~1,000 ways (flipped bytes in
 the header and in the data, truncations, extensions, header JSON edits: shapes, dtypes, offsets,
@@ -276,6 +277,7 @@ def _mutant(rng, data: bytes) -> bytes:
     return out.getvalue().encode("utf-8", errors="replace")
 
 
+@pytest.mark.slow  # ~45 s: load_profile's fixed cost per file (~20 ms of column checks) x 2 readers x 1,000
 def test_1000_mutated_profile_csvs_get_only_value_errors(tmp_path):
     import random
 
