@@ -325,7 +325,7 @@ def evaluate(
             run.done = len(run.measured)
     except BaseException:
         if writer is not None:
-            writer.discard()
+            writer.fail()  # rows resumed already are kept (NAME.incomplete.csv); else no file
         raise
 
     status, reason = "complete", ""

@@ -343,7 +343,7 @@ def retrieval(
             measured = writer.resume({row_key(head(lb, *item), KIND) for item in plan for lb in labels})
     except BaseException:
         if writer is not None:
-            writer.discard()
+            writer.fail()  # rows resumed already are kept (NAME.incomplete.csv); else no file
         raise
 
     probe = probe_for(loaded)
