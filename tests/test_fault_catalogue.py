@@ -1778,3 +1778,23 @@ def test_20_profiles_calls_complete_only_what_load_profile_opens_and_skips_a_swe
     assert " complete " in listed["good.csv"]
     assert "not a profile" in listed["bad-step.csv"] and "step must be >= 0" in listed["bad-step.csv"]
     assert "not a profile" in listed["bad-table.csv"] and "unknown table(s) bogus" in listed["bad-table.csv"]
+
+
+def test_20_a_large_profile_read_in_chunks_gives_the_same_tables_and_the_same_errors(
+    masked_profile, tmp_path, monkeypatch
+):
+    from cachelib.profile import store
+
+    whole = load_profile(masked_profile)
+    bad = _edit(masked_profile, tmp_path / "bad.csv", "layers", "bytes_used", "-inf", nth=9)
+    with pytest.raises(ValueError) as at_once:
+        load_profile(bad)
+    monkeypatch.setattr(store, "LARGE_BYTES", 0)  # every file is "large": read in chunks of 7 rows
+    monkeypatch.setattr(store, "CHUNK_ROWS", 7)
+    chunked = load_profile(masked_profile)
+    assert chunked == whole and chunked.meta == whole.meta
+    for table in store.TABLE_NAMES:
+        pd.testing.assert_frame_equal(chunked.frame(table), whole.frame(table), check_dtype=True)
+    with pytest.raises(ValueError) as in_chunks:
+        load_profile(bad)
+    assert str(in_chunks.value) == str(at_once.value) and "bad.csv, line" in str(in_chunks.value)

@@ -438,6 +438,8 @@ def load_profile(source: str | os.PathLike | bytes | io.IOBase, name: str | None
     """Read a profile written by cachelib (CSV or Parquet; a path, bytes or a file object).
     Anything malformed is one ``ValueError`` naming the file, the line and the column."""
     label = _label(source, name)
+    if _large_csv(source):
+        return _load_large(source, label)
     long = _read_long(source, label)
     meta = _checked_meta(long, label, source)
     if "schema_version" not in meta:  # a partial file whose run recorded nothing yet
@@ -450,17 +452,82 @@ def load_profile(source: str | os.PathLike | bytes | io.IOBase, name: str | None
     profile = Profile(meta)
     if isinstance(source, (str, os.PathLike)):
         profile.path = Path(source)
+    for table, frame in _tables_of(long, parsed, label).items():
+        profile._frames[table] = frame
+        profile._rows[table] = []
+    return profile
+
+
+def _tables_of(long: pd.DataFrame, parsed: dict, label: str) -> dict[str, pd.DataFrame]:
+    """Each table's typed frame: its own rows and columns only, its numbers from the check's parse."""
+    out = {}
     tables = long["table"]
     for table in TABLE_NAMES:
         rows = (tables == table).to_numpy()
-        # only the table's own columns are taken, and its numbers come from the check's parse
-        text_cols = [c for c, kind in TABLES[table].items() if c in long.columns and c not in parsed]
+        text_cols = [c for c in TABLES[table] if c in long.columns and c not in parsed]
         part = long.loc[rows, text_cols]
         try:
-            frame = _typed(part.reset_index(drop=True), table, parsed, part.index)
+            out[table] = _typed(part.reset_index(drop=True), table, parsed, part.index)
         except (ValueError, TypeError, OverflowError) as e:  # _check_tables let nothing through: a bug
             raise ValueError(f"{label}: table {table!r} has a value of the wrong type ({e})") from None
-        profile._frames[table] = frame
+    return out
+
+
+LARGE_BYTES = 16_000_000  # a CSV profile this large is read in chunks of CHUNK_ROWS rows
+CHUNK_ROWS = 100_000
+
+
+def _large_csv(source) -> bool:
+    if not isinstance(source, (str, os.PathLike)) or is_partial(source) or str(source).lower().endswith(".parquet"):
+        return False
+    try:
+        return os.path.getsize(source) >= LARGE_BYTES
+    except OSError:
+        return False
+
+
+def _load_large(source, label: str) -> Profile:
+    """:func:`load_profile` of a large CSV file in bounded memory: read in chunks, each checked
+    and split into its tables' typed rows at once (a chunk's text never outlives it). The same
+    checks in the same order (metadata, unknown tables, then the tables' cells)."""
+    check_regular(source, "profile")
+    metas, parts, seen, error = [], {t: [] for t in TABLE_NAMES}, set(), None
+    try:
+        chunks = pd.read_csv(source, dtype=str, keep_default_na=False, na_values=[""], chunksize=CHUNK_ROWS)
+        for chunk in chunks:
+            chunk = _cleaned(chunk, label, source, COLUMNS, False)
+            metas.append(chunk.loc[(chunk["table"] == "meta").to_numpy(), list(META_COLUMNS)])
+            seen |= set(chunk["table"].dropna())
+            if error is None:
+                try:
+                    parsed: dict[str, pd.Series] = {}
+                    _check_tables(chunk, label, source, parsed)
+                    for table, frame in _tables_of(chunk, parsed, label).items():
+                        parts[table].append(frame)
+                except ValueError as e:  # raised once the metadata (read to the end) is checked
+                    error, parts = e, {}
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{label}: not a cachelib profile (the file is empty)") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at offset {e.start})"
+        ) from None
+    except (pd.errors.ParserError, OSError) as e:
+        raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
+    meta = _checked_meta(pd.concat(metas), label, source)
+    if "schema_version" not in meta:
+        raise ValueError(f"{label}: {meta['status']}: {meta['reason']}; nothing to load")
+    unknown = seen - set(TABLES)
+    if unknown:
+        raise ValueError(f"{label}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(TABLES)}")
+    if error is not None:
+        raise error
+    profile = Profile(meta)
+    profile.path = Path(source)
+    for table in TABLE_NAMES:
+        frames = parts[table]
+        profile._frames[table] = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        parts[table] = None  # each table's chunks go as soon as they are joined
         profile._rows[table] = []
     return profile
 
@@ -501,9 +568,7 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
                 raw = Path(source).read_bytes()
                 data = io.BytesIO(raw[: raw.rfind(b"\n") + 1])
             wanted = None if only is None else (lambda c: c in columns)
-            long = _arrow_read(data) if only is None else None
-            if long is None:
-                long = pd.read_csv(data, dtype=str, keep_default_na=False, na_values=[""], usecols=wanted)
+            long = pd.read_csv(data, dtype=str, keep_default_na=False, na_values=[""], usecols=wanted)
     except FileNotFoundError:
         raise ValueError(f"{label}: no such profile file") from None
     except pd.errors.EmptyDataError:
@@ -514,6 +579,12 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
         ) from None
     except (pd.errors.ParserError, ValueError, OSError) as e:
         raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
+    return _cleaned(long, label, source, columns, parquet)
+
+
+def _cleaned(long: pd.DataFrame, label: str, source, columns: Sequence[str], parquet: bool) -> pd.DataFrame:
+    """``long`` (text as read) with the columns of the schema checked, no NUL byte, and the
+    writer's spreadsheet escaping undone."""
     for col in ADDED_IN_V1:
         if col in columns and col not in long.columns:
             long[col] = pd.NA
@@ -532,25 +603,6 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
             if escaped.any():
                 long[col] = text.where(~escaped, text.str[1:])
     return long
-
-
-ARROW_BYTES = 16_000_000  # a CSV this large is read by pyarrow's reader: about 2x faster, a third less memory
-
-
-def _arrow_read(data) -> pd.DataFrame | None:
-    """A large CSV file's long table read by pyarrow (the same text frame as pandas' reader);
-    None for anything else, and for anything pyarrow refuses or lacks: pandas' reader then reads
-    it and names the problem as it always does."""
-    if not isinstance(data, (str, os.PathLike)):
-        return None
-    try:
-        if os.path.getsize(data) < ARROW_BYTES:
-            return None
-        import pyarrow  # noqa: F401
-
-        return pd.read_csv(data, dtype=str, keep_default_na=False, na_values=[""], engine="pyarrow")
-    except Exception:  # noqa: BLE001 - any refusal goes to the reader whose errors we know
-        return None
 
 
 def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
