@@ -1506,3 +1506,295 @@ def test_19_a_model_folder_of_a_million_layers_is_refused_before_it_loads(comman
     code, err, _ = run_cli([command, "--model", str(folder), *argv], capsys)
     assert code == 2 and len(err) == 1, err
     assert "deep-model" in err[0] and "num_hidden_layers must be a positive integer (1 to 100,000)" in err[0], err[0]
+
+
+# --- 20. every output checked first, streamed, resumed (issue 33) ---------------------------------------
+
+CORPUS_TEXT = str(ROOT / "assets" / "corpus" / "genesis-kjv.txt")
+# Many small measurements on the tiny model: a signal lands mid-run, and a re-run finishes in seconds.
+OUT_RUNS = {
+    "evaluate": (
+        "evaluate",
+        "--model",
+        MODEL,
+        "--text",
+        CORPUS_TEXT,
+        "--context",
+        "48",
+        "--score-tokens",
+        "4",
+        "--windows",
+        "30",
+        "--strategy",
+        "rotating:max_size=16,keep=2",
+        "--one-by-one",
+    ),
+    "retrieval": (
+        "retrieval",
+        "--model",
+        MODEL,
+        "--context",
+        "128",
+        "--depth",
+        "0.5",
+        "--trials",
+        "30",
+        "--strategy",
+        "standard",
+        "--strategy",
+        "rotating:max_size=32,keep=2",
+        "--one-by-one",
+    ),
+}
+OUT_KEYS = {
+    "evaluate": ["strategy", "context", "text", "window_start"],
+    "retrieval": ["strategy", "context", "depth", "trial"],
+}
+
+
+def _start_out(command: str, out: Path, limit_bytes: int | None = None) -> subprocess.Popen:
+    def child():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # even where the test runner ignores Ctrl-C
+        if limit_bytes is not None:  # a full disk, as `ulimit -f` makes one
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "cachelib", *OUT_RUNS[command], "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=ROOT,
+        preexec_fn=child,
+    )
+
+
+def _rows_streamed(folder: Path, n: int, timeout: float = 240) -> None:
+    """Wait until a run's hidden partial file in ``folder`` holds ``n`` data rows."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in folder.glob(".*.partial"):
+            try:
+                if p.read_text(encoding="utf-8").count("\n") - 1 >= n:
+                    return
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no run in {folder} streamed {n} rows")
+
+
+def _table(path: Path, command: str) -> pd.DataFrame:
+    from cachelib.profile import load_evaluation
+
+    found = load_evaluation(path)
+    return found.samples if command == "evaluate" else found.retrieval
+
+
+def _expected_rows(command: str) -> int:
+    return 30 * 2  # 30 windows (trials) x 2 strategies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["evaluate", "retrieval"])
+@pytest.mark.parametrize("sig, code, how", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_20_ctrl_c_or_sigterm_then_the_same_command_takes_each_measurement_once(command, sig, code, how, tmp_path):
+    out = tmp_path / "e.csv"
+    run = _start_out(command, out)
+    _rows_streamed(tmp_path, 3)
+    run.send_signal(sig)
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == code, stderr
+    incomplete = tmp_path / "e.incomplete.csv"
+    assert f"interrupted ({how})" in stderr and f"what was measured is in {incomplete}" in stderr, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.incomplete.csv"]  # no hidden file left
+    first = _table(incomplete, command)
+    assert 3 <= len(first) < _expected_rows(command)
+
+    again = _start_out(command, out)
+    stdout, stderr = again.communicate(timeout=400)
+    assert again.returncode == 0, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.csv"]  # the incomplete file was taken in
+    final = _table(out, command)
+    keys = OUT_KEYS[command]
+    assert len(final) == _expected_rows(command) and not final.duplicated(keys).any()
+    # what the first run measured was not measured again: its rows are in the final file as it wrote them
+    kept = first.merge(final, on=keys, suffixes=("", "_final"))
+    assert len(kept) == len(first) and (kept["seconds"] == kept["seconds_final"]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["evaluate", "retrieval"])
+def test_20_two_runs_to_one_out_lose_nothing(command, tmp_path):
+    out = tmp_path / "e.csv"
+    runs = [_start_out(command, out) for _ in range(2)]
+    results = [r.communicate(timeout=600) for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], results
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert len(written) == 2 and "e.csv" in written, written  # e.csv and e.RUNID.csv; no hidden file
+    said = "".join(stdout for stdout, _ in results)
+    assert "was kept as it is (another run wrote it while this one ran)" in said
+    for name in written:
+        table = _table(tmp_path / name, command)
+        assert len(table) == _expected_rows(command) and not table.duplicated(OUT_KEYS[command]).any()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE as a full disk")
+def test_20_a_full_disk_names_the_out_path_and_keeps_the_rows_in_the_incomplete_file(tmp_path):
+    out = tmp_path / "e.csv"
+    run = _start_out("evaluate", out, limit_bytes=3000)
+    _, stderr = run.communicate(timeout=400)
+    err = [line for line in stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(err) == 1, stderr
+    incomplete = tmp_path / "e.incomplete.csv"
+    assert err[0].startswith(f"error: {out}: cannot write the evaluation (File too large)"), err
+    assert f"measured so far are in {incomplete}" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.incomplete.csv"]  # no hidden file left
+    assert len(_table(incomplete, "evaluate")) >= 2
+
+
+def _outs(w: Path) -> None:
+    """The files the bad ``--out`` cases below point at (beside the world's ``afile`` and ``x.csv/``)."""
+    (w / "notes.csv").write_text("my own notes, not an evaluation\n")
+    (w / "page.html").write_text("name,value\n1,2\n")
+
+
+def _evaluate_out(out: str) -> tuple[str, ...]:
+    return ("evaluate", "--model", MODEL, "--context", "8", "--score-tokens", "2", "--windows", "1", "--out", out)
+
+
+def _retrieval_out(out: str) -> tuple[str, ...]:
+    return ("retrieval", "--model", MODEL, "--context", "128", "--trials", "1", "--out", out)
+
+
+BAD_OUTS = [
+    (20, "a folder", "{w}/x.csv", "x.csv", "is a folder"),
+    (20, "in /proc", "/proc/e.csv", "/proc/e.csv", "cannot write an evaluation here"),
+    (20, "under a file", "{w}/afile/e.csv", "afile/e.csv", "a file stands where its folder would go"),
+    (20, "an existing profile", "{w}/profiles/existing.csv", "existing.csv", "holds a profile"),
+    (20, "an existing file of another kind", "{w}/notes.csv", "notes.csv", "of another kind"),
+    (20, "a device", "/dev/null", "/dev/null", "use a .csv name"),
+    (20, "not .csv", "{w}/e.parquet", "e.parquet", "use a .csv name"),
+]
+OUT_CASES = [
+    Case(item, f"{command} --out {what}", make(out), names, says)
+    for command, make in (("evaluate", _evaluate_out), ("retrieval", _retrieval_out))
+    for item, what, out, names, says in BAD_OUTS
+] + [
+    Case(
+        20,
+        "report --out an evaluation named .html",
+        ("report", "{w}/profiles/existing.csv", "--out", "{w}/page.html"),
+        "page.html",
+        "holds a CSV of another kind",
+    ),
+    Case(20, "report --out in /proc", ("report", "{w}/profiles/existing.csv", "--out", "/proc/r.html"), "/proc/r.html"),
+    Case(20, "report --out a folder", ("report", "{w}/profiles/existing.csv", "--out", "{w}"), "", ".html"),
+    Case(
+        20, "plan --csv over a profile", _plan("--csv", "{w}/profiles/existing.csv"), "existing.csv", "holds a profile"
+    ),
+    Case(20, "plan --csv in /proc", _plan("--csv", "/proc/plan.csv"), "/proc/plan.csv", "cannot write a plan CSV"),
+    Case(20, "plan --csv under a file", _plan("--csv", "{w}/afile/plan.csv"), "afile/plan.csv", "a file stands"),
+    Case(
+        20, "sweep --out under a file", ("sweep", "{w}/grid.toml", "--out", "{w}/afile/s"), "afile/s", "a file stands"
+    ),
+]
+if not os.path.exists("/proc/self"):
+    OUT_CASES = [c for c in OUT_CASES if "/proc" not in c.what]
+
+
+@pytest.mark.parametrize("case", OUT_CASES, ids=lambda c: c.what)
+def test_20_a_bad_out_is_refused_before_any_work_naming_the_path(case, world, capsys, monkeypatch):
+    _no_load_in(monkeypatch, "cachelib.profile.evaluate", "cachelib.profile.retrieval")
+    _outs(world)
+    (world / "grid.toml").write_text(GRID_HEAD + 'prompts = ["hi"]\nmax_tokens = 2\n')
+    before = snapshot(world)
+    started = time.monotonic()
+    code, err, _ = run_cli(case.args(world), capsys)
+    assert code == 2 and len(err) == 1, err
+    assert case.names in err[0] and case.says in err[0], err[0]
+    assert time.monotonic() - started < 6
+    assert snapshot(world) == before  # nothing changed, nothing left behind (hidden files included)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.parametrize("make", [_evaluate_out, _retrieval_out])
+def test_20_a_read_only_out_folder_is_refused_before_the_model_loads(make, world, capsys, monkeypatch):
+    _no_load_in(monkeypatch, "cachelib.profile.evaluate", "cachelib.profile.retrieval")
+    folder = world / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        code, err, _ = run_cli(list(make(f"{folder}/e.csv")), capsys)
+    finally:
+        folder.chmod(0o755)
+    assert code == 2 and len(err) == 1 and "read-only/e.csv" in err[0] and "Permission denied" in err[0], err
+
+
+def test_20_the_memory_guard_stops_an_evaluation_between_windows_and_the_same_call_resumes(tmp_path, monkeypatch):
+    from cachelib.profile import evaluate, load_evaluation
+
+    text = ROOT / "assets" / "corpus" / "genesis-kjv.txt"
+    out = tmp_path / "e.csv"
+    args = dict(texts=[text], context=32, score_tokens=2, windows=4, out=out, one_by_one=True)
+    seen = []
+
+    def squeezed(step):  # another process takes the machine's memory after the second measurement
+        seen.append(step)
+        if step.done == 2:
+            monkeypatch.setattr("cachelib.profile.guard.available_memory", lambda device: 1)
+
+    stopped = evaluate(MODEL, ["standard", "rotating:max_size=8,keep=2"], on_progress=squeezed, **args)
+    assert not stopped.complete and stopped.reason.startswith("memory guard: "), stopped.reason
+    assert "predicted to need" in stopped.reason and "after 2 of 8 measurements" in stopped.reason
+    assert stopped.path == tmp_path / "e.incomplete.csv" and len(load_evaluation(stopped.path).samples) == 2
+    monkeypatch.undo()
+    done = evaluate(MODEL, ["standard", "rotating:max_size=8,keep=2"], **args)
+    assert done.complete and done.path == out and sorted(p.name for p in tmp_path.iterdir()) == ["e.csv"]
+    assert len(done.samples) == 8 and not done.samples.duplicated(["strategy", "window_start"]).any()
+
+
+def test_20_profiles_calls_complete_only_what_load_profile_opens_and_skips_a_sweep_index(
+    tiny_profile, tmp_path, capsys
+):
+    good = tmp_path / "good.csv"
+    good.write_bytes(tiny_profile.read_bytes())
+    text = tiny_profile.read_text(encoding="utf-8")
+    (tmp_path / "bad-table.csv").write_text(text.replace("\nsteps,", "\nbogus,", 1), encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    step = lines[0].split(",").index("step")
+    first = next(i for i, line in enumerate(lines) if line.startswith("steps,"))
+    cells = lines[first].split(",")
+    cells[step] = "-5"
+    (tmp_path / "bad-step.csv").write_text("".join(lines[:first] + [",".join(cells)] + lines[first + 1 :]))
+    (tmp_path / "index.csv").write_text("point,status,file\np1,done,good.csv\n")
+    assert read_meta(tmp_path / "bad-step.csv")["status"] == "complete"  # the metadata alone says complete
+    code, err, printed = run_cli(["profiles", str(tmp_path)], capsys)
+    assert code == 0, err
+    listed = {line.split()[0]: line for line in printed.splitlines()}
+    assert set(listed) == {"bad-step.csv", "bad-table.csv", "good.csv"}  # the index is no profile
+    assert " complete " in listed["good.csv"]
+    assert "not a profile" in listed["bad-step.csv"] and "step must be >= 0" in listed["bad-step.csv"]
+    assert "not a profile" in listed["bad-table.csv"] and "unknown table(s) bogus" in listed["bad-table.csv"]
+
+
+def test_20_a_large_profile_read_in_chunks_gives_the_same_tables_and_the_same_errors(
+    masked_profile, tmp_path, monkeypatch
+):
+    from cachelib.profile import store
+
+    whole = load_profile(masked_profile)
+    bad = _edit(masked_profile, tmp_path / "bad.csv", "layers", "bytes_used", "-inf", nth=9)
+    with pytest.raises(ValueError) as at_once:
+        load_profile(bad)
+    monkeypatch.setattr(store, "LARGE_BYTES", 0)  # every file is "large": read in chunks of 7 rows
+    monkeypatch.setattr(store, "CHUNK_ROWS", 7)
+    chunked = load_profile(masked_profile)
+    assert chunked == whole and chunked.meta == whole.meta
+    for table in store.TABLE_NAMES:
+        pd.testing.assert_frame_equal(chunked.frame(table), whole.frame(table), check_dtype=True)
+    with pytest.raises(ValueError) as in_chunks:
+        load_profile(bad)
+    assert str(in_chunks.value) == str(at_once.value) and "bad.csv, line" in str(in_chunks.value)

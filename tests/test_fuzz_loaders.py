@@ -1,5 +1,6 @@
-"""Seeded fuzzing of the prompt-cache loader (issue 33): mutated files get a ValueError, never
-another exception and never a crash.
+"""Seeded fuzzing of the loaders (issue 33): mutated files get a ValueError, never another
+exception and never a crash. Prompt caches below; profile CSVs (``read_meta`` and ``load_profile``)
+at the end.
 
 Valid prompt caches of several classes are written, then mutated ~1,000 ways (flipped bytes in
 the header and in the data, truncations, extensions, header JSON edits: shapes, dtypes, offsets,
@@ -172,3 +173,137 @@ def test_1000_mutated_prompt_cache_files_get_only_value_errors(tmp_path):
     assert not bad, bad[:10]
     assert sum(summary.values()) == MUTANTS
     assert summary.get("ValueError", 0) > MUTANTS // 2, summary  # most mutants are refused, each naming the file
+
+
+# --- profiles: 1,000 mutated CSVs to load_profile ------------------------------------------------------
+
+PROFILE_SEED = ROOT / "profiles" / "examples" / "smollm2-mlx-256t.csv"
+CELLS = [
+    "",
+    "nan",
+    "inf",
+    "-inf",
+    "1e400",
+    "-1",
+    "2",
+    "0.5",
+    "99999999999999999999999",
+    "x",
+    "=cmd|' /C calc'!A0",
+    "\x00",
+    "True",
+    "'",
+    '"',
+    "[]",
+    '["a"]',
+    "{}",
+    "complete",
+    "running",
+    "é",
+    "1" * 300,
+    "-0",
+    "+3",
+]
+
+
+def _small_profile() -> bytes:
+    """The example profile cut to its metadata and its first two steps and layers (a valid profile of ~130 rows)."""
+    import pandas as pd
+
+    full = pd.read_csv(PROFILE_SEED, dtype=str, keep_default_na=False)
+    step, layer = (pd.to_numeric(full[c], errors="coerce") for c in ("step", "layer"))
+    return full[(full["table"] == "meta") | ((step < 2) & (layer.isna() | (layer < 2)))].to_csv(index=False).encode()
+
+
+def _mutant(rng, data: bytes) -> bytes:
+    import csv
+    import io
+
+    how = rng.randrange(9)
+    if how == 0:  # flip bytes anywhere
+        raw = bytearray(data)
+        for _ in range(rng.randrange(1, 6)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        return bytes(raw)
+    if how == 1:  # cut short
+        return data[: rng.randrange(len(data))]
+    rows = list(csv.reader(io.StringIO(data.decode("utf-8", errors="replace"), newline="")))
+    if not rows:
+        return data
+    header, body = rows[0], rows[1:] or [[]]
+    if how == 2:  # one cell replaced, in any row (the header included)
+        row = rng.choice(rows)
+        if row:
+            row[rng.randrange(len(row))] = rng.choice(CELLS)
+    elif how == 3:  # a column dropped, everywhere
+        k = rng.randrange(len(header))
+        rows = [r[:k] + r[k + 1 :] for r in rows]
+    elif how == 4:  # a row dropped, repeated, or its table renamed
+        i = rng.randrange(len(body))
+        choice = rng.randrange(3)
+        if choice == 0:
+            del body[i]
+        elif choice == 1:
+            body.insert(i, list(body[i]))
+        elif body[i]:
+            body[i][0] = rng.choice(["meta", "steps", "layers", "slots", "masks", "bogus", ""])
+        rows = [header] + body
+    elif how == 5:  # a metadata value replaced
+        metas = [r for r in body if r and r[0] == "meta"]
+        if metas:
+            r = rng.choice(metas)
+            r[-1 if len(r) < 3 else header.index("value") if "value" in header else -1] = rng.choice(
+                CELLS + ['["standard", "standard"]', "2", "99", "incomplete", '{"memory": "x"}']
+            )
+    elif how == 6:  # a row of another length
+        r = rng.choice(body)
+        if rng.randrange(2) and r:
+            del r[rng.randrange(len(r)) :]
+        else:
+            r.extend(rng.choice(CELLS) for _ in range(rng.randrange(1, 4)))
+    elif how == 7:  # a number column's cells all replaced
+        k = rng.randrange(len(header))
+        value = rng.choice(CELLS)
+        for r in body:
+            if len(r) > k and r[k] != "":
+                r[k] = value
+    else:  # the header shuffled or renamed
+        if rng.randrange(2):
+            rng.shuffle(header)
+        else:
+            header[rng.randrange(len(header))] = rng.choice(["table", "bogus", "step", ""])
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue().encode("utf-8", errors="replace")
+
+
+@pytest.mark.slow  # ~45 s: load_profile's fixed cost per file (~20 ms of column checks) x 2 readers x 1,000
+def test_1000_mutated_profile_csvs_get_only_value_errors(tmp_path):
+    import random
+
+    from cachelib.profile import load_profile, read_meta
+
+    seed = _small_profile()
+    assert load_profile(seed).complete  # the seed itself loads
+    rng = random.Random(33)
+    found: dict[str, int] = {}
+    bad = []
+    for i in range(MUTANTS):
+        data = seed
+        for _ in range(rng.randrange(1, 3)):
+            data = _mutant(rng, data)
+        path = tmp_path / "m.csv"
+        path.write_bytes(data)
+        for load in (read_meta, load_profile):
+            try:
+                load(path)
+                outcome = "loaded"
+            except ValueError as e:
+                outcome = "ValueError" if "m.csv" in str(e) else f"ValueError without the file's name: {e}"[:300]
+            except Exception as e:  # noqa: BLE001 - what the test is looking for
+                outcome = f"{type(e).__name__}: {e}"[:300]
+            if outcome not in ("loaded", "ValueError"):
+                bad.append((i, load.__name__, outcome))
+            found[outcome if outcome in ("loaded", "ValueError") else "other"] = found.get(outcome, 0) + 1
+    assert not bad, bad[:10]
+    assert found.get("ValueError", 0) > MUTANTS // 2, found

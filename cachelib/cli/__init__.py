@@ -260,7 +260,7 @@ def _sigterm_stops_the_run() -> Iterator[None]:
 
 def _profiles(args) -> int:
     """``cachelib profiles [FOLDER]``: one line per profile, with its status and why it is not complete."""
-    from ..profile import list_profiles, read_meta
+    from ..profile import list_profiles, load_profile, read_meta
     from ..profile.store import meta_list
 
     folder = args.folder
@@ -274,6 +274,8 @@ def _profiles(args) -> int:
     for f in files:
         try:
             m = read_meta(f.path, name=f.name)
+            if m.get("status") == "complete":  # "complete" only for what load_profile opens: every table checked
+                load_profile(f.path, name=f.name)
         except (ValueError, OSError) as e:
             rows.append((f.name, "not a profile", "", "", str(e)))
             continue

@@ -4,7 +4,7 @@
 and prints one line per strategy x context: mean KL, top-1 agreement and delta-perplexity, each
 with its 95% confidence interval over windows and texts, and the kept fraction. Bad input raises
 ValueError before the model loads (the CLI prints one line and exits 2); Ctrl-C keeps what was
-measured in ``NAME.incomplete.csv`` and exits 130.
+measured in ``NAME.incomplete.csv`` and exits 130 (SIGTERM: 143); the same command then resumes it.
 """
 
 from __future__ import annotations
@@ -85,22 +85,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import _sigterm_stops_the_run
+
     bar = _Progress() if sys.stderr.isatty() else None
     try:
-        evaluation = evaluate(
-            args.model,
-            args.strategy or ["standard"],
-            texts=args.text,
-            context=args.context,
-            score_tokens=args.score_tokens,
-            windows=args.windows,
-            prefill_chunk=args.prefill_chunk,
-            backend=args.backend,
-            device=args.device,
-            out=args.out,
-            on_progress=bar.update if bar else None,
-            one_by_one=args.one_by_one,
-        )
+        with _sigterm_stops_the_run():  # SIGTERM stops it as Ctrl-C does: what was measured is kept
+            evaluation = evaluate(
+                args.model,
+                args.strategy or ["standard"],
+                texts=args.text,
+                context=args.context,
+                score_tokens=args.score_tokens,
+                windows=args.windows,
+                prefill_chunk=args.prefill_chunk,
+                backend=args.backend,
+                device=args.device,
+                out=args.out,
+                on_progress=bar.update if bar else None,
+                one_by_one=args.one_by_one,
+            )
     except EvaluationInterrupted as e:
         if bar:
             bar.done()
@@ -109,14 +112,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted: {partial.reason}{where}", file=sys.stderr)
         if len(partial.samples):
             print(format_summary(partial.summary()))
-        return 130
+        return 143 if str(e).startswith("interrupted (SIGTERM)") else 130
     if bar:
         bar.done()
     print(format_summary(evaluation.summary()))
     for strategy, why in evaluation.notes.items():
         print(f"ran on its own: {strategy}: {why}")
     if evaluation.path is not None:
-        print(f"evaluation: {evaluation.path}")
+        line = f"evaluation: {evaluation.path}"
+        if not evaluation.complete:
+            line += f" (incomplete: {evaluation.reason})"
+        elif Path(evaluation.path) != Path(args.out):
+            line += f"; {args.out} was kept as it is (another run wrote it while this one ran)"
+        print(line)
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import sys
 from pathlib import Path
 
@@ -289,7 +290,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         _run(args)
     except (ValueError, OSError) as e:
-        print(f"error: {clip_message(str(e))}", file=sys.stderr)  # an input quoted to ~100 characters
+        from . import os_error_text
+
+        text = os_error_text(e) if isinstance(e, OSError) else str(e)
+        print(f"error: {clip_message(text)}", file=sys.stderr)  # an input quoted to ~100 characters
         return 2
     return 0
 
@@ -359,6 +363,8 @@ def evidence_sources(args: argparse.Namespace) -> list[Path]:
 
 
 def _run(args: argparse.Namespace) -> None:
+    if args.csv:  # checked before any work: never a folder, never a file of another kind (a profile)
+        check_plan_csv(args.csv)
     arch = resolve_model(args.model)
     request = request_from_args(args, arch)
     sources = evidence_sources(args)
@@ -620,8 +626,10 @@ def write_csv(path: Path, fits: list[Fit], model: str) -> None:
     """The plan as CSV, one row per strategy, raw byte counts (columns: :data:`CSV_COLUMNS`). Text
     that a spreadsheet would run as a formula (a model named ``=HYPERLINK(...)``) gets a leading
     apostrophe (:func:`cachelib.core.cells.escape_cell`); numbers stay numbers."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
+    from ..profile.outputs import write_whole
+
+    check_plan_csv(path)
+    with io.StringIO(newline="") as fh:  # the whole table, then one atomic write (errors name the path)
         w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
         w.writeheader()
         for f in fits:
@@ -668,6 +676,18 @@ def write_csv(path: Path, fits: list[Fit], model: str) -> None:
                     }.items()
                 }
             )
+        write_whole(path, fh.getvalue(), "plan CSV")
+
+
+def check_plan_csv(path: Path) -> Path:
+    """``path`` as a place for ``plan --csv``, checked before any work
+    (:func:`cachelib.profile.outputs.check_out_path`): a ``.csv`` name, no folder there, no file
+    of another kind (a profile, an evaluation), and a folder it can be written in."""
+    from ..profile.outputs import AtomicFile, check_out_path
+
+    check_out_path(path, what="plan CSV", suffixes=(".csv",), replaces=("csv:model",))
+    AtomicFile(path, "plan CSV").open().discard()  # proves the folder takes a file (/proc, read-only)
+    return Path(path)
 
 
 def _blank(v):

@@ -9,11 +9,11 @@ with code 2 and one line.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from ..profile import load_profile
+from ..profile.outputs import AtomicFile, check_out_path
 from ..profile.report import decoder_for, report_html
 
 
@@ -29,8 +29,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out {str(args.out)!r}: a report is an HTML file; use a .html name")
+    # checked before any profile is read: the name, no folder or file of another kind there, a folder
+    # that takes a file (the hidden temporary file is made now, and removed on any error)
+    check_out_path(args.out, what="report", suffixes=(".html", ".htm"), replaces=("html",))
+    with AtomicFile(args.out, "report") as out:
+        page, count = _page(args)
+        out.commit(page)
+    print(f"report: {args.out} ({count} profile{'s' if count > 1 else ''}, {len(page) / 2**20:.1f} MiB)")
+    return 0
+
+
+def _page(args: argparse.Namespace) -> tuple[str, int]:
     profiles = [load_profile(path, name=str(path)) for path in args.profiles]
     names = [path.stem for path in args.profiles]
     decode = None
@@ -42,12 +51,4 @@ def run(args: argparse.Namespace) -> int:
                     f"note: no tokenizer for {profile.meta.get('model', '?')} here; its text is left out",
                     file=sys.stderr,
                 )
-    page = report_html(profiles, names, title=args.title, decode=decode)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, args.out)
-    print(
-        f"report: {args.out} ({len(profiles)} profile{'s' if len(profiles) > 1 else ''}, {len(page) / 2**20:.1f} MiB)"
-    )
-    return 0
+    return report_html(profiles, names, title=args.title, decode=decode), len(profiles)

@@ -4,9 +4,11 @@
 :func:`cachelib.profile.retrieval` over the grid of contexts x depths and prints the exact-match
 accuracy per strategy x context x depth (trials out of trials), and writes the rows as an
 evaluation CSV with ``--out`` (the planner reads them as evidence, beside an evaluation's KL).
-Bad input raises ValueError before the model loads (one line, exit 2). While it runs, every
-finished trial is already in ``NAME.incomplete.csv`` (rewritten atomically after each), so Ctrl-C
-(exit 130) or a killed process keeps what was measured; a finished run replaces it by ``NAME.csv``.
+Bad input, ``--out`` included, raises ValueError before the model loads (one line, exit 2). While
+it runs, every finished trial is on disk at once (the profile writer's locked partial file), so
+Ctrl-C (exit 130), SIGTERM (143) or a killed process keeps what was measured, in
+``NAME.incomplete.csv`` (or the partial file), and the same command resumes it; a finished run
+goes to ``NAME.csv``.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..profile.evaluate import DEFAULT_PREFILL_CHUNK
-from ..profile.evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
-from ..profile.retrieval import KIND, QUESTION_MODES, TASKS, retrieval
+from ..profile.evaluate import DEFAULT_PREFILL_CHUNK, EvaluationInterrupted
+from ..profile.retrieval import QUESTION_MODES, TASKS, retrieval
 from .args import finite_float, positive_int
 
 
@@ -69,49 +70,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out is not None and args.out.suffix.lower() != ".csv":
-        raise ValueError(f"--out: evaluations are written as CSV; got {str(args.out)!r}")
-    partial = incomplete_path(args.out) if args.out is not None else None
-    rows: list[dict] = []
-
-    def keep(row: dict) -> None:  # one trial of one strategy measured: it is on disk before the next
-        rows.append(row)
-        if partial is not None:
-            save_evaluation(_partial(rows, f"{len(rows)} trial row(s) so far"), partial)
+    from . import _sigterm_stops_the_run
 
     try:
-        found = retrieval(
-            args.model,
-            args.strategy or ["standard"],
-            contexts=args.context,
-            depths=args.depth or [0.1, 0.5, 0.9],
-            trials=args.trials,
-            seed=args.seed,
-            prefill_chunk=args.prefill_chunk,
-            backend=args.backend,
-            device=args.device,
-            task=args.task,
-            on_sample=keep,
-            question=args.question,
-            one_by_one=args.one_by_one,
-        )
-    except KeyboardInterrupt:
-        where = f"; what was measured is in {partial}" if partial is not None and rows else ""
-        print(f"interrupted (Ctrl-C) after {len(rows)} trial row(s){where}", file=sys.stderr)
-        if rows:
-            print(format_accuracy(typed_frame(rows, KIND)))
-        return 130
+        with _sigterm_stops_the_run():  # SIGTERM stops it as Ctrl-C does: what was measured is kept
+            found = retrieval(
+                args.model,
+                args.strategy or ["standard"],
+                contexts=args.context,
+                depths=args.depth or [0.1, 0.5, 0.9],
+                trials=args.trials,
+                seed=args.seed,
+                prefill_chunk=args.prefill_chunk,
+                backend=args.backend,
+                device=args.device,
+                task=args.task,
+                question=args.question,
+                one_by_one=args.one_by_one,
+                out=args.out,
+            )
+    except EvaluationInterrupted as e:
+        partial = e.evaluation
+        where = f"; what was measured is in {partial.path}" if partial.path else ""
+        print(f"{partial.reason}{where}", file=sys.stderr)
+        if len(partial.retrieval):
+            print(format_accuracy(partial.retrieval))
+        return 143 if partial.reason.startswith("interrupted (SIGTERM)") else 130
     print(format_accuracy(found.retrieval))
     for strategy, why in found.notes.items():
         print(f"ran on its own: {strategy}: {why}")
-    if args.out is not None:
-        print(f"retrieval: {save_evaluation(found, args.out)}")
-        partial.unlink(missing_ok=True)
+    if found.path is not None:
+        line = f"retrieval: {found.path}"
+        if not found.complete:
+            line += f" (incomplete: {found.reason})"
+        elif Path(found.path) != Path(args.out):
+            line += f"; {args.out} was kept as it is (another run wrote it while this one ran)"
+        print(line)
     return 0
-
-
-def _partial(rows: list[dict], reason: str) -> Evaluation:
-    return Evaluation(typed_frame([], "sample"), typed_frame(rows, KIND), status="incomplete", reason=reason)
 
 
 def format_accuracy(rows: pd.DataFrame) -> str:

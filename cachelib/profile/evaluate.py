@@ -33,8 +33,9 @@ from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
 from .divergence import compare
-from .evaluation import Evaluation, incomplete_path, save_evaluation, typed_frame
-from .guard import check_fits, planned_arch
+from .evaluation import SAMPLE_COLUMNS, Evaluation, typed_frame
+from .evaluation_writer import EvaluationWriter, row_key
+from .guard import RunWatch, check_fits, planned_arch
 
 CORPUS = Path(__file__).resolve().parents[2] / "assets" / "corpus"
 DEFAULT_PREFILL_CHUNK = 2048  # mlx-lm generate_step's prefill_step_size
@@ -252,9 +253,13 @@ def evaluate(
 ) -> Evaluation:
     """Evaluate ``strategies`` on ``model`` at ``context`` tokens (one int, or several: one
     evaluation each, in one result). The first strategy is the full-cache reference (``standard``
-    is put in front when the first is not lossless). With ``out`` the result is written there as
-    CSV, atomically; a run that does not finish writes ``NAME.incomplete.csv`` instead and never
-    touches ``out``. Bad input raises ValueError, checked before the model loads where possible.
+    is put in front when the first is not lossless). With ``out`` the path is checked before the
+    model loads, every measurement is on disk as soon as it is taken, and the result goes to
+    ``out`` in one step; a run that does not finish writes ``NAME.incomplete.csv`` instead and
+    never touches ``out``, and the same call later resumes it, measuring only what it lacks
+    (:mod:`cachelib.profile.evaluation_writer`). Bad input raises ValueError, checked before the
+    model loads where possible; the memory guard (:class:`~cachelib.profile.guard.RunWatch`)
+    stops the run cleanly between windows.
 
     By default the strategies of a window are the rows of one strategy batch (one forward per
     prefill chunk or scored token for all; their caches are alive together, and each row's
@@ -275,9 +280,6 @@ def evaluate(
                 f"strategy {spec} holds at most {bound} tokens; context + score_tokens - 1 = {need} needs more"
             )
     sources = resolve_texts(texts)
-    out_path = Path(out) if out is not None else None
-    if out_path is not None and out_path.suffix.lower() != ".csv":
-        raise ValueError(f"evaluations are written as CSV; got {str(out_path)!r} (use a .csv name)")
 
     arch, where, dtype = planned_arch(model, backend, device)
     if arch is not None:  # refused before the model loads: positions past its limit, caches that cannot fit
@@ -295,38 +297,76 @@ def evaluate(
             what="evaluation",
             hint="",
         )
-    loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
-    check_limit(loaded.info, contexts, score_tokens)
-    tokenized = [(name, [int(i) for i in loaded.tokenizer.encode(text)]) for name, text in sources]
-    plan = []  # (context, text name, ids, start)
-    for c in contexts:
-        for name, ids in tokenized:
-            plan += [(c, name, ids, s) for s in window_starts(len(ids), c + score_tokens, windows, name)]
+    # The output is checked and claimed (a partial file of this run's own) before the model loads.
+    writer = EvaluationWriter(out, "sample", SAMPLE_COLUMNS) if out is not None else None
+    try:
+        loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
+        check_limit(loaded.info, contexts, score_tokens)
+        tokenized = [(name, [int(i) for i in loaded.tokenizer.encode(text)]) for name, text in sources]
+        plan = []  # (context, text name, ids, start)
+        for c in contexts:
+            for name, ids in tokenized:
+                plan += [(c, name, ids, s) for s in window_starts(len(ids), c + score_tokens, windows, name)]
+        run = _Run(loaded, specs, score_tokens, prefill_chunk, len(plan) * len(specs), on_progress, one_by_one)
+        run.writer = writer
+        guard = RunWatch(
+            loaded,
+            specs,
+            prompt_tokens=max(contexts),
+            steps=score_tokens,
+            prefill_chunk=prefill_chunk,
+            rows=1 if one_by_one else len(specs),
+            what="evaluation",
+        )
+        if writer is not None:  # an unfinished run of this same command is resumed: its rows are not measured again
+            run.measured = writer.resume(
+                {run.key(spec, c, name, start) for c, name, _, start in plan for spec in specs}
+            )
+            run.done = len(run.measured)
+    except BaseException:
+        if writer is not None:
+            writer.fail()  # rows resumed already are kept (NAME.incomplete.csv); else no file
+        raise
 
-    run = _Run(loaded, specs, score_tokens, prefill_chunk, len(plan) * len(specs), on_progress, one_by_one)
     status, reason = "complete", ""
     try:
         for c, name, ids, start in plan:
             if should_stop is not None and should_stop():
                 status, reason = "incomplete", f"stopped by request {run.progress()}"
                 break
+            verdict = guard.check()
+            if verdict:
+                status, reason = "incomplete", f"{verdict} {run.progress()}"
+                break
             run.window(c, name, ids[start : start + c + score_tokens], start, should_stop)
             if run.stopped:
                 status, reason = "incomplete", f"stopped by request {run.progress()}"
                 break
-    except KeyboardInterrupt:
-        evaluation = _finish(run, "incomplete", f"interrupted (Ctrl-C) {run.progress()}", out_path)
+    except KeyboardInterrupt as e:
+        how = str(e) or "Ctrl-C"  # the CLI raises KeyboardInterrupt("SIGTERM") on a SIGTERM
+        evaluation = _finish(run, "incomplete", f"interrupted ({how}) {run.progress()}", writer)
         raise EvaluationInterrupted(evaluation) from None
-    except BaseException as e:
-        _finish(run, "incomplete", f"error {run.progress()}: {type(e).__name__}: {e}", out_path)
+    except OSError as e:
+        if writer is not None and e.filename == str(writer.path):  # the disk refused a row: keep what is flushed
+            kept = writer.fail()
+            if kept is not None:
+                e.strerror = f"{e.strerror}; the {writer.rows} row(s) measured so far are in {kept}"
+            raise
+        _finish(run, "incomplete", f"error {run.progress()}: {type(e).__name__}: {e}", writer)
         raise
-    return _finish(run, status, reason, out_path)
+    except BaseException as e:
+        _finish(run, "incomplete", f"error {run.progress()}: {type(e).__name__}: {e}", writer)
+        raise
+    return _finish(run, status, reason, writer)
 
 
-def _finish(run: _Run, status: str, reason: str, out: Path | None) -> Evaluation:
+def _finish(run: _Run, status: str, reason: str, writer: EvaluationWriter | None) -> Evaluation:
     evaluation = Evaluation(typed_frame(run.rows, "sample"), status=status, reason=reason, notes=dict(run.notes))
-    if out is not None and (status == "complete" or run.rows):
-        save_evaluation(evaluation, out if status == "complete" else incomplete_path(out))
+    if writer is not None:
+        written = writer.close(status == "complete")
+        if written is not None:  # what the file holds: the resumed rows and this run's
+            written.status, written.reason, written.notes = status, reason, dict(run.notes)
+            return written
     return evaluation
 
 
@@ -355,15 +395,42 @@ class _Run:
         self.rows: list[dict] = []
         self.done = 0
         self.stopped = False
+        self.writer: EvaluationWriter | None = None
+        self.measured: set[tuple] = set()  # keys of measurements an earlier run of this command took
+
+    def key(self, spec: Spec, context: int, text: str, start: int) -> tuple:
+        """The measurement key (:func:`~cachelib.profile.evaluation_writer.row_key`) of one strategy x window."""
+        info = self.loaded.info
+        return row_key(
+            {
+                "model": info.name,
+                "backend": info.backend,
+                "device": info.device,
+                "dtype": info.dtype,
+                "strategy": str(spec),
+                "reference": str(self.specs[0]),
+                "context": context,
+                "score_tokens": self.score_tokens,
+                "prefill_chunk": self.prefill_chunk,
+                "text": text,
+                "window_start": start,
+            },
+            "sample",
+        )
 
     def progress(self) -> str:
         return f"after {self.done} of {self.total} measurements"
 
     def window(self, context: int, text: str, window: list[int], start: int, should_stop) -> None:
         prefix, targets = window[:context], window[context:]
+        todo = [spec for spec in self.specs if self.key(spec, context, text, start) not in self.measured]
+        if not todo:
+            return  # measured by an earlier run of this command
+        # the reference's logits are what the others are compared with: computed again when it was measured
+        needed = [self.specs[0]] + [spec for spec in todo if spec is not self.specs[0]]
         reference = None  # (float32 logits (score_tokens, vocab), per-step log-prob of the true token)
-        batched = self._batch(prefix, targets)  # str(spec) -> (logits, views, seconds)
-        for spec in self.specs:
+        batched = self._batch(prefix, targets, needed)  # str(spec) -> (logits, views, seconds)
+        for spec in needed:
             if reference is not None and should_stop is not None and should_stop():
                 self.stopped = True
                 return
@@ -384,15 +451,16 @@ class _Run:
                 steps = [compare(ref, row, t) for ref, row, t in zip(reference[0], logits, targets)]
                 kl, agree, logprob = (np.array(x, dtype=np.float64) for x in zip(*steps))
             del logits
-            self._add(spec, context, text, start, kl, agree, logprob, reference[1], views, seconds)
+            if spec in todo:
+                self._add(spec, context, text, start, kl, agree, logprob, reference[1], views, seconds)
 
-    def _batch(self, prefix: list[int], targets: list[int]) -> dict[str, tuple]:
+    def _batch(self, prefix: list[int], targets: list[int], specs: list[Spec]) -> dict[str, tuple]:
         """The window's strategies that share one strategy batch, measured together."""
         if self.one_by_one:
             return {}
         runner = Runner(self.loaded)
         caches, joined = [], []
-        for spec in self.specs:
+        for spec in specs:
             cache = self.probe.make_cache(spec)
             problem = runner.batch_problem(cache)
             if problem:
@@ -435,6 +503,8 @@ class _Run:
             "bytes_allocated": sum(v.bytes_allocated for v in views),
             "seconds": seconds,
         }
+        if self.writer is not None:
+            self.writer.add(row)  # on disk before the next measurement starts
         self.rows.append(row)
         self.done += 1
         if self.on_progress is not None:

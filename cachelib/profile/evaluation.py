@@ -239,16 +239,13 @@ def save_evaluation(evaluation: Evaluation, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".csv":
         raise ValueError(f"evaluations are written as CSV; got {str(path)!r} (use a .csv name)")
+    from .outputs import write_whole
+
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = evaluation.rows()
-    tmp = path.with_name(f".{path.name}.partial")
     # repr of a float reads back as the same float: the round trip is exact
     text = rows.astype(object).where(rows.notna(), None).map(_cell).to_csv(index=False, lineterminator="\n")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_whole(path, text, "evaluation")  # errors name the path; no hidden file outlives one
     evaluation.path = path
     return path
 

@@ -257,3 +257,65 @@ def planned_arch(model, backend: str, device: str | None):
         raise
     except (ValueError, OSError):
         return None, where, "float32"
+
+
+class RunWatch:
+    """The memory guard of a run measured in pieces (``evaluate``'s windows, ``retrieval``'s
+    trials). Made once the model is loaded, it checks the run again with the loaded model's exact
+    dtype and device (:func:`check_fits`: a ``ValueError`` when it cannot fit); then, before each
+    piece, :meth:`check` gives a reason to stop when this process has grown past the default limit
+    since the start (:data:`DEFAULT_SHARE` of what was available), or when the memory available
+    now, with what the process holds, no longer covers the next piece's predicted need."""
+
+    def __init__(self, loaded, specs: Sequence[Spec], *, prompt_tokens, steps, prefill_chunk, rows, what: str):
+        from ..plan import arch_from_model_info
+
+        info = loaded.info
+        self.device = info.device
+        self.need: RunNeed | None = None
+        try:
+            arch = arch_from_model_info(info)
+        except ValueError:  # an architecture the planner cannot account: nothing to watch
+            return
+        self.need = check_fits(
+            arch,
+            specs,
+            backend=info.backend,
+            dtype=info.dtype,
+            device=info.device,
+            prompt_tokens=prompt_tokens,
+            steps=steps,
+            prefill_chunk=prefill_chunk,
+            rows=rows,
+            what=what,
+            hint="",
+        )
+        self.start = _resident()
+
+    def check(self) -> str:
+        """'' to go on, or why the run stops before its next piece."""
+        if self.need is None:
+            return ""
+        need = sum(self.need.peaks) + self.need.activations
+        grown = max(0, _resident() - self.start) if not str(self.device).startswith("cuda") else 0
+        if grown > self.need.default_limit:
+            return (
+                f"memory guard: the process has grown by {human_bytes(grown)} since the start, past its limit of "
+                f"{human_bytes(self.need.default_limit)} ({DEFAULT_SHARE:.0%} of the memory available at the start)"
+            )
+        available = available_memory(self.device)
+        if available + grown < need:
+            return (
+                f"memory guard: {human_bytes(available)} is available on {self.device} now, less than the "
+                f"{human_bytes(need)} the next piece is predicted to need"
+            )
+        return ""
+
+
+def _resident() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # psutil missing or the platform refuses: no growth is seen
+        return 0

@@ -49,13 +49,15 @@ from ..spec import Spec, parse_spec
 from .backends import probe_for
 from .evaluate import (
     DEFAULT_PREFILL_CHUNK,
+    EvaluationInterrupted,
     check_limit,
     resolve_texts,
     teacher_forced_logits,
     teacher_forced_logits_rows,
 )
-from .evaluation import Evaluation, typed_frame
-from .guard import check_fits, planned_arch
+from .evaluation import COLUMNS, Evaluation, typed_frame
+from .evaluation_writer import EvaluationWriter, row_key
+from .guard import RunWatch, check_fits, planned_arch
 from .run import check_distinct, strategy_labels
 
 KIND = "retrieval"
@@ -225,6 +227,7 @@ def retrieval(
     on_sample: Callable[[dict], None] | None = None,
     question: str = "prompt",
     one_by_one: bool = False,
+    out=None,
 ) -> Evaluation:
     """Retrieval accuracy of ``strategies`` over the grid ``contexts`` x ``depths``, ``trials``
     trials per cell (a new key and filler window each; the same prompts for every strategy).
@@ -237,7 +240,11 @@ def retrieval(
     row per strategy x context x depth x trial. ``on_sample(row)`` is called after every row.
     ``question``: ``prompt`` (prefilled with the prompt) or ``decode`` (teacher-forced after the
     prefill); see the module docstring. ``one_by_one=True`` runs one strategy's cache at a time.
-    Bad input raises ValueError before the model runs.
+    Bad input raises ValueError before the model runs. With ``out`` (a ``.csv`` path, checked
+    before the model loads) every row is on disk as soon as it is measured, a finished run goes
+    to ``out`` in one step and an unfinished one to ``NAME.incomplete.csv``, which the same call
+    resumes (:mod:`cachelib.profile.evaluation_writer`); Ctrl-C raises
+    :class:`~cachelib.profile.evaluate.EvaluationInterrupted` carrying what was measured.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}")
@@ -278,53 +285,125 @@ def retrieval(
             what="retrieval",
             hint="",
         )
-    loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
-    info = loaded.info
-    check_limit(info, contexts, 1)
-    prompt = TaskPrompt(loaded.tokenizer, task)
-    shortest = prompt.fixed_length(random.Random(0)) + 1
-    for c in contexts:
-        if c < shortest:
-            raise ValueError(
-                f"context {c} is too short for the {task} task: it needs at least "
-                f"{shortest} tokens to hold the needle and the question"
-            )
-    fillers: dict[int, list[int]] = {}  # tokenized on first use: a short run reads one text
+    # The output is checked and claimed (a partial file of this run's own) before the model loads.
+    writer = EvaluationWriter(out, KIND, (*COLUMNS, *EXTRA_COLUMNS)) if out is not None else None
+    try:
+        loaded = model if isinstance(model, LoadedModel) else load(model, backend, device)
+        info = loaded.info
+        check_limit(info, contexts, 1)
+        prompt = TaskPrompt(loaded.tokenizer, task)
+        shortest = prompt.fixed_length(random.Random(0)) + 1
+        for c in contexts:
+            if c < shortest:
+                raise ValueError(
+                    f"context {c} is too short for the {task} task: it needs at least "
+                    f"{shortest} tokens to hold the needle and the question"
+                )
+        fillers: dict[int, list[int]] = {}  # tokenized on first use: a short run reads one text
+        plan = []  # (context, depth, trial number, trial): every prompt is drawn before any is measured
+        for context in contexts:
+            for depth in depths:
+                for t in range(trials):
+                    i = t % len(sources)
+                    if i not in fillers:
+                        fillers[i] = prompt.encode(sources[i][1])
+                    rng = random.Random(f"{seed}:{task}:{context}:{depth!r}:{t}")
+                    plan.append((context, depth, t, make_trial(prompt, fillers[i], context, depth, rng, sources[i][0])))
+        labels = strategy_labels(specs)
+
+        def head(label: str, context: int, depth: float, t: int, trial: Trial) -> dict:
+            return {
+                "model": info.name,
+                "backend": info.backend,
+                "device": info.device,
+                "dtype": info.dtype,
+                "strategy": label,
+                "context": context,
+                "prefill_chunk": prefill_chunk,
+                "task": task,
+                "depth": depth,
+                "trial": t,
+                "question": question,
+                "text": trial.text,
+                "needle_position": trial.needle_start,
+                "answer": trial.answer,
+            }
+
+        guard = RunWatch(
+            loaded,
+            specs,
+            prompt_tokens=max(contexts),
+            steps=1,
+            prefill_chunk=prefill_chunk,
+            rows=1 if one_by_one else len(specs),
+            what="retrieval",
+        )
+        measured: set[tuple] = set()
+        if writer is not None:  # an unfinished run of this same command is resumed: its trials are not run again
+            measured = writer.resume({row_key(head(lb, *item), KIND) for item in plan for lb in labels})
+    except BaseException:
+        if writer is not None:
+            writer.fail()  # rows resumed already are kept (NAME.incomplete.csv); else no file
+        raise
 
     probe = probe_for(loaded)
-    labels = strategy_labels(specs)
     rows, notes = [], {}
-    for context in contexts:
-        for depth in depths:
-            for t in range(trials):
-                i = t % len(sources)
-                if i not in fillers:
-                    fillers[i] = prompt.encode(sources[i][1])
-                rng = random.Random(f"{seed}:{task}:{context}:{depth!r}:{t}")
-                trial = make_trial(prompt, fillers[i], context, depth, rng, sources[i][0])
-                batched = {} if one_by_one else _run_batch(loaded, probe, specs, trial, prefill_chunk, question, notes)
-                for label, spec in zip(labels, specs):
-                    measured = batched.pop(label, None) or _run_trial(
-                        loaded, probe, spec, trial, prefill_chunk, question
-                    )
-                    row = {
-                        "model": info.name,
-                        "backend": info.backend,
-                        "device": info.device,
-                        "dtype": info.dtype,
-                        "strategy": label,
-                        "context": context,
-                        "prefill_chunk": prefill_chunk,
-                        "task": task,
-                        "depth": depth,
-                        "trial": t,
-                        "question": question,
-                        **measured,
-                    }
-                    rows.append(row)
-                    if on_sample is not None:
-                        on_sample(row)
-    return Evaluation(typed_frame([], "sample"), typed_frame(rows, KIND), notes=notes)
+    done, total = len(measured), len(plan) * len(specs)
+    status, reason = "complete", ""
+    try:
+        for context, depth, t, trial in plan:
+            todo = [
+                (lb, s)
+                for lb, s in zip(labels, specs)
+                if row_key(head(lb, context, depth, t, trial), KIND) not in measured
+            ]
+            if not todo:
+                continue
+            verdict = guard.check()
+            if verdict:
+                status, reason = "incomplete", f"{verdict} after {done} of {total} trial rows"
+                break
+            batch = [s for _, s in todo]
+            batched = {} if one_by_one else _run_batch(loaded, probe, batch, trial, prefill_chunk, question, notes)
+            for label, spec in todo:
+                measured_row = batched.pop(label, None) or _run_trial(
+                    loaded, probe, spec, trial, prefill_chunk, question
+                )
+                keys = head(label, context, depth, t, trial)  # in the file's order: the measured columns last
+                row = {**{k: v for k, v in keys.items() if k not in measured_row}, **measured_row}
+                if writer is not None:
+                    writer.add(row)  # on disk before the next trial starts
+                rows.append(row)
+                done += 1
+                if on_sample is not None:
+                    on_sample(row)
+    except KeyboardInterrupt as e:
+        how = str(e) or "Ctrl-C"  # the CLI raises KeyboardInterrupt("SIGTERM") on a SIGTERM
+        found = _closed(writer, rows, notes, "incomplete", f"interrupted ({how}) after {done} of {total} trial rows")
+        raise EvaluationInterrupted(found) from None
+    except OSError as e:
+        if writer is not None and e.filename == str(writer.path):  # the disk refused a row: keep what is flushed
+            kept = writer.fail()
+            if kept is not None:
+                e.strerror = f"{e.strerror}; the {writer.rows} row(s) measured so far are in {kept}"
+            raise
+        _closed(writer, rows, notes, "incomplete", f"error after {done} of {total} trial rows: {type(e).__name__}: {e}")
+        raise
+    except BaseException as e:
+        _closed(writer, rows, notes, "incomplete", f"error after {done} of {total} trial rows: {type(e).__name__}: {e}")
+        raise
+    return _closed(writer, rows, notes, status, reason)
+
+
+def _closed(writer: EvaluationWriter | None, rows: list[dict], notes: dict, status: str, reason: str) -> Evaluation:
+    """The run's result; with an output, its file closed and read back (resumed rows included)."""
+    found = Evaluation(typed_frame([], "sample"), typed_frame(rows, KIND), status=status, reason=reason, notes=notes)
+    if writer is not None:
+        written = writer.close(status == "complete")
+        if written is not None:
+            written.status, written.reason, written.notes = status, reason, dict(notes)
+            return written
+    return found
 
 
 def _split(trial: Trial, question: str) -> tuple[list[int], list[int], int]:

@@ -23,7 +23,6 @@ and every value round-trips exactly. Parquet files keep text as is.
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import json
 import math
@@ -40,6 +39,7 @@ import pandas as pd
 
 from ..core.cells import escape_cell
 from ..core.reader import check_regular
+from .outputs import a_or_an, check_out_path, name_max, os_error_at
 from .schema import (
     ADDED_IN_V1,
     COLUMNS,
@@ -151,9 +151,14 @@ def _meta_text(value: Any) -> str:
 _FLAGS = {"0": False, "1": True, "False": False, "True": True}  # how a file writes a flag (CSV, Parquet)
 
 
-def _typed(df: pd.DataFrame, table: str) -> pd.DataFrame:
+def _typed(df: pd.DataFrame, table: str, parsed: dict | None = None, index=None) -> pd.DataFrame:
+    """``df``'s cells as the table's typed columns; ``parsed``: number columns parsed already (by
+    the rows of ``index``, the rows of ``df`` in the file)."""
     out = {}
     for col, kind in TABLES[table].items():
+        if parsed is not None and col in parsed:
+            out[col] = parsed[col].astype("Int64" if kind == "int" else "float64").reindex(index).reset_index(drop=True)
+            continue
         s = df[col] if col in df else pd.Series([None] * len(df), dtype=object)
         if kind == "int":
             s = pd.to_numeric(s, errors="raise").astype("Int64")
@@ -191,15 +196,7 @@ def _cell(value: Any) -> Any:
 
 PARTIAL_SUFFIX = ".partial"
 _PARTIAL = re.compile(r"^\.(?P<target>.+)\.(?P<run_id>[0-9a-f]{12})\.partial$")  # .NAME.csv.RUNID.partial
-
-
-def _name_max(folder: Path) -> int:
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):
-        return 255
+_name_max = name_max
 
 
 def _fitted(folder: Path, stem: str, suffix: str) -> str:
@@ -212,22 +209,10 @@ def _fitted(folder: Path, stem: str, suffix: str) -> str:
 
 def check_profile_path(path: str | os.PathLike) -> Path:
     """``path`` as a place a profile can be written: a ``.csv`` name that is not a folder, fits
-    the file system's name limit, in a folder that exists or can be made. Raises ValueError
+    the file system's name limit, in a folder that exists or can be made, where no file of
+    another kind stands (:func:`~cachelib.profile.outputs.check_out_path`). Raises ValueError
     (the name) or OSError (the file system says no), both naming the path, before any work."""
-    path = Path(path)
-    if path.suffix.lower() != ".csv":
-        raise ValueError(f"profiles stream as CSV; got {str(path)!r} (use a .csv name)")
-    if len(os.fsencode(path.name)) > _name_max(path.parent):
-        raise OSError(errno.ENAMETOOLONG, f"file name too long (at most {_name_max(path.parent)} bytes)", str(path))
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not a profile file", str(path))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # a file stands where the folder would go
-        raise NotADirectoryError(errno.ENOTDIR, "a file stands where its folder would go", str(path)) from None
-    except OSError as e:
-        raise type(e)(e.errno, f"cannot make its folder ({e.strerror})", str(path)) from None
-    return path
+    return check_out_path(path, what="profile", suffixes=(".csv",), replaces=("profile",))
 
 
 def partial_running(path: str | os.PathLike) -> bool | None:
@@ -275,10 +260,26 @@ def _identity(path: Path) -> tuple | None:
 class ProfileWriter:
     """Streams a profile's rows as CSV into a partial file of this run's own; :meth:`close` moves
     it into place in one step. Opening checks the path (:func:`check_profile_path`) and creates
-    the partial file, so a path that cannot be written fails here, before any work."""
+    the partial file, so a path that cannot be written fails here, before any work.
 
-    def __init__(self, path: str | os.PathLike, run_id: str | None = None):
-        self.path = check_profile_path(path)
+    The same machinery streams any CSV of rows (``columns``, ``what``, ``check``: an evaluation
+    file, :mod:`cachelib.profile.evaluate`): :meth:`write_row`, then :meth:`finish`. A write the
+    file system refuses (disk full) is an ``OSError`` naming the user's path; :meth:`salvage`
+    then keeps the rows flushed so far, in the file an incomplete run closes into."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        run_id: str | None = None,
+        *,
+        columns: Sequence[str] = COLUMNS,
+        what: str = "profile",
+        check=check_profile_path,
+        incomplete_aside: bool = False,
+    ):
+        self.path = check(path)
+        self.what = what
+        self.incomplete_aside = incomplete_aside  # an incomplete run never closes into NAME.csv, even a new one
         self.run_id = run_id if run_id and re.fullmatch(r"[0-9a-f]{12}", run_id) else uuid.uuid4().hex[:12]
         self._before = _identity(self.path)  # the file a complete run may replace: the one there now
         stem = f".{self.path.name}"
@@ -286,48 +287,99 @@ class ProfileWriter:
         try:
             self._file = open(self.partial, "x", newline="", encoding="utf-8")
         except OSError as e:
-            raise type(e)(e.errno, f"cannot write a profile here ({e.strerror})", str(self.path)) from None
+            raise type(e)(e.errno, f"cannot write {a_or_an(what)} here ({e.strerror})", str(self.path)) from None
         if fcntl is not None:
             try:
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # a file system without locks: listings cannot tell running from ended
                 pass
-        self._csv = csv.writer(self._file)
-        self._csv.writerow(COLUMNS)
-        self._file.flush()
+        self._eol = "\n" if what != "profile" else "\r\n"
+        self._csv = csv.writer(self._file, lineterminator=self._eol)
+        self._good = 0  # bytes on disk up to the last whole row flushed: what survives a full disk
+        self.write_row(list(columns))
+        self.flush()
+
+    def _io(self, op, *args):
+        try:
+            return op(*args)
+        except OSError as e:  # disk full, a quota, a file size limit: the user's path, not the hidden file
+            raise os_error_at(e, self.path, f"cannot write the {self.what}") from None
+
+    def write_row(self, cells: Sequence[Any]) -> None:
+        self._io(self._csv.writerow, cells)
 
     def write(self, table: str, rows: Iterable[dict]) -> None:
         cols = COLUMNS
         for row in rows:
-            self._csv.writerow([table if c == "table" else _cell(row.get(c)) for c in cols])
+            self.write_row([table if c == "table" else _cell(row.get(c)) for c in cols])
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         self.write("meta", ({"key": k, "value": _meta_text(v)} for k, v in meta.items()))
 
     def flush(self) -> None:
-        self._file.flush()
+        self._io(self._file.flush)
+        self._good = self._file.tell()
 
     def close(self, meta: dict[str, Any]) -> Path:
         """Append the final metadata and move the file into place; returns where it went: the
         target, or next to it when this run must not replace what is there (see the module)."""
-        self.write_meta(meta)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        complete = str(meta.get("status", "")) == "complete"
+        try:
+            self.write_meta(meta)
+            return self.finish(complete)
+        except OSError:
+            self.salvage(lambda: self.write_meta(meta | {"status": "incomplete", "reason": _DISK_REASON}))
+            raise
+
+    def finish(self, complete: bool) -> Path:
+        """Move the file into place (after flushing it to disk); returns where it went."""
+        self.flush()
+        self._io(os.fsync, self._file.fileno())
         self._file.close()
         with _folder_lock(self.path.parent):
-            dest = self._destination(str(meta.get("status", "")) == "complete")
-            os.replace(self.partial, dest)
+            dest = self._destination(complete)
+            self._io(os.replace, self.partial, dest)
+        self.kept = dest
         return dest
+
+    def salvage(self, closing=None) -> Path | None:
+        """After a write failed: cut the file back to its last whole row, append ``closing``'s rows
+        if they fit, and close it where an incomplete run goes; None (and no file left) when even
+        that fails. ``kept`` says where the rows went."""
+        self.kept = None
+        try:
+            _close_quietly(self._file)  # what its buffer still held may land in part: cut below
+            _cut(self.partial, self._good)
+            if closing is not None:
+                self._file = open(self.partial, "a", newline="", encoding="utf-8")
+                self._csv = csv.writer(self._file, lineterminator=self._eol)
+                try:
+                    closing()
+                    self.flush()
+                except OSError:
+                    pass
+                _close_quietly(self._file)
+                _cut(self.partial, self._good)
+            with _folder_lock(self.path.parent):
+                dest = self._destination(False)
+                os.replace(self.partial, dest)
+            self.kept = dest
+        except OSError:
+            self.discard()
+        return self.kept
 
     def discard(self) -> None:
         """Remove the partial file: the run ended before it recorded anything worth keeping."""
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the buffer could not be written out (disk full): the file goes anyway
+                pass
         self.partial.unlink(missing_ok=True)
 
     def _destination(self, complete: bool) -> Path:
         now = _identity(self.path)
-        if now is None or (complete and now == self._before):
+        if (now is None and (complete or not self.incomplete_aside)) or (complete and now == self._before):
             return self.path
         # An incomplete run never replaces a profile; a complete one does not replace a profile
         # another run wrote while it went. Either closes next to the target, under its own name.
@@ -338,6 +390,25 @@ class ProfileWriter:
             if not (folder / name).exists():
                 return folder / name
         return folder / names[-1]
+
+
+_DISK_REASON = "the file system refused a write (disk full?)"
+
+
+def _close_quietly(file) -> None:
+    try:
+        file.close()
+    except OSError:  # its buffer could not be written out: the file is closed anyway
+        pass
+
+
+def _cut(path: Path, size: int) -> None:
+    """Truncate ``path`` to ``size`` bytes (a row cut off by a failed write goes)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
 
 
 def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
@@ -367,6 +438,8 @@ def load_profile(source: str | os.PathLike | bytes | io.IOBase, name: str | None
     """Read a profile written by cachelib (CSV or Parquet; a path, bytes or a file object).
     Anything malformed is one ``ValueError`` naming the file, the line and the column."""
     label = _label(source, name)
+    if _large_csv(source):
+        return _load_large(source, label)
     long = _read_long(source, label)
     meta = _checked_meta(long, label, source)
     if "schema_version" not in meta:  # a partial file whose run recorded nothing yet
@@ -374,17 +447,87 @@ def load_profile(source: str | os.PathLike | bytes | io.IOBase, name: str | None
     unknown = set(long["table"].dropna()) - set(TABLES)
     if unknown:
         raise ValueError(f"{label}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(TABLES)}")
-    _check_tables(long, label, source)
+    parsed: dict[str, pd.Series] = {}
+    _check_tables(long, label, source, parsed)
     profile = Profile(meta)
     if isinstance(source, (str, os.PathLike)):
         profile.path = Path(source)
+    for table, frame in _tables_of(long, parsed, label).items():
+        profile._frames[table] = frame
+        profile._rows[table] = []
+    return profile
+
+
+def _tables_of(long: pd.DataFrame, parsed: dict, label: str) -> dict[str, pd.DataFrame]:
+    """Each table's typed frame: its own rows and columns only, its numbers from the check's parse."""
+    out = {}
+    tables = long["table"]
     for table in TABLE_NAMES:
-        part = long[long["table"] == table]
+        rows = (tables == table).to_numpy()
+        text_cols = [c for c in TABLES[table] if c in long.columns and c not in parsed]
+        part = long.loc[rows, text_cols]
         try:
-            frame = _typed(part.reset_index(drop=True), table)
+            out[table] = _typed(part.reset_index(drop=True), table, parsed, part.index)
         except (ValueError, TypeError, OverflowError) as e:  # _check_tables let nothing through: a bug
             raise ValueError(f"{label}: table {table!r} has a value of the wrong type ({e})") from None
-        profile._frames[table] = frame
+    return out
+
+
+LARGE_BYTES = 16_000_000  # a CSV profile this large is read in chunks of CHUNK_ROWS rows
+CHUNK_ROWS = 100_000
+
+
+def _large_csv(source) -> bool:
+    if not isinstance(source, (str, os.PathLike)) or is_partial(source) or str(source).lower().endswith(".parquet"):
+        return False
+    try:
+        return os.path.getsize(source) >= LARGE_BYTES
+    except OSError:
+        return False
+
+
+def _load_large(source, label: str) -> Profile:
+    """:func:`load_profile` of a large CSV file in bounded memory: read in chunks, each checked
+    and split into its tables' typed rows at once (a chunk's text never outlives it). The same
+    checks in the same order (metadata, unknown tables, then the tables' cells)."""
+    check_regular(source, "profile")
+    metas, parts, seen, error = [], {t: [] for t in TABLE_NAMES}, set(), None
+    try:
+        chunks = pd.read_csv(source, dtype=str, keep_default_na=False, na_values=[""], chunksize=CHUNK_ROWS)
+        for chunk in chunks:
+            chunk = _cleaned(chunk, label, source, COLUMNS, False)
+            metas.append(chunk.loc[(chunk["table"] == "meta").to_numpy(), list(META_COLUMNS)])
+            seen |= set(chunk["table"].dropna())
+            if error is None:
+                try:
+                    parsed: dict[str, pd.Series] = {}
+                    _check_tables(chunk, label, source, parsed)
+                    for table, frame in _tables_of(chunk, parsed, label).items():
+                        parts[table].append(frame)
+                except ValueError as e:  # raised once the metadata (read to the end) is checked
+                    error, parts = e, {}
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{label}: not a cachelib profile (the file is empty)") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at offset {e.start})"
+        ) from None
+    except (pd.errors.ParserError, OSError) as e:
+        raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
+    meta = _checked_meta(pd.concat(metas), label, source)
+    if "schema_version" not in meta:
+        raise ValueError(f"{label}: {meta['status']}: {meta['reason']}; nothing to load")
+    unknown = seen - set(TABLES)
+    if unknown:
+        raise ValueError(f"{label}: unknown table(s) {', '.join(sorted(unknown))}; known: {', '.join(TABLES)}")
+    if error is not None:
+        raise error
+    profile = Profile(meta)
+    profile.path = Path(source)
+    for table in TABLE_NAMES:
+        frames = parts[table]
+        profile._frames[table] = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        parts[table] = None  # each table's chunks go as soon as they are joined
         profile._rows[table] = []
     return profile
 
@@ -436,6 +579,12 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
         ) from None
     except (pd.errors.ParserError, ValueError, OSError) as e:
         raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
+    return _cleaned(long, label, source, columns, parquet)
+
+
+def _cleaned(long: pd.DataFrame, label: str, source, columns: Sequence[str], parquet: bool) -> pd.DataFrame:
+    """``long`` (text as read) with the columns of the schema checked, no NUL byte, and the
+    writer's spreadsheet escaping undone."""
     for col in ADDED_IN_V1:
         if col in columns and col not in long.columns:
             long[col] = pd.NA
@@ -512,9 +661,10 @@ def _ints(s: pd.Series, label: str, source, col: str) -> pd.Series:
     return pd.to_numeric(vals).astype("int64")
 
 
-def _check_tables(long: pd.DataFrame, label: str, source) -> None:
+def _check_tables(long: pd.DataFrame, label: str, source, parsed: dict | None = None) -> None:
     """Every cell of the tables has its column's type and lies in its range (:data:`.schema.LIMITS`),
-    and every row has its table's required cells (:data:`.schema.REQUIRED`)."""
+    and every row has its table's required cells (:data:`.schema.REQUIRED`). ``parsed`` gets each
+    number column's values (the non-empty cells, by row), so the tables are not parsed twice."""
     for col in COLUMNS:  # the meta rows leave these columns empty: checking every row is checking the tables
         kind = DTYPES.get(col, "str")
         if col in META_COLUMNS:
@@ -552,6 +702,8 @@ def _check_tables(long: pd.DataFrame, label: str, source) -> None:
                     i = bad.idxmax()
                     raise _bad(label, source, i, col, f"{_short(vals[i])} is not {pattern[1]}")
             continue
+        if parsed is not None:
+            parsed[col] = nums
         lo, hi = LIMITS.get(col, (None, None))
         for out, allowed in (
             (None if lo is None else nums < lo, f">= {lo}"),
@@ -691,6 +843,16 @@ def meta_list(text: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
+def _sweep_index(path: Path) -> bool:
+    """Whether ``path`` is a sweep's ``index.csv`` (by its header), which no listing calls a profile."""
+    from .outputs import existing_kind
+
+    try:
+        return existing_kind(path) == "sweep index"
+    except OSError:
+        return False
+
+
 def list_profiles(folder: str | os.PathLike) -> list[ProfileFile]:
     """``FOLDER/*.csv`` and the runs of sweep folders ``FOLDER/*/*.csv`` (not their index), by
     name, each folder's partial files (``.NAME.csv.RUNID.partial``: a run still going, or one
@@ -707,7 +869,7 @@ def list_profiles(folder: str | os.PathLike) -> list[ProfileFile]:
         out = [
             ProfileFile(prefix + n, where / n, prefix.rstrip("/"))
             for n in names
-            if n.endswith(".csv") and not n.startswith(".") and not (prefix and n == "index.csv")
+            if n.endswith(".csv") and not n.startswith(".") and not (n == "index.csv" and _sweep_index(where / n))
         ]
         out += [
             ProfileFile(prefix + n, where / n, prefix.rstrip("/"), partial=True) for n in names if _PARTIAL.match(n)

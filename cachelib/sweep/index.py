@@ -1,5 +1,8 @@
 """A sweep folder's ``index.csv``: one row per grid point, what became of it and where its profile is.
 
+Text cells a spreadsheet would run as a formula (a prompt ``=cmd|' /C calc'!A0``) are written
+with a leading apostrophe and read back without it (:mod:`cachelib.core.cells`), as in profiles.
+
 The sweep rewrites the index atomically (temporary file, fsync, rename) at the start and after
 every point that ends, so a reader (the app's Profiles page, a re-run) always sees a whole file
 and nothing finished is lost. This module knows the columns and the file; it does not run anything.
@@ -8,6 +11,7 @@ and nothing finished is lost. This module knows the columns and the file; it doe
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 from pathlib import Path
@@ -15,6 +19,8 @@ from typing import Iterable
 
 import pandas as pd
 
+from ..core.cells import escape_cell, unescape_cell
+from ..profile.outputs import AtomicFile, os_error_at, write_whole
 from .grid import Point
 
 INDEX_FILE = "index.csv"
@@ -72,7 +78,7 @@ def read_index(folder: str | os.PathLike) -> dict[str, dict[str, str]]:
                 raise ValueError(f"{path}: not a sweep index (no column {', '.join(missing)})")
             rows = {}
             for raw in reader:
-                row = {c: (raw.get(c) or "") for c in INDEX_COLUMNS}
+                row = {c: unescape_cell(raw.get(c) or "") for c in INDEX_COLUMNS}
                 if row["status"] not in STATUSES:
                     raise ValueError(
                         f"{path}: point {row['point']!r} has status {row['status']!r}; statuses: {', '.join(STATUSES)}"
@@ -115,19 +121,40 @@ def _csv_text(rows: Iterable[dict[str, str]]) -> bytes:
     writer = csv.DictWriter(buf, fieldnames=INDEX_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({c: row.get(c, "") for c in INDEX_COLUMNS})
+        writer.writerow({c: escape_cell(row.get(c, "")) for c in INDEX_COLUMNS})  # no cell runs as a formula
     return buf.getvalue().encode("utf-8")
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    """``data`` into ``path`` in one step; an error names ``path`` and leaves no hidden file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise os_error_at(e, path, "cannot make its folder") from None
+    return write_whole(path, data, "sweep file")
+
+
+def check_sweep_folder(folder: Path) -> Path:
+    """``folder`` as a place a sweep can write, checked before any point runs: an ``OSError``
+    naming it otherwise (a file in the way, ``/proc``, a read-only place). The folders it makes
+    to find out are removed again: the sweep makes them once it has a cluster to run on."""
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is a file; give a folder for the sweep", str(folder))
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        AtomicFile(folder / INDEX_FILE, "sweep index").open().discard()
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(errno.ENOTDIR, "a file stands where the sweep folder would go", str(folder)) from None
+    except OSError as e:
+        raise os_error_at(e, folder, "cannot write the sweep folder") from None
+    finally:
+        for p in made:  # deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+    return folder
 
 
 def load_index(folder: str | os.PathLike) -> pd.DataFrame:

@@ -29,7 +29,16 @@ from typing import Any, Callable
 
 from .cluster import check_local_devices, has_dashboard, remote_notes, start_local_cluster
 from .grid import EvaluationPoint, Grid, Point, load_grid
-from .index import FINISHED, GRID_FILE, pending_row, profile_problem, read_index, write_atomic, write_index
+from .index import (
+    FINISHED,
+    GRID_FILE,
+    check_sweep_folder,
+    pending_row,
+    profile_problem,
+    read_index,
+    write_atomic,
+    write_index,
+)
 
 TOPIC = "cachelib-sweep"
 SCHEDULER_TIMEOUT_S = 20
@@ -194,6 +203,7 @@ def run_sweep(
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     plan = plan_sweep(grid, out, local=scheduler is None)
+    check_sweep_folder(plan.folder)  # a folder that cannot take the index fails before any cluster starts
     return _Sweep(plan, on_event, one_by_one).run(scheduler, workers)
 
 
@@ -460,6 +470,7 @@ def run_point(point: Point | EvaluationPoint, token: str = "", one_by_one: bool 
             if isinstance(point, EvaluationPoint):
                 result = evaluate(**kwargs, out=path)
                 status, reason = result.status, result.reason
+                path = Path(result.path) if result.path is not None else path  # an unfinished one: NAME.incomplete.csv
             else:
                 profile = run_profile(**kwargs, out=path)
                 status, reason = profile.status, str(profile.meta.get("reason", ""))

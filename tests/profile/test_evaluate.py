@@ -232,7 +232,7 @@ def test_a_file_of_another_schema_is_refused_naming_it(tmp_path, four):
 
 def test_out_is_written_atomically_and_an_interrupted_run_never_replaces_it(tiny, tmp_path):
     out = tmp_path / "ev.csv"
-    out.write_text("an earlier, complete result\n")
+    out.write_text("schema,kind\ncachelib-evaluation/1,sample\n")  # an earlier result (an evaluation file)
     seen = []
 
     def ctrl_c(step):
@@ -242,7 +242,7 @@ def test_out_is_written_atomically_and_an_interrupted_run_never_replaces_it(tiny
 
     with pytest.raises(EvaluationInterrupted) as info:
         _evaluate(tiny, out=out, on_progress=ctrl_c)
-    assert out.read_text() == "an earlier, complete result\n"
+    assert out.read_text() == "schema,kind\ncachelib-evaluation/1,sample\n"
     partial = info.value.evaluation
     assert partial.status == "incomplete" and "interrupted (Ctrl-C) after 3 of 8" in partial.reason
     assert partial.path == tmp_path / "ev.incomplete.csv"
@@ -250,8 +250,11 @@ def test_out_is_written_atomically_and_an_interrupted_run_never_replaces_it(tiny
     assert [s.done for s in seen] == [1, 2, 3] and all(s.total == 8 for s in seen)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
 
+    # the same call resumes: the 3 rows are not measured again, 2 more are, and it stops
     stopped = _evaluate(tiny, out=out, should_stop=lambda: len(seen) >= 5, on_progress=seen.append)
-    assert not stopped.complete and "stopped by request" in stopped.reason and out.read_text().startswith("an earlier")
+    assert not stopped.complete and "stopped by request" in stopped.reason and out.read_text().startswith("schema")
+    assert len(stopped.samples) == 5 and [s.done for s in seen[3:]] == [4, 5]
+    assert not stopped.samples.duplicated(["strategy", "text", "window_start"]).any()
     done = _evaluate(tiny, ["standard"], out=out, windows=1)
     assert done.path == out and len(load_evaluation(out).samples) == 1
 
