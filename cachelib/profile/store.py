@@ -510,7 +510,8 @@ def _load_large(source, label: str) -> Profile:
         raise ValueError(f"{label}: not a cachelib profile (the file is empty)") from None
     except UnicodeDecodeError as e:
         raise ValueError(
-            f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at offset {e.start})"
+            f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at "
+            f"offset {e.start})"
         ) from None
     except (pd.errors.ParserError, OSError) as e:
         raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
@@ -575,7 +576,8 @@ def _read_long(source, label: str, only: Sequence[str] | None = None) -> pd.Data
         raise ValueError(f"{label}: not a cachelib profile (the file is empty)") from None
     except UnicodeDecodeError as e:
         raise ValueError(
-            f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at offset {e.start})"
+            f"{label}: not a cachelib profile (not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at "
+            f"offset {e.start})"
         ) from None
     except (pd.errors.ParserError, ValueError, OSError) as e:
         raise ValueError(f"{label}: not a cachelib profile (cannot read it as a table: {e})") from None
