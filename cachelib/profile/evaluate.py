@@ -33,7 +33,7 @@ from ..models import LoadedModel, load
 from ..spec import Spec, parse_spec
 from .backends import probe_for
 from .divergence import compare
-from .evaluation import SAMPLE_COLUMNS, Evaluation, typed_frame
+from .evaluation_file import SAMPLE_COLUMNS, Evaluation, typed_frame
 from .evaluation_writer import EvaluationWriter, row_key
 from .guard import RunWatch, check_fits, planned_arch
 

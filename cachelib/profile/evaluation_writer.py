@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from .evaluation import SCHEMA, Evaluation, _cell, load_evaluation
+from .evaluation_file import SCHEMA, Evaluation, _cell, load_evaluation
 from .outputs import check_out_path
 from .store import ProfileWriter, _folder_lock, partial_running
 

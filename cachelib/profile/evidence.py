@@ -142,8 +142,8 @@ def load_evidence(sources: Iterable[str | os.PathLike] | None = None, *, cache: 
 def _load_evidence(sources: list) -> EvidenceSet:
     import pandas as pd
 
-    from .evaluation import SCHEMA as EVALUATION_SCHEMA
-    from .evaluation import load_evaluation
+    from .evaluation_file import SCHEMA as EVALUATION_SCHEMA
+    from .evaluation_file import load_evaluation
     from .store import load_profile
 
     seen_hashes: set[str] = set()
@@ -256,7 +256,7 @@ def _evaluation_points(samples: list[pd.DataFrame], retrieval: list[pd.DataFrame
     import numpy as np
     import pandas as pd
 
-    from .evaluation import ci95
+    from .evaluation_file import ci95
 
     def half_width(values) -> float | None:  # Evidence says "one sample" with None, the table with NaN
         half = ci95(values)

@@ -26,7 +26,7 @@ chunk or forced token for all, :func:`~cachelib.profile.evaluate.teacher_forced_
 the others, and every strategy with ``one_by_one=True``, run on their own. Each row's
 ``seconds`` is then the batch's time.
 
-``retrieval(...)`` returns an :class:`~cachelib.profile.evaluation.Evaluation` whose
+``retrieval(...)`` returns an :class:`~cachelib.profile.evaluation_file.Evaluation` whose
 ``retrieval`` table has one row per strategy x context x depth x trial (``kind`` =
 ``retrieval`` in the evaluation file). This module knows the task and its scoring; caches come
 from the backend probe, the chunked prefill and the forced steps from
@@ -55,7 +55,7 @@ from .evaluate import (
     teacher_forced_logits,
     teacher_forced_logits_rows,
 )
-from .evaluation import COLUMNS, Evaluation, typed_frame
+from .evaluation_file import COLUMNS, Evaluation, typed_frame
 from .evaluation_writer import EvaluationWriter, row_key
 from .guard import RunWatch, check_fits, planned_arch
 from .run import check_distinct, strategy_labels
@@ -63,7 +63,7 @@ from .run import check_distinct, strategy_labels
 KIND = "retrieval"
 TASKS = ("passkey", "copy")
 QUESTION_MODES = ("prompt", "decode")  # the question prefilled with the prompt, or teacher-forced
-# Beyond the evaluation file's columns (cachelib.profile.evaluation.COLUMNS), a retrieval row has:
+# Beyond the evaluation file's columns (cachelib.profile.evaluation_file.COLUMNS), a retrieval row has:
 EXTRA_COLUMNS = (
     "trial",  # 0..trials-1: a new key and filler window each
     "question",  # prompt: prefilled with the prompt; decode: teacher-forced after the prefill
@@ -236,7 +236,7 @@ def retrieval(
     limited to 8,192 positions takes contexts up to 8,192. ``texts``: the filler, as for
     :func:`~cachelib.profile.evaluate.evaluate` (files or ``(name, text)`` pairs; default: the
     corpus in ``assets/corpus/``); trial ``t`` draws its window from text ``t mod len(texts)``.
-    Returns an :class:`~cachelib.profile.evaluation.Evaluation` whose ``retrieval`` table has one
+    Returns an :class:`~cachelib.profile.evaluation_file.Evaluation` whose ``retrieval`` table has one
     row per strategy x context x depth x trial. ``on_sample(row)`` is called after every row.
     ``question``: ``prompt`` (prefilled with the prompt) or ``decode`` (teacher-forced after the
     prefill); see the module docstring. ``one_by_one=True`` runs one strategy's cache at a time.

@@ -23,7 +23,7 @@ from cachelib.profile import (
     teacher_forced_logits,
 )
 from cachelib.profile.evaluate import CORPUS, window_starts
-from cachelib.profile.evaluation import SAMPLE_COLUMNS, SCHEMA, SUMMARY_COLUMNS, ci95, t_quantile_975, typed_frame
+from cachelib.profile.evaluation_file import SAMPLE_COLUMNS, SCHEMA, SUMMARY_COLUMNS, ci95, t_quantile_975, typed_frame
 
 BACKENDS = ["mlx", "torch"]
 TEXT = " ".join(f"The cache holds the keys and values of token number {i}, and the ring evicts." for i in range(300))

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from cachelib.profile import Evaluation, load_evaluation, retrieval, save_evaluation
-from cachelib.profile.evaluation import COLUMNS
+from cachelib.profile.evaluation_file import COLUMNS
 from cachelib.profile.retrieval import EXTRA_COLUMNS, TaskPrompt, make_trial, score_key
 
 FILLER = list(range(45000, 49000))  # distinct token ids: every filler token's origin is readable
@@ -115,7 +115,10 @@ def test_a_trials_strategies_share_one_batch_and_measure_what_they_measure_one_b
     strategies = ["standard", "rotating:max_size=64,keep=4", "static:max_len=256", "knorm:budget=64"]
     kw = dict(contexts=[160], depths=[0.3], trials=2, texts=[TEXT])
     batched, alone = retrieval(model, strategies, **kw), retrieval(model, strategies, one_by_one=True, **kw)
-    assert set(batched.notes) == {"knorm:budget=64"} and alone.notes == {}  # importance caches run on their own
+    # MLX's strategy batch leaves importance caches out; torch's takes knorm, which needs no queries
+    # (an eviction rewrites its row of the batch), and measures the same as when it runs alone
+    alone_in_batch = {"knorm:budget=64"} if backend == "mlx" else set()
+    assert set(batched.notes) == alone_in_batch and alone.notes == {}
     same = [
         "strategy",
         "trial",
