@@ -398,25 +398,26 @@ class _Run:
         self.writer: EvaluationWriter | None = None
         self.measured: set[tuple] = set()  # keys of measurements an earlier run of this command took
 
+    def identity(self, spec: Spec, context: int, text: str, start: int) -> dict:
+        """What makes one strategy x window one measurement: the columns a sample row starts with."""
+        info = self.loaded.info
+        return {
+            "model": info.name,
+            "backend": info.backend,
+            "device": info.device,
+            "dtype": info.dtype,
+            "strategy": str(spec),
+            "reference": str(self.specs[0]),
+            "context": context,
+            "score_tokens": self.score_tokens,
+            "prefill_chunk": self.prefill_chunk,
+            "text": text,
+            "window_start": start,
+        }
+
     def key(self, spec: Spec, context: int, text: str, start: int) -> tuple:
         """The measurement key (:func:`~cachelib.profile.evaluation_writer.row_key`) of one strategy x window."""
-        info = self.loaded.info
-        return row_key(
-            {
-                "model": info.name,
-                "backend": info.backend,
-                "device": info.device,
-                "dtype": info.dtype,
-                "strategy": str(spec),
-                "reference": str(self.specs[0]),
-                "context": context,
-                "score_tokens": self.score_tokens,
-                "prefill_chunk": self.prefill_chunk,
-                "text": text,
-                "window_start": start,
-            },
-            "sample",
-        )
+        return row_key(self.identity(spec, context, text, start), "sample")
 
     def progress(self) -> str:
         return f"after {self.done} of {self.total} measurements"
@@ -476,21 +477,10 @@ class _Run:
         return {str(spec): (logits[i], self.probe.views(c), seconds) for i, (spec, c) in enumerate(zip(joined, caches))}
 
     def _add(self, spec, context, text, start, kl, agree, logprob, logprob_ref, views, seconds) -> None:
-        info = self.loaded.info
         nll, nll_ref = float(-np.mean(logprob)), float(-np.mean(logprob_ref))
         window = spec.window
         row = {
-            "model": info.name,
-            "backend": info.backend,
-            "device": info.device,
-            "dtype": info.dtype,
-            "strategy": str(spec),
-            "reference": str(self.specs[0]),
-            "context": context,
-            "score_tokens": self.score_tokens,
-            "prefill_chunk": self.prefill_chunk,
-            "text": text,
-            "window_start": start,
+            **self.identity(spec, context, text, start),
             "mean_kl": float(np.mean(kl)),
             "top1_agreement": float(np.mean(agree)),
             "nll": nll,
