@@ -192,7 +192,7 @@ def test_report_command_writes_the_page_and_refuses_bad_input_with_one_line(tmp_
     (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
     for args, message in [
         ([str(tmp_path / "notes.csv"), "--out", str(out)], "not a cachelib profile"),
-        ([str(EXAMPLE), "--out", str(tmp_path / "r.txt")], "use a .html name"),
+        ([str(EXAMPLE), "--out", str(tmp_path / "r.txt")], "use a .html or .htm name"),
         ([str(tmp_path / "missing.csv"), "--out", str(out)], "missing.csv"),
     ]:
         done = subprocess.run(
