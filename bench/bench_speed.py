@@ -135,9 +135,16 @@ def run_group(
                 forward(ids[:, a : min(a + chunk, c)])
             prefill = time.perf_counter() - start
         runs[c] = (cache, forward, prefill, probe, [])
+    # The probe between rounds leaves the next forward slower (measured: whichever context came
+    # first after it, 128 or 1,024 tokens, took 1.3-1.9x its neighbours), so one untimed forward of
+    # a small cache of its own follows each probe.
+    settle = make_cache(loaded.model, parse_spec("standard"))
+    settle_forward = _forward(loaded, backend, settle)
+    settle_forward(ids[:, :8])
     probes = []
     for i in range(steps):
         probes.append(measure_cpu(0.2))
+        settle_forward(ids[:, 8 + i : 9 + i])
         for c in contexts if i % 2 == 0 else contexts[::-1]:
             forward, times = runs[c][1], runs[c][4]
             t = time.perf_counter()
@@ -224,7 +231,7 @@ def main() -> None:
                 if c not in calib:
                     continue
                 cost = model_for(b, c, p_dec, one).decode(spec, b)[1]
-                dec.append((cost.bytes / p_dec[0], cost.pairs, s))
+                dec.append((cost.bytes / p_dec[0], cost.pairs, cost.rows, s))
             eff = fit_pairs(dec, f"{backend} {spec} on this CPU, contexts {sorted(calib)}")
             # f_c: the fraction of the probe's matmul rate at which the predicted calibration prefills
             # take as long as measured, the decode fit's attention and overhead terms kept (a bisection:
@@ -241,7 +248,8 @@ def main() -> None:
                 saved[runtime_key(None, backend)] = eff.__dict__
             print(
                 f"{backend} {spec}: fitted f_bw {eff.bandwidth_fraction:.2f}, f_c {eff.compute_fraction:.2f}, "
-                f"overhead {eff.overhead_s * 1e3:.2f} ms, {eff.pair_s * 1e9:.2f} ns per attention pair"
+                f"overhead {eff.overhead_s * 1e3:.2f} ms, {eff.pair_s * 1e9:.2f} ns per attention pair, "
+                f"{eff.row_s * 1e3:.2f} ms per session row"
             )
             print(
                 f"  {'batch':>5} {'context':>7} {'set':>5} {'GB/s':>5} {'GF/s':>5} {'step ms pred':>12} {'meas':>8} "

@@ -66,6 +66,10 @@ class Efficiency:
     # Seconds per (head x visible key) of a decode step's attention computed as matvec + softmax
     # (the CPU backends): not a fused kernel streaming K/V at the bandwidth. 0 where it is fused.
     pair_s: float = 0.0
+    # Seconds per session row of a decode step beyond its bytes: on the CPU backends each row's
+    # token costs the work of its own vector through every layer (measured: a batch of 4 is not
+    # 4 rows for the price of the weights' bytes). 0 where not fitted.
+    row_s: float = 0.0
 
 
 class StepCost(NamedTuple):
@@ -78,6 +82,7 @@ class StepCost(NamedTuple):
     comm_bytes: int  # tensor-parallel all-reduce payload per device
     decoded_bytes: int = 0  # K/V decoded to the dtype for attention: written and read back
     pairs: float = 0.0  # heads x queries x visible keys, summed over layers and rows
+    rows: float = 0.0  # sessions decoding one token each (a decode step); 0 for a prefill chunk
 
     @property
     def bytes(self) -> int:
@@ -177,7 +182,14 @@ def step_cost(
     # The per-pair cost is single-query attention's (a decode step); a chunk's is matmul FLOPs.
     pairs = heads * visible * rows if tokens == 1 else 0.0
     return StepCost(
-        int(read_weights), kv_per_row * rows, score_bytes, params_flops + attn_flops + deq_flops, comm, decoded, pairs
+        int(read_weights),
+        kv_per_row * rows,
+        score_bytes,
+        params_flops + attn_flops + deq_flops,
+        comm,
+        decoded,
+        pairs,
+        float(rows) if tokens == 1 else 0.0,
     )
 
 
@@ -192,7 +204,7 @@ def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str,
         if hw.link_bandwidth is None:
             raise ValueError(f"{hw.name} has no published link bandwidth for tensor parallelism")
         t += 2 * (tp - 1) / tp * cost.comm_bytes / hw.link_bandwidth  # ring all-reduce
-    return t + cost.pairs * eff.pair_s + eff.overhead_s
+    return t + cost.pairs * eff.pair_s + cost.rows * eff.row_s + eff.overhead_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,22 +260,32 @@ def _deployment(runtime: str | None, kv_format: str | None = None, backend: str 
     return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format)
 
 
-def fit_pairs(decode: list[tuple[float, float, float]], source: str) -> Efficiency:
-    """Bandwidth fraction, seconds per attention pair and per-step overhead from measured decode
-    steps given as (bytes / peak bandwidth, attention pairs, measured seconds): least squares on
-    ``seconds = x / f_bw + pairs x pair_s + overhead``, terms that fit below 0 dropped (a plain
-    :func:`fit` then). Needs steps at contexts far enough apart to tell bytes from pairs."""
+def fit_pairs(decode: list[tuple[float, float, float, float]], source: str) -> Efficiency:
+    """Bandwidth fraction, seconds per attention pair, per session row and per step from measured
+    decode steps given as (bytes / peak bandwidth, attention pairs, rows, measured seconds): least
+    squares on ``seconds = x / f_bw + pairs x pair_s + rows x row_s + overhead``, terms that fit
+    below 0 dropped. Needs steps at two contexts and two batch sizes (a row's cost from the step's).
+    On one strategy a K/V byte goes with an attention pair, so the split between ``f_bw``, pairs and
+    the overhead is not unique; the steps it predicts are."""
     import numpy as np
 
-    x = np.array([[d[0], d[1], 1.0] for d in decode])
-    y = np.array([d[2] for d in decode])
-    for cols in ([0, 1, 2], [0, 1], [0, 2], [0]):
+    x = np.array([[d[0], d[1], 1.0, d[2]] for d in decode])
+    y = np.array([d[3] for d in decode])
+    varied = len({d[2] for d in decode}) > 1  # one batch size cannot tell a row's cost from the step's
+    for cols in ([0, 1, 2, 3], [0, 1, 3], [0, 1, 2], [0, 1], [0, 2], [0]):
+        if 3 in cols and not varied:
+            continue
         coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
         if (coef >= 0).all() and coef[0] > 0:
             break
     got = dict(zip(cols, coef))
-    eff = Efficiency(1 / got[0], 1.0, float(got.get(2, 0.0)), MIN_SPREAD, source, float(got.get(1, 0.0)))
-    res = [abs((a / eff.bandwidth_fraction + p * eff.pair_s + eff.overhead_s) / t - 1) for a, p, t in decode]
+    eff = Efficiency(
+        1 / got[0], 1.0, float(got.get(2, 0.0)), MIN_SPREAD, source, float(got.get(1, 0.0)), float(got.get(3, 0.0))
+    )
+    res = [
+        abs((a / eff.bandwidth_fraction + p * eff.pair_s + r * eff.row_s + eff.overhead_s) / t - 1)
+        for a, p, r, t in decode
+    ]
     return replace(eff, spread=max([MIN_SPREAD, *res]))
 
 

@@ -19,6 +19,7 @@ from cachelib.plan.hardware import CALIBRATION, HARDWARE, Measurement, hardware
 from cachelib.plan.speed import (
     SpeedModel,
     efficiency,
+    fit_pairs,
     measurement_cost,
     published_efficiency,
     speed_frontier,
@@ -281,3 +282,23 @@ def test_frontier_figure_draws_each_strategy_dotted_past_memory():
     for f in fits:  # per-session speed falls as sessions grow
         ys = [p.tokens_per_s for p in points if p.strategy == f.spec]
         assert ys == sorted(ys, reverse=True)
+
+
+def test_fit_pairs_tells_a_rows_cost_from_the_steps_and_predicts_steps_it_was_not_fitted_on():
+    # decode steps made from known terms: bytes at 40% of an 18 GB/s peak, 80 ns a pair, 12 ms a
+    # row, 5 ms a step. A K/V byte goes with an attention pair, so bytes, pairs and the step's
+    # constant share one direction: the fit splits them its own way, and predicts the same.
+    def step(rows: int, context: int) -> tuple[float, float, float, float]:
+        x = (0.54e9 + rows * context * 46_080) / 18e9  # seconds at the whole peak: weights + K/V
+        pairs = 30 * 9 * context * rows
+        return x, pairs, rows, x / 0.4 + pairs * 80e-9 + rows * 12e-3 + 5e-3
+
+    calibration = [step(r, c) for r in (1, 4) for c in (256, 2048)]
+    eff = fit_pairs(calibration, "made up")
+    assert eff.row_s == pytest.approx(12e-3, rel=1e-6)
+    for rows, context in ((1, 512), (2, 1024), (4, 8192), (8, 4096)):
+        x, pairs, r, seconds = step(rows, context)
+        predicted = x / eff.bandwidth_fraction + pairs * eff.pair_s + r * eff.row_s + eff.overhead_s
+        assert predicted == pytest.approx(seconds, rel=1e-6), (rows, context)
+    # one batch size cannot tell a row's cost from the step's: no row term
+    assert fit_pairs([s for s in calibration if s[2] == 1], "batch 1 only").row_s == 0.0
