@@ -5,10 +5,12 @@ SmolLM2-135M on both backends (float32 on the CPU, weights dequantized).
 
 For each backend, strategy and batch, a cache is built at every context: up to
 ``--max-prefill`` tokens (batch 1, the ``--prefill-strategies``) the prompt goes through the
-model in ``--chunk``-token chunks (timed: the prefill); longer or other caches are filled
-through their own update with random K/V (a decode step reads and computes the same whatever
-the values). Then ``--steps`` rounds each time one decode step of every context in turn (the
-machine's load hits them alike), with a bandwidth/compute probe per round; medians are quoted.
+model in ``--chunk``-token chunks (timed: the prefill, ``--prefill-repeats`` times, interleaved
+over the contexts); longer or other caches are filled through their own update with random K/V
+(a decode step reads and computes the same whatever the values). Then ``--steps`` rounds each
+time one decode step of every context in turn, right after an untimed step of the same cache (as
+a runtime's loop runs it; the machine's load hits every context alike), with a bandwidth/compute
+probe per round; medians are quoted.
 The runtime's fractions of the probed peaks and its per-step overhead are fitted on the
 calibration contexts only (``--calibrate``), per backend and strategy, and every other context is
 predicted from them: the check. Targets (issue 31): every checked decode step within 15%, the
@@ -109,32 +111,48 @@ def run_group(
     steps: int,
     direct: dict[int, bool],
     seed: int = 0,
+    prefill_repeats: int = 1,
 ):
     """Real runs of one strategy and batch at each context, their decode steps interleaved.
 
-    Each context's cache is prefilled through the model (timed, a probe just before) or filled
-    directly; then ``steps`` rounds each time one decode step of every context in turn, with a
-    probe per round, so the machine's load hits every context alike. Returns, per context,
+    Each context's cache is prefilled through the model (timed, a probe just before; ``prefill_repeats``
+    times, interleaved over the contexts, median) or filled directly; then ``steps`` rounds each time one
+    decode step of every context in turn (after an untimed step of the same cache), with a probe per
+    round, so the machine's load hits every context alike. Returns, per context,
     (prefill seconds or None, its probe, median decode step seconds), and the rounds' median
     probe (bytes/s, FLOP/s)."""
     if backend == "mlx":
         from cachelib.mlx.factory import make_cache
     else:
         from cachelib.torch.factory import make_cache
-    ids = np.random.default_rng(seed).integers(0, loaded.info.vocab_size, size=(batch, max(contexts) + steps))
+    ids = np.random.default_rng(seed).integers(0, loaded.info.vocab_size, size=(batch, max(contexts) + 2 * steps))
+    # Prefills: ``prefill_repeats`` rounds, each prefilling every context's prompt into a fresh cache
+    # (the last round's caches are kept for the decode steps), a probe before each; medians quoted.
+    prefills: dict[int, list[tuple[float, tuple[float, float]]]] = {c: [] for c in contexts if not direct[c]}
+    caches = {}
+    for r in range(max(1, prefill_repeats) if prefills else 1):
+        for c in contexts if r % 2 == 0 else contexts[::-1]:
+            if direct[c] and r > 0:
+                continue
+            cache = make_cache(loaded.model, parse_spec(spec))
+            forward = _forward(loaded, backend, cache)
+            if direct[c]:
+                _fill_direct(backend, cache, arch, batch, c, chunk, seed)
+            else:
+                probe = measure_cpu(0.3)
+                start = time.perf_counter()
+                for a in range(0, c, chunk):
+                    forward(ids[:, a : min(a + chunk, c)])
+                prefills[c].append((time.perf_counter() - start, probe))
+            caches[c] = (cache, forward)
     runs = {}
     for c in contexts:
-        cache = make_cache(loaded.model, parse_spec(spec))
-        forward = _forward(loaded, backend, cache)
-        probe, prefill = measure_cpu(0.3), None
-        if direct[c]:
-            _fill_direct(backend, cache, arch, batch, c, chunk, seed)
-        else:
-            start = time.perf_counter()
-            for a in range(0, c, chunk):
-                forward(ids[:, a : min(a + chunk, c)])
-            prefill = time.perf_counter() - start
-        runs[c] = (cache, forward, prefill, probe, [])
+        prefill, probe = None, measure_cpu(0.3)
+        if prefills.get(c):
+            prefill = statistics.median(t for t, _ in prefills[c])
+            probe = tuple(statistics.median(p[k] for _, p in prefills[c]) for k in (0, 1))
+        runs[c] = (*caches[c], prefill, probe, [])
+    del caches
     # The probe between rounds leaves the next forward slower (measured: whichever context came
     # first after it, 128 or 1,024 tokens, took 1.3-1.9x its neighbours), so one untimed forward of
     # a small cache of its own follows each probe.
@@ -147,8 +165,11 @@ def run_group(
         settle_forward(ids[:, 8 + i : 9 + i])
         for c in contexts if i % 2 == 0 else contexts[::-1]:
             forward, times = runs[c][1], runs[c][4]
+            # A runtime steps the same cache again and again: one untimed step of this cache first, so
+            # the timed one does not start in the state another context's step left the CPU's caches in.
+            forward(ids[:, c + 2 * i : c + 2 * i + 1])
             t = time.perf_counter()
-            forward(ids[:, c + i : c + i + 1])
+            forward(ids[:, c + 2 * i + 1 : c + 2 * i + 2])
             times.append(time.perf_counter() - t)
     probe = tuple(statistics.median(p[k] for p in probes) for k in (0, 1))
     out = {c: (r[2], r[3], statistics.median(r[4])) for c, r in runs.items()}
@@ -180,6 +201,9 @@ def main() -> None:
     )
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument(
+        "--prefill-repeats", type=int, default=3, help="times each prefill is run (fresh caches, interleaved)"
+    )
     ap.add_argument("--save", action="store_true", help=f"keep each backend's standard fit in {PROBE_CACHE}")
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -188,8 +212,8 @@ def main() -> None:
     hw = probe_cpu(refresh=True)
     print(
         f"this CPU: {hw.note}; probed {hw.bandwidth / 1e9:.2f} GB/s copy bandwidth, "
-        f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; a prefill is predicted with a probe "
-        "taken just before it, decode steps with the median of one probe per round"
+        f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; a prefill is predicted with the median of "
+        "the probes taken just before each of its repeats, decode steps with the median of one probe per round"
     )
     print("the machine is shared with other jobs: timings are noisy\n")
     saved: dict[str, dict] = {}
@@ -207,7 +231,18 @@ def main() -> None:
                     c: c > args.max_prefill or b > 1 and not args.prefill_batches or spec not in args.prefill_strategies
                     for c in cs
                 }
-                got, probe = run_group(loaded, backend, arch, spec, b, cs, args.chunk, args.steps, direct)
+                got, probe = run_group(
+                    loaded,
+                    backend,
+                    arch,
+                    spec,
+                    b,
+                    cs,
+                    args.chunk,
+                    args.steps,
+                    direct,
+                    prefill_repeats=args.prefill_repeats,
+                )
                 for c, (pre, p_pre, step) in got.items():
                     measured[(b, c)] = (pre, step, p_pre, probe)
 
