@@ -21,8 +21,6 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from cachelib.profile.figure_data import (
-    PROCESS_COLORS,
-    PROCESS_COUNTERS,
     MemoryInfo,
     QualityInfo,
     Series,
@@ -340,7 +338,9 @@ def quality_figure(
 
 
 def _speed_plot(info: SpeedInfo) -> go.Figure:
-    fig = _two_rows("decode speed per strategy, tokens/s", "process memory (all strategies together), MiB")
+    fig = _two_rows(
+        "decode speed per strategy, tokens/s", "process memory (each run's process: all its strategies together), MiB"
+    )
     for s in info.series:
         fig.add_trace(
             go.Scatter(
@@ -355,16 +355,16 @@ def _speed_plot(info: SpeedInfo) -> go.Figure:
                 yaxis="y",
             )
         )
-    for col, (x, y) in info.process.items():
+    for line in info.process:
         fig.add_trace(
             go.Scatter(
-                x=x,
-                y=y / MIB,
-                name=PROCESS_COUNTERS[col],
+                x=line.step,
+                y=line.bytes / MIB,
+                name=line.name,
                 mode="lines",
-                line={"color": PROCESS_COLORS[col], "dash": "dot"},
-                customdata=y,
-                hovertemplate=f"step %{{x}}<br>{PROCESS_COUNTERS[col]} %{{customdata:,.0f}} B<extra></extra>",
+                line={"color": line.color, "dash": line.dash},
+                customdata=line.bytes,
+                hovertemplate=f"step %{{x}}<br>{line.name} %{{customdata:,.0f}} B<extra></extra>",
                 xaxis="x2",
                 yaxis="y2",
             )
@@ -380,7 +380,7 @@ def _speed_plot(info: SpeedInfo) -> go.Figure:
 def speed_figure(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str, str] | None = None) -> go.Figure:
     """Decode tokens/s per strategy vs step, and the process's device/RSS memory vs step (the
     process counters are the process's, whichever strategies are shown)."""
-    info = speed_info(steps, strategies, colors) if len(steps) else SpeedInfo([], {})
+    info = speed_info(steps, strategies, colors) if len(steps) else SpeedInfo([], [])
     if not info.series and not info.process:
         return empty_figure("Speed and memory of the process", "no timings recorded (the system probe was off)")
     return _speed_plot(info)

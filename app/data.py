@@ -204,10 +204,10 @@ def combine(views: Sequence[RunView]) -> RunView:
     def relabelled(table: str) -> pd.DataFrame:
         """``table`` of every run, read when a figure asks for it (as each run's own)."""
         parts = []
-        for rename, v in zip(renames, views):
+        for name, rename, v in zip(names, renames, views):
             frame = v.tables[table]
             if len(frame):
-                parts.append(relabel(frame, rename))
+                parts.append(relabel(frame, rename, name))
         return _concat(parts, views[0].tables[table])
 
     for name, v, rename in zip(names, views, renames):

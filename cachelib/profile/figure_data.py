@@ -182,14 +182,29 @@ def quality_info(
 # --- speed ---------------------------------------------------------------------------------------
 
 
+class ProcessLine(NamedTuple):
+    """One process counter of one profile's run, per step."""
+
+    name: str  # "process RSS", or "PROFILE: process RSS" when several profiles are drawn
+    counter: str  # a key of PROCESS_COUNTERS
+    color: str
+    dash: str
+    step: np.ndarray
+    bytes: np.ndarray
+
+
+PROCESS_DASHES = ("dot", "dash", "dashdot", "longdash", "longdashdot", "solid")
+
+
 class SpeedInfo(NamedTuple):
     series: list[Series]  # values: "tokens_per_second" (decode steps only)
-    process: dict[str, tuple[np.ndarray, np.ndarray]]  # counter -> (step, bytes), process-wide counters
+    process: list[ProcessLine]  # each run's own process counters: runs' processes are never mixed
 
 
 def speed_info(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str, str] | None = None) -> SpeedInfo:
     """Decode tokens/s per strategy at the steps the system probe timed, and the process's
-    device-active and RSS bytes per step (one process holds every strategy's caches)."""
+    device-active and RSS bytes per step (one process holds every strategy's caches of a run): one
+    line per counter and profile when ``steps`` holds several (a :data:`PROFILE_COLUMN`)."""
     colors = colors or strategy_colors(strategies)
     rate = "tokens_per_second"
     decode = steps[(steps["phase"] == "decode") & steps[rate].notna()]
@@ -197,13 +212,21 @@ def speed_info(steps: pd.DataFrame, strategies: Sequence[str], colors: dict[str,
         Series(s, colors.get(s, PALETTE[0]), floats(part["step"]), {rate: floats(part[rate])})
         for s, part in _ordered(decode, strategies)
     ]
-    process = {}
-    for col in PROCESS_COUNTERS:
-        if col not in steps:
-            continue
-        per_step = steps.groupby("step")[col].max().dropna()
-        if len(per_step):
-            process[col] = (per_step.index.to_numpy(dtype="float64"), floats(per_step))
+    if PROFILE_COLUMN in steps:
+        runs = list(steps.groupby(PROFILE_COLUMN, sort=False))
+    else:
+        runs = [(None, steps)]
+    process = []
+    for i, (profile, part) in enumerate(runs):
+        for col, label in PROCESS_COUNTERS.items():
+            if col not in part:
+                continue
+            per_step = part.groupby("step")[col].max().dropna()
+            if len(per_step):
+                name = label if profile is None else f"{profile}: {label}"
+                dash = PROCESS_DASHES[i % len(PROCESS_DASHES)]
+                x = per_step.index.to_numpy(dtype="float64")
+                process.append(ProcessLine(name, col, PROCESS_COLORS[col], dash, x, floats(per_step)))
     return SpeedInfo(_batch_lines(series), process)
 
 
@@ -245,11 +268,16 @@ def strategy_labels(names: Sequence[str], strategies: Sequence[Sequence[str]]) -
     return [{s: f"{name} / {s}" for s in ss} for name, ss in zip(names, strategies)]
 
 
-def relabel(frame: pd.DataFrame, rename: dict[str, str]) -> pd.DataFrame:
-    """``frame`` with its ``strategy`` column renamed by ``rename`` (other values kept)."""
+PROFILE_COLUMN = "profile"  # added to a combined view's tables: which profile a row came from
+
+
+def relabel(frame: pd.DataFrame, rename: dict[str, str], profile: str | None = None) -> pd.DataFrame:
+    """``frame`` with its ``strategy`` column renamed by ``rename`` (other values kept), and, given
+    ``profile``, a :data:`PROFILE_COLUMN` naming the profile its rows came from."""
     if not len(frame):
         return frame
-    return frame.assign(strategy=frame["strategy"].astype("string").map(lambda s: rename.get(s, s)))
+    out = frame.assign(strategy=frame["strategy"].astype("string").map(lambda s: rename.get(s, s)))
+    return out if profile is None else out.assign(**{PROFILE_COLUMN: profile})
 
 
 class FigureTables(NamedTuple):
@@ -277,7 +305,12 @@ def figure_tables(runs: Sequence[tuple[str, dict, pd.DataFrame]]) -> FigureTable
         reference = next(iter(refs.values()), None)
     else:
         reference = merge_references(refs)
-    frames = [relabel(steps, r) for (_, _, steps), r in zip(runs, renames) if len(steps)]
+    several = len(runs) > 1
+    frames = [
+        relabel(steps, r, name if several else None)
+        for name, (_, _, steps), r in zip(names, runs, renames)
+        if len(steps)
+    ]
     steps = pd.concat(frames, ignore_index=True) if frames else runs[0][2].iloc[0:0]
     strategies = [label for r in renames for label in r.values()]
     baselines = [r.get(p.baseline, p.baseline) for r, p in zip(renames, profiles)]

@@ -31,8 +31,6 @@ from plotly.subplots import make_subplots
 
 from .. import __version__
 from .figure_data import (
-    PROCESS_COLORS,
-    PROCESS_COUNTERS,
     FigureTables,
     MemoryInfo,
     QualityInfo,
@@ -138,9 +136,12 @@ def speed_plot(info: SpeedInfo) -> go.Figure:
     for s in info.series:
         rate = s.values["tokens_per_second"]
         fig.add_trace(_scatter(s.step, rate, s.strategy, s.color, meta="tokens_per_second"), row=1, col=1)
-    for col, (x, y) in info.process.items():
-        name = PROCESS_COUNTERS[col]
-        fig.add_trace(_scatter(x, y / MIB, name, PROCESS_COLORS[col], dash="dot", meta=col), row=2, col=1)
+    for line in info.process:
+        fig.add_trace(
+            _scatter(line.step, line.bytes / MIB, line.name, line.color, dash=line.dash, meta=line.counter),
+            row=2,
+            col=1,
+        )
     fig.update_yaxes(title="tokens/s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title=f"process {BYTE_UNIT}", row=2, col=1)
     fig.update_xaxes(title="step", row=2, col=1)

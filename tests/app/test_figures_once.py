@@ -62,6 +62,27 @@ def test_the_app_and_the_report_draw_the_same_series_of_the_same_profiles(tiny_p
     assert any(n.startswith("full cache, float32") for n, *_ in memory)
 
 
+def test_several_profiles_draw_each_runs_own_process_memory_never_a_maximum_over_runs(tiny_profiles):
+    # Two runs, two processes: the RSS panel draws one line per profile, each that run's own readings.
+    names = ["tiny-complete", "tiny-stopped"]
+    profiles = [load_profile(tiny_profiles / f"{n}.csv", name=n) for n in names]
+    # make the two runs' readings differ at every step, so a maximum over runs would show
+    stopped = profiles[1].frame("steps")
+    stopped["rss_bytes"] = stopped["rss_bytes"] * 3
+    figures = [
+        app_figures([run_view(p, n) for p, n in zip(profiles, names)])["speed"],
+        report_figures([ReportRun.of(p, n) for p, n in zip(profiles, names)])["speed"],
+    ]
+    for fig in figures:
+        for n, p in zip(names, profiles):
+            steps = p.frame("steps")
+            own = steps.groupby("step")["rss_bytes"].max().dropna()
+            (line,) = [t for t in fig.data if t.name == f"{n}: process RSS"]
+            assert list(line.x) == [float(s) for s in own.index]
+            assert [round(y * 2**20) for y in line.y] == [int(b) for b in own], n
+        assert not [t for t in fig.data if t.name == "process RSS"]  # no line mixing the two runs
+
+
 def test_the_report_of_the_committed_example_draws_the_apps_lines():
     # 8 strategies: the app draws one panel per strategy; the report one plot; the lines are the same
     path = ROOT / "profiles" / "examples" / "smollm2-mlx-256t.csv"
