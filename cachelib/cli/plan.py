@@ -16,7 +16,6 @@ from pathlib import Path
 
 from ..core.cells import escape_cell
 from ..core.units import DTYPE_BYTES, clip_message, human_gib
-from ..plan.accounting import account
 from ..plan.answer import RUNTIME_SET, build_answer, default_strategies
 from ..plan.device import WEIGHT_FORMATS
 from ..plan.presets import preset_names, resolve_model
@@ -591,17 +590,7 @@ def format_table(fits: list[Fit], budgeted: bool) -> str:
 
 def _layer_table(arch, spec, r: PlanRequest) -> str:
     """Per-layer caches at the end of the run; consecutive identical layers share a row."""
-    acc = account(
-        arch,
-        spec,
-        r.backend,
-        context=r.context,
-        prefill=r.prefill,
-        prefill_chunk=r.prefill_chunk,
-        batch=r.batch,
-        dtype=r.dtype,
-        deployment=r.deployment,
-    )
+    acc = r.account(arch, spec)
     runs: list[list] = []
     for la in acc.layers:
         key = (la.layer_type, la.kind, la.tokens_held, la.capacity, la.bytes_allocated, la.on_device)

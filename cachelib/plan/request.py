@@ -290,6 +290,19 @@ class PlanRequest:
             self.runtime, self.backend, self.budget_bytes, d.gpu_memory_utilization if d else None, non_torch
         )
 
+    def account(self, arch: Arch, spec: Spec, **changes):
+        """The cache accounting of ``spec`` for this request's run (its context, prompt, chunk,
+        batch, dtype and deployment), any of them replaced by ``changes``."""
+        run = dict(
+            context=self.context,
+            prefill=self.prefill,
+            prefill_chunk=self.prefill_chunk,
+            batch=self.batch,
+            dtype=self.dtype,
+            deployment=self.deployment,
+        )
+        return account(arch, spec, self.backend, **{**run, **changes})
+
     def activations(
         self, arch: Arch, spec: Spec, *, context: int | None = None, batch: int | None = None
     ) -> Activations:
@@ -496,17 +509,7 @@ def _max_context(arch: Arch, spec: Spec, available: int, r: PlanRequest, common:
 
     def fits(m: int) -> bool:  # the cache's peak and what the worst forward adds, for a run of m tokens
         p = None if r.prefill is None else min(r.prefill, m)
-        peak = account(
-            arch,
-            spec,
-            r.backend,
-            context=m,
-            prefill=p,
-            prefill_chunk=r.prefill_chunk,
-            batch=r.batch,
-            dtype=r.dtype,
-            deployment=common["deployment"],
-        ).peak_bytes
+        peak = r.account(arch, spec, context=m, prefill=p).peak_bytes
         return peak + r.forward_bytes(arch, spec, context=m, batch=r.batch)[0] <= available
 
     lo, hi = r.context, n  # fits(lo) (the first search says so); the activations may refuse n
@@ -540,17 +543,7 @@ def plan(arch: Arch, request: PlanRequest) -> list[Fit]:
     common = dict(backend=r.backend, dtype=r.dtype, prefill=r.prefill, prefill_chunk=r.prefill_chunk, deployment=d)
     out = []
     for spec in r.strategies:
-        acc = account(
-            arch,
-            spec,
-            r.backend,
-            context=r.context,
-            prefill=r.prefill,
-            prefill_chunk=r.prefill_chunk,
-            batch=r.batch,
-            dtype=r.dtype,
-            deployment=d,
-        )
+        acc = r.account(arch, spec)
         extra, act = r.forward_bytes(arch, spec)
         limit, why, most, sessions = None, "", None, None
         if available is not None:
@@ -614,16 +607,7 @@ def solve_sessions(arch: Arch, request: PlanRequest) -> Solved:
 
     def fits(spec: Spec) -> int:
         p = None if r.prefill is None else min(r.prefill, r.context)
-        acc = account(
-            arch,
-            spec,
-            r.backend,
-            context=r.context,
-            prefill=p,
-            prefill_chunk=r.prefill_chunk,
-            dtype=r.dtype,
-            deployment=r.deployment,
-        )
+        acc = r.account(arch, spec, prefill=p, batch=1)
         return session_count(
             acc.peak_bytes + r.forward_bytes(arch, spec, batch=1)[0], acc.max_resident_bytes, available
         )
