@@ -122,11 +122,9 @@ def _add_profiles_arguments(p: argparse.ArgumentParser) -> None:
 def _add_profile_arguments(p: argparse.ArgumentParser) -> None:
     from ..core.units import INDEX_MAX
     from ..spec import GROUP_SIZES, QUANT_BITS
-    from .args import SIZE_HELP, int_range, positive_int, positive_memory_size
+    from .args import SIZE_HELP, add_model_arguments, int_range, positive_int, positive_memory_size
 
-    p.add_argument("--model", default="smollm2", help="smollm2 (bundled), a preset, or a model folder")
-    p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
-    p.add_argument("--device", default=None, help="cpu, metal/gpu (MLX), cuda[:N] or mps (torch); default: best")
+    add_model_arguments(p)
     p.add_argument(
         "--strategy",
         action="append",

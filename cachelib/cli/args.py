@@ -3,7 +3,8 @@ thing about a bad value: ``nan``, ``inf`` and out-of-range numbers are refused w
 allowed (argparse turns the ``ArgumentTypeError`` into one line and exit code 2).
 
 ``memory_size`` for a memory size (a bare number is GiB, or the unit said: 24GiB, 24GB),
-``finite_float(0, 1)`` for a share, ``int_range(min=1)`` (:data:`positive_int`) for counts.
+``finite_float(0, 1)`` for a share, ``int_range(min=1)`` (:data:`positive_int`) for counts;
+:func:`add_model_arguments` for the model flags every command that runs a model shares.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import math
 from typing import Callable
 
-from ..core.units import parse_memory
+from ..core.units import BACKENDS, parse_memory
 
 
 def _number(v: float) -> str:
@@ -91,3 +92,11 @@ def positive_memory_size(text: str) -> int:
 
 
 positive_memory_size.__name__ = "size"
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--backend`` and ``--device``: which model runs, on which backend and device
+    (``profile``, ``evaluate`` and ``retrieval`` take the same three)."""
+    p.add_argument("--model", default="smollm2", help="smollm2 (bundled), a preset, or a model folder")
+    p.add_argument("--backend", default="mlx", choices=list(BACKENDS))
+    p.add_argument("--device", default=None, help="cpu, metal/gpu (MLX), cuda[:N] or mps (torch); default: best")

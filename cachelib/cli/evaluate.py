@@ -24,13 +24,11 @@ from ..profile.evaluate import (
     EvaluationStep,
     evaluate,
 )
-from .args import positive_int
+from .args import add_model_arguments, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2", help="smollm2 (bundled), a preset, or a model folder")
-    p.add_argument("--backend", default="mlx", choices=["mlx", "torch"])
-    p.add_argument("--device", default=None, help="cpu, metal/gpu (MLX), cuda[:N] or mps (torch); default: best")
+    add_model_arguments(p)
     p.add_argument(
         "--strategy",
         action="append",
