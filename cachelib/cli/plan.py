@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..core.cells import escape_cell
+from ..core.formats import FORMATS
 from ..core.units import DTYPE_BYTES, clip_message, human_gib
 from ..plan.answer import RUNTIME_SET, build_answer, default_strategies
 from ..plan.device import WEIGHT_FORMATS
@@ -121,8 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-format",
-        choices=("fp8", "q8_0", "q4_0"),
-        help="the runtime's KV storage: fp8 (vllm), q8_0 / q4_0 (llama.cpp -ctk/-ctv)",
+        choices=tuple(FORMATS),
+        help="the runtime's KV storage: " + ", ".join(f"{f.name} ({f.runtime} {f.flag})" for f in FORMATS.values()),
     )
     parser.add_argument(
         "--device",

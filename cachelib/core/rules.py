@@ -32,6 +32,7 @@ import copy
 from dataclasses import dataclass
 
 from . import ring
+from .formats import FORMATS
 from .units import STEP
 
 UNBOUNDED = 1 << 62  # "every coming 1-token update is regular"
@@ -673,11 +674,9 @@ class RecurrentState(Rule):
 # ---------------------------------------------------------------------------------------------
 # runtimes' own storage formats and allocators
 
-# KV storage formats by name: (bytes, elements) of one block. fp8 (vLLM ``kv_cache_dtype="fp8"``):
-# one byte per element, per-tensor scales kept outside the cache (``AttentionSpec``). llama.cpp
-# ``-ctk/-ctv`` (ggml-common.h): ``block_q8_0`` = an fp16 scale + 32 int8 = 34 bytes per 32
-# elements; ``block_q4_0`` = an fp16 scale + 16 bytes of 4-bit codes = 18 bytes per 32.
-KV_FORMATS: dict[str, tuple[int, int]] = {"fp8": (1, 1), "q8_0": (34, 32), "q4_0": (18, 32)}
+# KV storage formats by name: (bytes, elements) of one block, from the format table (core/formats.py,
+# where each figure's source is given).
+KV_FORMATS: dict[str, tuple[int, int]] = {f.name: (f.block_bytes, f.block) for f in FORMATS.values()}
 
 
 def format_bytes(elements: int, kv_format: str) -> int:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..core.formats import BLOCK, CODE_BITS, FP8_MAX, check_format, check_format_dim
+from ..core.formats import BLOCK, FORMATS, FP8_MAX, check_format, check_format_dim
 from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
@@ -56,39 +56,59 @@ def _roundf(v: mx.array) -> mx.array:
     return mx.sign(v) * (whole + mx.floor(2 * (a - whole)))
 
 
+def _encode_fp8(x: mx.array) -> list[mx.array]:
+    return [mx.to_fp8(mx.clip(x.astype(mx.float32), -FP8_MAX, FP8_MAX))]  # per-tensor scale 1.0: x / 1.0 is x
+
+
+def _encode_q8_0(x: mx.array) -> list[mx.array]:
+    b = _blocks(x)
+    d = mx.max(mx.abs(b), axis=-1, keepdims=True) / 127
+    inv = mx.where(d == 0, 0, 1 / d)
+    codes = _roundf(b * inv).astype(mx.int8).view(mx.uint8)
+    return [mx.flatten(codes, -2, -1), d[..., 0].astype(mx.float16)]
+
+
+def _encode_q4_0(x: mx.array) -> list[mx.array]:
+    b = _blocks(x)
+    mag = mx.abs(b)  # the scale: the first element of largest magnitude, its sign kept, over -8
+    first = mx.argmin(mx.where(mag == mx.max(mag, axis=-1, keepdims=True), mx.arange(BLOCK), BLOCK), axis=-1)
+    d = mx.take_along_axis(b, first[..., None], axis=-1) / -8
+    inv = mx.where(d == 0, 0, 1 / d)
+    q = mx.minimum(mx.trunc(b * inv + 8.5), 15).astype(mx.uint8)  # (..., 32) in 0..15
+    codes = q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4)
+    return [mx.flatten(codes, -2, -1), d[..., 0].astype(mx.float16)]
+
+
+def _decode_fp8(parts: list[mx.array]) -> mx.array:
+    return mx.from_fp8(parts[0], dtype=mx.float32)
+
+
+def _decode_q8_0(parts: list[mx.array]) -> mx.array:
+    codes, scales = parts
+    q = mx.unflatten(codes.view(mx.int8), -1, (scales.shape[-1], BLOCK)).astype(mx.float32)
+    return mx.flatten(q * scales.astype(mx.float32)[..., None], -2, -1)
+
+
+def _decode_q4_0(parts: list[mx.array]) -> mx.array:
+    codes, scales = parts
+    c = mx.unflatten(codes, -1, (scales.shape[-1], BLOCK // 2))
+    q = mx.concatenate([c & 0x0F, c >> 4], axis=-1).astype(mx.float32) - 8
+    return mx.flatten(q * scales.astype(mx.float32)[..., None], -2, -1)
+
+
+# each format of the table (cachelib.core.formats.FORMATS): (encode, decode to float32)
+CODECS = {"fp8": (_encode_fp8, _decode_fp8), "q8_0": (_encode_q8_0, _decode_q8_0), "q4_0": (_encode_q4_0, _decode_q4_0)}
+
+
 def encode(x: mx.array, kv_format: str) -> list[mx.array]:
     """``x`` (B, H, T, D) in ``kv_format``'s storage: ``[codes]`` for fp8, ``[codes, scales]``
     for the block formats."""
-    if kv_format == "fp8":  # per-tensor scale 1.0: x / 1.0 is x
-        return [mx.to_fp8(mx.clip(x.astype(mx.float32), -FP8_MAX, FP8_MAX))]
-    b = _blocks(x)
-    if kv_format == "q8_0":
-        d = mx.max(mx.abs(b), axis=-1, keepdims=True) / 127
-        inv = mx.where(d == 0, 0, 1 / d)
-        codes = _roundf(b * inv).astype(mx.int8).view(mx.uint8)
-    else:  # q4_0: the first element of largest magnitude, its sign kept
-        mag = mx.abs(b)
-        first = mx.argmin(mx.where(mag == mx.max(mag, axis=-1, keepdims=True), mx.arange(BLOCK), BLOCK), axis=-1)
-        peak = mx.take_along_axis(b, first[..., None], axis=-1)
-        d = peak / -8
-        inv = mx.where(d == 0, 0, 1 / d)
-        q = mx.minimum(mx.trunc(b * inv + 8.5), 15).astype(mx.uint8)  # (..., 32) in 0..15
-        codes = q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4)
-    return [mx.flatten(codes, -2, -1), d[..., 0].astype(mx.float16)]
+    return CODECS[kv_format][0](x)
 
 
 def decode(parts: list[mx.array], kv_format: str, dtype) -> mx.array:
     """The values the runtime reads back from ``parts``, in ``dtype``."""
-    if kv_format == "fp8":
-        return mx.from_fp8(parts[0], dtype=mx.float32).astype(dtype)
-    codes, scales = parts
-    nb = scales.shape[-1]
-    if kv_format == "q8_0":
-        q = mx.unflatten(codes.view(mx.int8), -1, (nb, BLOCK)).astype(mx.float32)
-    else:
-        c = mx.unflatten(codes, -1, (nb, BLOCK // 2))
-        q = mx.concatenate([c & 0x0F, c >> 4], axis=-1).astype(mx.float32) - 8
-    return mx.flatten(q * scales.astype(mx.float32)[..., None], -2, -1).astype(dtype)
+    return CODECS[kv_format][1](parts).astype(dtype)
 
 
 def _error_array(x: mx.array, x_hat: mx.array) -> mx.array:
@@ -115,7 +135,7 @@ class FormatKVCache(QuantizingCache):
 
     @property
     def key_bits(self) -> int:
-        return CODE_BITS[self.kv_format]
+        return FORMATS[self.kv_format].code_bits
 
     @property
     def value_bits(self) -> int:
@@ -123,7 +143,7 @@ class FormatKVCache(QuantizingCache):
 
     @property
     def group_size(self) -> int | None:
-        return None if self.kv_format == "fp8" else BLOCK
+        return FORMATS[self.kv_format].group_size
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         if self.keys is None:
@@ -161,7 +181,7 @@ class FormatKVCache(QuantizingCache):
         where = "FormatKVCache"
         self.kv_format = check_format(kv_format, where)
         self.offset = check_int("offset", offset, 0, where)
-        parts = 1 if kv_format == "fp8" else 2
+        parts = FORMATS[kv_format].parts
         for name, x in (("keys", keys), ("values", values)):
             if x is not None and (not isinstance(x, (list, tuple)) or len(x) != parts):
                 raise ValueError(f"{where} state: {kv_format} {name} must be a list of {parts} array(s)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core import rules as R
+from ..core.formats import FORMATS
 from ..core.layout import LayerLayout, rule_for
 from ..spec import Spec, parse_spec
 from .arch import Arch
@@ -139,8 +140,8 @@ def _llama_cpp_layout(arch: Arch, d: Deployment, batch: int) -> dict[str, LayerL
     without, each moment as the smallest ``-c`` that holds the run so far."""
     slots, unified, swa_full, ubatch = llama_cpp_settings(d, batch)
     window = arch.sliding_window or 0
-    if d.kv_format in ("q8_0", "q4_0") and d.flash_attn != "off":
-        block = R.KV_FORMATS[d.kv_format][1]  # flash attention: each head a whole number of blocks
+    if d.kv_format is not None and FORMATS[d.kv_format].scaled and d.flash_attn != "off":
+        block = FORMATS[d.kv_format].block  # flash attention: each head a whole number of blocks
         if arch.key_dim % block or (not arch.latent and arch.value_dim % block):
             raise ValueError(
                 f"llama.cpp -ctk/-ctv {d.kv_format} with flash attention needs head dims divisible "

@@ -66,6 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from ..core.formats import FORMATS
 from ..core.rules import KV_FORMATS
 from ..core.units import check_backend
 from .arch import Arch, Recurrent
@@ -93,6 +94,11 @@ class Runtime:
     @property
     def backends(self) -> tuple[str, ...]:
         return (self.backend, *self.also_on)
+
+
+def formats_of(runtime: str) -> tuple[str, ...]:
+    """The KV formats of the format table (cachelib.core.formats) that ``runtime`` stores."""
+    return tuple(f.name for f in FORMATS.values() if f.runtime == runtime)
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -123,7 +129,7 @@ RUNTIMES: dict[str, Runtime] = {
             "torch",
             "vLLM: paged KV blocks of 16 tokens, gpu_memory_utilization 0.9",
             prefill_chunk=2048,
-            kv_formats=("fp8",),
+            kv_formats=formats_of("vllm"),
             block_size=16,
             gpu_memory_utilization=0.9,
             tensor_parallel=True,
@@ -137,7 +143,7 @@ RUNTIMES: dict[str, Runtime] = {
             "ggml",
             "llama.cpp: the whole -c context allocated at start, -ctk/-ctv f16/q8_0/q4_0",
             prefill_chunk=2048,
-            kv_formats=("q8_0", "q4_0"),
+            kv_formats=formats_of("llama.cpp"),
             pipeline_parallel=True,
             runtime_cache=True,
             ubatch=512,  # llama-server -sm layer: layers split over GPUs
@@ -354,7 +360,7 @@ def _check_llama_cpp(d: Deployment, where: str) -> None:
             raise ValueError(f"{LLAMA_CPP_FLAGS[name]} is on or off (True / False), got {getattr(d, name)!r}")
     if d.flash_attn is not None and d.flash_attn not in LLAMA_CPP_FLASH_ATTN:
         raise ValueError(f"-fa {d.flash_attn!r}: allowed: {', '.join(LLAMA_CPP_FLASH_ATTN)}")
-    if d.kv_format in ("q8_0", "q4_0") and d.flash_attn == "off":
+    if d.kv_format is not None and FORMATS[d.kv_format].value_needs_flash_attention and d.flash_attn == "off":
         raise ValueError(
             f"llama.cpp: a quantized V cache (-ctv {d.kv_format}) requires flash attention "
             "(llama_init_from_model refuses -fa off); allowed: -fa on, -fa auto"

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
+from ..core.formats import FORMATS
 from ..core.units import check_dtype
 from ..spec import Spec, parse_spec
 from .accounting import account
@@ -46,7 +47,7 @@ from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
 from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, Hardware, Measurement, hardware
 from .presets import preset
-from .runtimes import own_loop
+from .runtimes import formats_of, own_loop
 
 MIN_SPREAD = 0.10  # the narrowest interval quoted: +-10% of the step time
 BORROWED_SPREAD = 0.30  # a runtime whose fractions come from another runtime's measurements
@@ -473,8 +474,11 @@ class SpeedModel:
         self.runtime = request.runtime
         self.flash_attn = flash_attn
         kv_format = d.kv_format if d is not None else None
-        if self.runtime == "llama.cpp" and kv_format in ("q8_0", "q4_0") and not flash_attn:
-            raise ValueError(f"llama.cpp's {kv_format} V cache needs flash attention (-fa on); allowed without it: f16")
+        if kv_format is not None and FORMATS[kv_format].value_needs_flash_attention and not flash_attn:
+            raise ValueError(
+                f"{FORMATS[kv_format].runtime}'s {kv_format} V cache needs flash attention (-fa on); "
+                "allowed without it: f16"
+            )
         self.eff = eff or efficiency(self.runtime, request.backend, self.hw)
         if arch.num_params is None:
             raise ValueError(f"{arch.name} has no parameter count: its FLOPs are unknown, so is its speed")
@@ -498,7 +502,7 @@ class SpeedModel:
     def _flags(self, spec: Spec) -> tuple[bool, bool]:
         """(quantized K/V, scores materialised) as this runtime runs ``spec``."""
         kv_format = self.deployment.kv_format if self.deployment is not None else None
-        quantized = spec.key_bits is not None or kv_format in ("q8_0", "q4_0", "fp8")
+        quantized = spec.key_bits is not None or kv_format is not None  # every runtime format is a code
         if self.runtime == "llama.cpp":
             return quantized, not self.flash_attn
         device = "cpu" if self.hw.kind == "cpu" else "gpu"
@@ -721,7 +725,8 @@ def _other_kv_format(request):
     """The runtime's other KV format to compare against (vLLM: fp8 against the dtype), if any."""
     if request.runtime != "vllm":
         return None
-    return "auto" if request.kv_format == "fp8" else "fp8"
+    (fmt,) = formats_of("vllm")
+    return "auto" if request.kv_format == fmt else fmt
 
 
 def kv_format_comparison(arch: Arch, request, other: str, this: Speed, **kw) -> list[str]:
@@ -735,7 +740,7 @@ def kv_format_comparison(arch: Arch, request, other: str, this: Speed, **kw) -> 
     alt = SpeedModel(arch, alt_request, kw["hardware_name"], flash_attn=kw["flash_attn"]).speed(
         fit.spec, fit.sessions or request.batch
     )
-    fp8, dtype = (alt, this) if other == "fp8" else (this, alt)
+    fp8, dtype = (alt, this) if other != "auto" else (this, alt)
     name = f"KV {request.dtype}"
     agg = fp8.aggregate_tokens_per_s.value / dtype.aggregate_tokens_per_s.value
     each = fp8.tokens_per_s.value / dtype.tokens_per_s.value

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.formats import BLOCK, CODE_BITS, FP8_MAX, check_format, check_format_dim
+from ..core.formats import BLOCK, FORMATS, FP8_MAX, check_format, check_format_dim
 from ..core.units import STEP
 from .base import QuantErrorProbe, tokens
 from .mlx_style import KVCacheLayer, StrategyCache
@@ -26,38 +26,58 @@ def _roundf(v: torch.Tensor) -> torch.Tensor:
     return v.sign() * (whole + (2 * (a - whole)).floor())
 
 
+def _encode_fp8(x: torch.Tensor) -> torch.Tensor:
+    # per-tensor scale 1.0; saturated as vLLM's __NV_SATFINITE conversion
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def _encode_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    b = x.unflatten(-1, (x.shape[-1] // BLOCK, BLOCK))  # (..., D / 32, 32)
+    d = b.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    codes = _roundf(b * inv).to(torch.int8).view(torch.uint8)
+    return codes.flatten(-2), d[..., 0].to(torch.float16)
+
+
+def _encode_q4_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    b = x.unflatten(-1, (x.shape[-1] // BLOCK, BLOCK))
+    d = b.gather(-1, b.abs().argmax(-1, keepdim=True)) / -8  # the first largest magnitude, its sign kept
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = (b * inv + 8.5).trunc().clamp(max=15).to(torch.uint8)
+    codes = q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4)
+    return codes.flatten(-2), d[..., 0].to(torch.float16)
+
+
+def _decode_fp8(stored) -> torch.Tensor:
+    return stored.view(torch.float8_e4m3fn).float()
+
+
+def _decode_q8_0(stored) -> torch.Tensor:
+    codes, scales = stored
+    q = codes.view(torch.int8).unflatten(-1, (scales.shape[-1], BLOCK)).float()
+    return (q * scales.float()[..., None]).flatten(-2)
+
+
+def _decode_q4_0(stored) -> torch.Tensor:
+    codes, scales = stored
+    c = codes.unflatten(-1, (scales.shape[-1], BLOCK // 2))
+    q = torch.cat((c & 0x0F, c >> 4), -1).float() - 8
+    return (q * scales.float()[..., None]).flatten(-2)
+
+
+# each format of the table (cachelib.core.formats.FORMATS): (encode from float32, decode to float32)
+CODECS = {"fp8": (_encode_fp8, _decode_fp8), "q8_0": (_encode_q8_0, _decode_q8_0), "q4_0": (_encode_q4_0, _decode_q4_0)}
+
+
 def encode(x: torch.Tensor, kv_format: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``x`` (B, H, T, D) in ``kv_format``'s storage: codes for fp8, ``(codes, scales)`` for the
     block formats."""
-    x = x.float()
-    if kv_format == "fp8":  # per-tensor scale 1.0; saturated as vLLM's __NV_SATFINITE conversion
-        return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
-    b = x.unflatten(-1, (x.shape[-1] // BLOCK, BLOCK))  # (..., D / 32, 32)
-    if kv_format == "q8_0":
-        d = b.abs().amax(-1, keepdim=True) / 127
-        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-        codes = _roundf(b * inv).to(torch.int8).view(torch.uint8)
-    else:  # q4_0: the first element of largest magnitude, its sign kept
-        peak = b.gather(-1, b.abs().argmax(-1, keepdim=True))
-        d = peak / -8
-        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-        q = (b * inv + 8.5).trunc().clamp(max=15).to(torch.uint8)
-        codes = q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4)
-    return codes.flatten(-2), d[..., 0].to(torch.float16)
+    return CODECS[kv_format][0](x.float())
 
 
 def decode(stored, kv_format: str, dtype: torch.dtype) -> torch.Tensor:
     """The values the runtime reads back from ``stored``, in ``dtype``."""
-    if kv_format == "fp8":
-        return stored.view(torch.float8_e4m3fn).float().to(dtype)
-    codes, scales = stored
-    nb = scales.shape[-1]
-    if kv_format == "q8_0":
-        q = codes.view(torch.int8).unflatten(-1, (nb, BLOCK)).float()
-    else:
-        c = codes.unflatten(-1, (nb, BLOCK // 2))
-        q = torch.cat((c & 0x0F, c >> 4), -1).float() - 8
-    return (q * scales.float()[..., None]).flatten(-2).to(dtype)
+    return CODECS[kv_format][1](stored).to(dtype)
 
 
 class FormatCodec:
@@ -65,8 +85,8 @@ class FormatCodec:
 
     def __init__(self, kv_format: str):
         self.kv_format = kv_format
-        self.bits = CODE_BITS[kv_format]
-        self.group_size = None if kv_format == "fp8" else BLOCK
+        self.bits = FORMATS[kv_format].code_bits
+        self.group_size = FORMATS[kv_format].group_size
 
     def encode(self, x: torch.Tensor):
         return encode(x, self.kv_format)
