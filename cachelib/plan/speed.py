@@ -196,11 +196,15 @@ def step_cost(
 
 def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str, tp: int = 1) -> float:
     """Seconds for one step: the slower of moving its bytes and doing its FLOPs at the
-    runtime's fractions of the device's peaks, plus the per-step overhead and the all-reduces."""
-    t = cost.bytes / (eff.bandwidth_fraction * hw.bandwidth)
+    runtime's fractions of the device's peaks, plus the per-step overhead and the all-reduces.
+    Materialised attention scores are written by one kernel and read by the next (the softmax
+    between two matmuls), so their traffic adds to the step rather than hiding under its FLOPs."""
+    bw = eff.bandwidth_fraction * hw.bandwidth
+    t = (cost.bytes - cost.score_bytes) / bw
     peak = hw.compute(compute_dtype)
     if peak:
         t = max(t, cost.flops / (eff.compute_fraction * peak))
+    t += cost.score_bytes / bw
     if tp > 1 and cost.comm_bytes:
         if hw.link_bandwidth is None:
             raise ValueError(f"{hw.name} has no published link bandwidth for tensor parallelism")
