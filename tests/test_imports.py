@@ -198,17 +198,20 @@ FORBIDDEN = [
     ("cachelib.plan", ("cachelib.mlx", "cachelib.torch", "cachelib.profile", "cachelib.sweep", "cachelib.cli", "app")),
     ("cachelib.profile", ("cachelib.sweep", "cachelib.cli", "app")),
     # the strategy table and the introspection record sit just above core: both backends read them
-    (
-        "cachelib.spec",
+    *(
         (
-            "cachelib.mlx",
-            "cachelib.torch",
-            "cachelib.plan",
-            "cachelib.profile",
-            "cachelib.sweep",
-            "cachelib.cli",
-            "app",
-        ),
+            table,
+            (
+                "cachelib.mlx",
+                "cachelib.torch",
+                "cachelib.plan",
+                "cachelib.profile",
+                "cachelib.sweep",
+                "cachelib.cli",
+                "app",
+            ),
+        )
+        for table in ("cachelib.strategies", "cachelib.spec")
     ),
     (
         "cachelib.introspect",

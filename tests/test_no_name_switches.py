@@ -1,8 +1,8 @@
 """No code outside the strategy table switches on a strategy's name: every fact about a strategy
-is a fact of its entry in ``cachelib/spec.py`` (docs/adding-a-strategy.md), so a strategy added to
+is a fact of its entry in ``cachelib/strategies.py`` (docs/adding-a-strategy.md), so a strategy added to
 the table alone is one that the rest of cachelib already handles.
 
-Every .py file of cachelib/ and app/ except cachelib/spec.py is read with ``ast``; a comparison
+Every .py file of cachelib/ and app/ except cachelib/strategies.py is read with ``ast``; a comparison
 (``==``, ``!=``, ``in``, ``not in``, a ``match`` case) of an expression with a string constant, or
 a tuple/list/set of them, that is a registered strategy name fails, unless the expression is one
 of :data:`OTHER_VOCABULARIES`: words that other vocabularies share with strategy names. The KV
@@ -18,7 +18,7 @@ from cachelib.spec import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("cachelib", "app")
-TABLE = Path("cachelib/spec.py")
+TABLE = Path("cachelib/strategies.py")
 
 # (words of the compared expression, its constants that are another vocabulary's, why)
 OTHER_VOCABULARIES = [
@@ -93,7 +93,9 @@ def test_no_code_outside_the_table_compares_a_strategy_name():
         for p in scanned_files()
         for hit in name_switches(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)), names)
     ]
-    assert not found, "strategy names compared outside cachelib/spec.py (ask the table instead):\n" + "\n".join(found)
+    assert not found, "strategy names compared outside cachelib/strategies.py (ask the table instead):\n" + "\n".join(
+        found
+    )
 
 
 def test_the_scan_sees_every_form_of_a_name_switch():
