@@ -45,7 +45,7 @@ from ..spec import Spec, parse_spec
 from .accounting import account
 from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
-from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, Hardware, Measurement, hardware
+from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, QWEN3_4B, Hardware, Measurement, hardware
 from .presets import preset
 from .runtimes import formats_of, own_loop
 
@@ -215,7 +215,17 @@ def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str,
 def measurement_arch(m: Measurement) -> Arch:
     if m.model == "llama-2-7b":
         return arch_from_config(LLAMA_2_7B, "Llama-2-7B", num_params=6_738_415_616, params_note="llama-bench: 6.74 B")
+    if m.model == "qwen3-4b":
+        return arch_from_config(QWEN3_4B, "Qwen3-4B")
     return preset(m.model)
+
+
+def measurement_weights(m: Measurement, arch: Arch) -> int:
+    """The bytes of weights the measured runtime holds: ``weight_bits`` per parameter where given
+    (MLX's codes + scales + biases, bf16's 16), else the size the runtime printed (``weights_gib``)."""
+    if m.weight_bits is not None:
+        return int(arch.num_params * m.weight_bits / 8)
+    return int(m.weights_gib * 2**30)
 
 
 def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, StepCost]:
@@ -224,7 +234,7 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
     arch = measurement_arch(m)
     d = _deployment(m.runtime, m.kv_format)
     spec = parse_spec("standard")
-    weights = int(m.weights_gib * 2**30)
+    weights = measurement_weights(m, arch)
     mat = scores_materialised(d.backend, m.runtime, spec)[0] if m.runtime != "llama.cpp" else not m.flash_attn
     if prefill:
         n = int(m.test.removeprefix("pp"))
@@ -333,14 +343,15 @@ def published_efficiency(runtime: str, kind: str) -> Efficiency | None:
     return fit(dec, pre, f"fitted on {len(dec) + len(pre)} published measurements ({', '.join(srcs)})")
 
 
-# Runtimes without published measurements fitted here borrow another's fit, said so, with a wider interval.
+# Runtimes without published measurements fitted here borrow another's fit, said so, with a wider
+# interval: on CUDA from vLLM (PyTorch modules, cuBLAS GEMMs and a Python step loop, as transformers'
+# and cachelib's torch loops have; MLX's CUDA backend is closer to that than to ggml's kernels), on
+# Apple silicon from mlx-lm (cachelib's MLX loop runs the same MLX kernels: quantized_matmul, SDPA).
 BORROW = {
-    ("vllm", "cuda"): ("llama.cpp", "cuda"),
-    ("transformers", "cuda"): ("llama.cpp", "cuda"),
-    ("cachelib-torch", "cuda"): ("llama.cpp", "cuda"),
-    ("cachelib-mlx", "cuda"): ("llama.cpp", "cuda"),
-    ("mlx-lm", "apple"): ("llama.cpp", "apple"),
-    ("cachelib-mlx", "apple"): ("llama.cpp", "apple"),
+    ("transformers", "cuda"): ("vllm", "cuda"),
+    ("cachelib-torch", "cuda"): ("vllm", "cuda"),
+    ("cachelib-mlx", "cuda"): ("vllm", "cuda"),
+    ("cachelib-mlx", "apple"): ("mlx-lm", "apple"),
 }
 
 
