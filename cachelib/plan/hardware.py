@@ -289,6 +289,7 @@ class Measurement:
     # bf16, b + 32 / group for MLX's affine b-bit quantization (a 16-bit scale and bias per group).
     weight_bits: float | None = None
     version: str = ""  # the runtime's version (or commit) where the source gives it
+    tp: int = 1  # tensor-parallel devices the run spreads over (the figure is one session's, as above)
 
 
 def mlx_bits(bits: int, group_size: int = 64) -> float:

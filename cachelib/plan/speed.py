@@ -232,9 +232,9 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
     """The step a published measurement times: tg128 decodes 128 tokens after ``depth`` (the
     middle step stands for them); pp512 prefills 512 tokens after ``depth`` in one forward."""
     arch = measurement_arch(m)
-    d = _deployment(m.runtime, m.kv_format)
+    d = _deployment(m.runtime, m.kv_format, tp=m.tp)
     spec = parse_spec("standard")
-    weights = measurement_weights(m, arch)
+    weights = measurement_weights(m, arch) // m.tp  # one device's share
     mat = scores_materialised(d.backend, m.runtime, spec)[0] if m.runtime != "llama.cpp" else not m.flash_attn
     if prefill:
         n = int(m.test.removeprefix("pp"))
@@ -249,6 +249,7 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
             quantized=False,
             materialised=mat,
             all_logits=False,
+            tp=m.tp,
         )
     n = int(m.test.removeprefix("tg"))
     held = _held(arch, spec, d.backend, "float16", d, None, m.depth + n // 2)
@@ -262,13 +263,22 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
         quantized=False,
         materialised=mat,
         all_logits=False,
+        tp=m.tp,
     )
 
 
-def _deployment(runtime: str | None, kv_format: str | None = None, backend: str = "mlx"):
+def measurement_tokens_per_s(m: Measurement, eff: Efficiency | None = None) -> float:
+    """The decode tokens/s per session the model predicts for a published measurement, at the
+    fractions its runtime reaches on its device (``eff`` overrides them)."""
+    hw = hardware(m.hardware)
+    eff = eff or efficiency(m.runtime, "torch", hw)
+    return 1 / step_time(measurement_cost(m)[1], hw, eff, "float16", m.tp)
+
+
+def _deployment(runtime: str | None, kv_format: str | None = None, backend: str = "mlx", tp: int = 1):
     from .runtimes import Deployment
 
-    return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format)
+    return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format, tp=tp)
 
 
 def fit_pairs(decode: list[tuple[float, float, float, float]], source: str) -> Efficiency:
