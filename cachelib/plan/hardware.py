@@ -5,9 +5,10 @@
   sparsity (NVIDIA's headline tensor figures are sparse: the dense figure is half of them).
 - :func:`probe_cpu`: this machine's CPU, measured at run time by a short copy (bandwidth) and a
   float32 matmul (compute) probe, cached in memory and in ``~/.cache/cachelib/cpu_probe.json``.
-- :data:`CALIBRATION`: published decode measurements (llama-bench ``tg128``) the runtimes'
-  achievable fractions are fitted on. The measurements the model is checked against are kept
-  apart, in ``tests/plan/test_plan_speed.py``; nothing here reads them.
+- :data:`CALIBRATION`: published decode measurements the runtimes' achievable fractions are
+  fitted on, each runtime on its own (llama.cpp's llama-bench ``tg128``, vLLM's
+  ``benchmark_latency.py``, mlx-lm's ``mlx_lm.benchmark``). The measurements the model is checked
+  against are kept apart, in ``tests/plan/test_plan_speed.py``; nothing here reads them.
 
 Nothing here computes a step's time: that is :mod:`cachelib.plan.speed`.
 """
