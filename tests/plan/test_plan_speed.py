@@ -160,6 +160,51 @@ VLLM_CHECKS = [
     ),
 ]
 
+# vLLM's FP8 KV-cache post: one H100 (SXM: its 6.44 ms intercept is below what 15 GB of weights take at the PCIe
+# card's 2.0 TB/s), Llama-3.1-8B bf16, vLLM v0.19.1, FlashAttention-3, vllm bench serve at concurrency 1, 128 output
+# tokens, inputs swept from 256 to 125k tokens; it publishes the fitted line ITL = slope x input + intercept, which
+# is what is checked here at four input lengths inside the sweep (bf16: 4.37e-05 ms/token + 6.44 ms, fp8:
+# 2.37e-05 + 6.58), and a run under load (150 requests at concurrency 8, ~20k input and ~2k output tokens, +-15%).
+VLLM_FP8_POST = (
+    "https://github.com/vllm-project/vllm-project.github.io/blob/main/_posts/2026-04-22-fp8-kvcache.md "
+    "(The State of FP8 KV-Cache and Attention Quantization in vLLM, 2026-04-22; H100, Llama-3.1-8B bf16, v0.19.1)"
+)
+ITL_FIT = {None: (4.37e-05, 6.44), "fp8": (2.37e-05, 6.58)}  # kv format -> (ms per input token, ms)
+
+
+def _itl_fit(kv_format: str | None, tokens: int) -> Measurement:
+    slope, intercept = ITL_FIT[kv_format]
+    ms = slope * tokens + intercept
+    return Measurement(
+        VLLM_FP8_POST, "llama-3.1-8b", 0, "h100-sxm", "vllm", 1000 / ms, tokens, 1, kv_format, weight_bits=16
+    )
+
+
+VLLM_CHECKS += [
+    (_itl_fit(kv, n), f"concurrency 1, {kv or 'bf16'} K/V, fitted ITL at {n:,} input tokens")
+    for kv in (None, "fp8")
+    for n in (256, 8192, 32768, 125000)
+]
+VLLM_CHECKS += [
+    (
+        Measurement(
+            VLLM_FP8_POST,
+            "llama-3.1-8b",
+            0,
+            "h100-sxm",
+            "vllm",
+            1000 / itl,
+            20000,
+            8,
+            kv,
+            weight_bits=16,
+            test="tg2000",
+        ),
+        f"concurrency 8, ~20k in / ~2k out, {kv or 'bf16'} K/V: median ITL {itl} ms",
+    )
+    for kv, itl in ((None, 15.18), ("fp8", 12.93))
+]
+
 # Published vLLM runs the model misses (not fitted, not tuned on): with --enforce-eager the step is bound
 # by the CPU launching every kernel (no CUDA graphs), flat from 1k to 16k tokens of context while the
 # bytes read double; the model has no such floor. Decode rate of the 8 requests together, per session here.
@@ -290,6 +335,18 @@ def test_vllm_and_mlx_lm_decode_within_25_percent_on_their_own_calibration(m, wh
 def test_vllm_known_misses_stay_missed(m, what):
     got = predicted_tokens_per_s(m)
     assert abs(got / m.tokens_per_s - 1) <= TOLERANCE, (what, m.source, got, m.tokens_per_s)
+
+
+def test_vllm_cost_per_token_of_context_and_the_fp8_saving():
+    """The step time's growth per token of context (the post's ITL slope: the K/V a step reads) within 15%,
+    in bf16 and fp8 (one byte an element: the slope halves; the post measures 54%)."""
+    slopes = {}
+    for kv, (measured, _) in ITL_FIT.items():
+        near, far = _itl_fit(kv, 256), _itl_fit(kv, 125000)
+        predicted = (1 / predicted_tokens_per_s(far) - 1 / predicted_tokens_per_s(near)) * 1000 / (125000 - 256)
+        assert abs(predicted / measured - 1) <= 0.15, (kv, predicted, measured)
+        slopes[kv] = predicted
+    assert slopes["fp8"] / slopes[None] == pytest.approx(0.5, rel=0.02)
 
 
 def test_mlx_lm_slowdown_with_depth_follows_the_cache_bytes():
