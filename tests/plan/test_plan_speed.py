@@ -1,8 +1,10 @@
 """The speed model (cachelib.plan.speed) against published decode measurements it was not fitted
 on, its rules as each runtime runs a strategy, the H100 / vLLM fp8 answer, and the CLI.
 
-Every number below names its source: the link, the model (as llama-bench printed it, with its
-size), the device, the runtime, the cache type and the depth. The calibration set
+Every number below names its source: the link, the model (with its weights as the runtime holds
+them), the device, the runtime (and its version where given), the batch, the lengths, the cache
+type and the depth. Each runtime is checked against its own measurements (llama.cpp's llama-bench,
+vLLM's benchmark_latency / bench serve, mlx-lm's generate / benchmark). The calibration set
 (cachelib.plan.hardware.CALIBRATION) is separate; a test checks that none of these is in it.
 """
 
