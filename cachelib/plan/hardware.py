@@ -270,9 +270,10 @@ def probe_cpu(*, refresh: bool = False) -> Hardware:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One published decode speed: ``tokens_per_s`` of ``model`` (a preset or a config dict) with
-    ``weights_gib`` of weights (as the runtime printed its size), on ``hardware`` under
-    ``runtime``, ``batch`` sessions at ``depth`` tokens of context, K/V in ``kv_format``."""
+    """One published decode speed: ``tokens_per_s`` per session of ``model`` (a preset or a config
+    dict) with ``weights_gib`` of weights (as the runtime printed its size) or ``weight_bits`` per
+    parameter, on ``hardware`` (``tp`` of them) under ``runtime``, ``batch`` sessions at ``depth``
+    tokens of context (the prompt; ``test`` ``tgN`` generates N after it), K/V in ``kv_format``."""
 
     source: str
     model: str
