@@ -403,3 +403,17 @@ QWEN3_4B = {
     "torch_dtype": "bfloat16",
     "tie_word_embeddings": True,
 }
+
+# Qwen2.5-72B(-Instruct)'s config (https://huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json).
+QWEN2_5_72B = {
+    "model_type": "qwen2",
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 29568,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}

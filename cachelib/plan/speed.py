@@ -45,7 +45,7 @@ from ..spec import Spec, parse_spec
 from .accounting import account
 from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
-from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, QWEN3_4B, Hardware, Measurement, hardware
+from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, QWEN2_5_72B, QWEN3_4B, Hardware, Measurement, hardware
 from .presets import preset
 from .runtimes import formats_of, own_loop
 
@@ -215,8 +215,8 @@ def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str,
 def measurement_arch(m: Measurement) -> Arch:
     if m.model == "llama-2-7b":
         return arch_from_config(LLAMA_2_7B, "Llama-2-7B", num_params=6_738_415_616, params_note="llama-bench: 6.74 B")
-    if m.model == "qwen3-4b":
-        return arch_from_config(QWEN3_4B, "Qwen3-4B")
+    if m.model in ("qwen3-4b", "qwen2.5-72b"):  # parameters counted from the config: 4.02 B and 72.7 B
+        return arch_from_config(QWEN3_4B if m.model == "qwen3-4b" else QWEN2_5_72B, m.model)
     return preset(m.model)
 
 

@@ -277,6 +277,10 @@ def _qwen3_4b(source: str, hw: str, tokens_per_s: float, bits: float) -> Measure
     return Measurement(source, "qwen3-4b", 0, hw, "mlx-lm", tokens_per_s, depth=2048, weight_bits=bits)
 
 
+MLX_1281 = (
+    "https://github.com/ml-explore/mlx-examples/issues/1281 (dave-fl, 2025-04-04, M4 Max, "
+    "mlx_lm.generate --model mlx-community/Qwen2.5-72B-Instruct-6bit -m 1000 --temp 0, no speculative decoding)"
+)
 MLX_1029 = (
     "https://github.com/ml-explore/mlx-examples/issues/1029 (chigkim, 2024-12-15, M3 Max 64GB, MLX-LM 0.20.4, "
     "MLX 0.21.1, Llama-3.3-70B-Instruct-4bit, temperature 0, prompt tokens / generated tokens / generation speed)"
@@ -315,6 +319,10 @@ MLX_LM_CHECKS = [
     (
         Measurement(MLX_1069, "llama-3.1-70b", 0, "m2-ultra", "mlx-lm", 4.7, depth=16, weight_bits=16, test="tg100"),
         "generation (100 toks), wired: 4.7 toks/sec (Llama-3-70B has llama-3.1-70b's shapes)",
+    ),
+    (
+        Measurement(MLX_1281, "qwen2.5-72b", 0, "m4-max", "mlx-lm", 7.919, 34, weight_bits=mlx_bits(6), test="tg642"),
+        "Prompt: 34 tokens; Generation: 642 tokens, 7.919 tokens-per-sec; Peak memory: 59.349 GB",
     ),
     *MLX_LM_DEPTHS,
 ]
