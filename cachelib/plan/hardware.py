@@ -307,8 +307,8 @@ DISC_4167 = "https://github.com/ggml-org/llama.cpp/discussions/4167"  # Apple si
 # Meta-Llama-3-8B in bf16 (--load-format dummy: the same shapes). Its "Avg latency" covers the 32-token
 # prefill and 127 decode steps; the prefill forward costs about one decode step (PR #11081's forward
 # times on H100: 7.51 ms for 32 tokens, 6.5 ms for 1), so 128 / latency is the decode rate within ~1%.
-VLLM_TORCH_COMPILE = "https://docs.vllm.ai/en/latest/design/torch_compile.html"  # H100 and L4, vLLM 0.6.5.dev
-VLLM_PR_10933 = "https://github.com/vllm-project/vllm/pull/10933"  # main branch, 2024-12-05
+# H100 and L4 runs of vLLM's main branch in December 2024 (the page came with vLLM PR #11078).
+VLLM_TORCH_COMPILE = "https://docs.vllm.ai/en/latest/design/torch_compile.html"
 # mlx-lm on Apple silicon: its own benchmark table (mlx_lm.benchmark -p 2048 -g 128: generation after a
 # 2,048-token prompt, batch 1), Qwen3-4B-Instruct-2507 on a 64 GB M4 Max, mlx 0.29.2.dev, mlx-lm 0.28.2.
 MLX_LM_BENCHMARKS = "https://github.com/ml-explore/mlx-lm/blob/main/mlx_lm/BENCHMARKS.md"
@@ -334,7 +334,7 @@ CALIBRATION: tuple[Measurement, ...] = (
         128 / 0.97045,
         depth=32,
         weight_bits=16,
-        version="0.6.5.dev (Dec 2024)",
+        version="main, 2024-12 (PR #11078)",
     ),
     Measurement(
         VLLM_TORCH_COMPILE,
@@ -345,7 +345,7 @@ CALIBRATION: tuple[Measurement, ...] = (
         128 / 7.81604,
         depth=32,
         weight_bits=16,
-        version="0.6.5.dev (Dec 2024)",
+        version="main, 2024-12 (PR #11078)",
     ),
     # mlx-lm Metal: Qwen3-4B-Instruct-2507 bf16 / 8-bit / 4-bit (group 64), Generation (128) tok/sec.
     Measurement(

@@ -111,7 +111,7 @@ def test_published_decode_within_25_percent(m, what):
 # defaults (batch 1, --input-len 32, --output-len 128: 128 tokens / avg latency), f16 K/V. Same kind of
 # run under other engine settings (V1 engine, torch.compile level 3, size-specialised compilation).
 VLLM_DOCS = (
-    "https://docs.vllm.ai/en/latest/design/torch_compile.html (vLLM 0.6.5.dev, Meta-Llama-3-8B bf16 "
+    "https://docs.vllm.ai/en/latest/design/torch_compile.html (vLLM main of 2024-12, Meta-Llama-3-8B bf16 "
     "--load-format dummy, benchmark_latency.py --batch-size 1, input 32, output 128)"
 )
 VLLM_10933 = (
