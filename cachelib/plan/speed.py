@@ -45,7 +45,7 @@ from ..spec import Spec, parse_spec
 from .accounting import account
 from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
-from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, Hardware, Measurement, hardware
+from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, QWEN2_5_72B, QWEN3_4B, Hardware, Measurement, hardware
 from .presets import preset
 from .runtimes import formats_of, own_loop
 
@@ -219,16 +219,26 @@ def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str,
 def measurement_arch(m: Measurement) -> Arch:
     if m.model == "llama-2-7b":
         return arch_from_config(LLAMA_2_7B, "Llama-2-7B", num_params=6_738_415_616, params_note="llama-bench: 6.74 B")
+    if m.model in ("qwen3-4b", "qwen2.5-72b"):  # parameters counted from the config: 4.02 B and 72.7 B
+        return arch_from_config(QWEN3_4B if m.model == "qwen3-4b" else QWEN2_5_72B, m.model)
     return preset(m.model)
+
+
+def measurement_weights(m: Measurement, arch: Arch) -> int:
+    """The bytes of weights the measured runtime holds: ``weight_bits`` per parameter where given
+    (MLX's codes + scales + biases, bf16's 16), else the size the runtime printed (``weights_gib``)."""
+    if m.weight_bits is not None:
+        return int(arch.num_params * m.weight_bits / 8)
+    return int(m.weights_gib * 2**30)
 
 
 def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, StepCost]:
     """The step a published measurement times: tg128 decodes 128 tokens after ``depth`` (the
     middle step stands for them); pp512 prefills 512 tokens after ``depth`` in one forward."""
     arch = measurement_arch(m)
-    d = _deployment(m.runtime, m.kv_format)
+    d = _deployment(m.runtime, m.kv_format, tp=m.tp)
     spec = parse_spec("standard")
-    weights = int(m.weights_gib * 2**30)
+    weights = measurement_weights(m, arch) // m.tp  # one device's share
     mat = scores_materialised(d.backend, m.runtime, spec)[0] if m.runtime != "llama.cpp" else not m.flash_attn
     if prefill:
         n = int(m.test.removeprefix("pp"))
@@ -243,6 +253,7 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
             quantized=False,
             materialised=mat,
             all_logits=False,
+            tp=m.tp,
         )
     n = int(m.test.removeprefix("tg"))
     held = _held(arch, spec, d.backend, "float16", d, None, m.depth + n // 2)
@@ -256,13 +267,22 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
         quantized=False,
         materialised=mat,
         all_logits=False,
+        tp=m.tp,
     )
 
 
-def _deployment(runtime: str | None, kv_format: str | None = None, backend: str = "mlx"):
+def measurement_tokens_per_s(m: Measurement, eff: Efficiency | None = None) -> float:
+    """The decode tokens/s per session the model predicts for a published measurement, at the
+    fractions its runtime reaches on its device (``eff`` overrides them)."""
+    hw = hardware(m.hardware)
+    eff = eff or efficiency(m.runtime, "torch", hw)
+    return 1 / step_time(measurement_cost(m)[1], hw, eff, "float16", m.tp)
+
+
+def _deployment(runtime: str | None, kv_format: str | None = None, backend: str = "mlx", tp: int = 1):
     from .runtimes import Deployment
 
-    return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format)
+    return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format, tp=tp)
 
 
 def fit_pairs(decode: list[tuple[float, float, float, float]], source: str) -> Efficiency:
@@ -337,14 +357,15 @@ def published_efficiency(runtime: str, kind: str) -> Efficiency | None:
     return fit(dec, pre, f"fitted on {len(dec) + len(pre)} published measurements ({', '.join(srcs)})")
 
 
-# Runtimes without published measurements fitted here borrow another's fit, said so, with a wider interval.
+# Runtimes without published measurements fitted here borrow another's fit, said so, with a wider
+# interval: on CUDA from vLLM (PyTorch modules, cuBLAS GEMMs and a Python step loop, as transformers'
+# and cachelib's torch loops have; MLX's CUDA backend is closer to that than to ggml's kernels), on
+# Apple silicon from mlx-lm (cachelib's MLX loop runs the same MLX kernels: quantized_matmul, SDPA).
 BORROW = {
-    ("vllm", "cuda"): ("llama.cpp", "cuda"),
-    ("transformers", "cuda"): ("llama.cpp", "cuda"),
-    ("cachelib-torch", "cuda"): ("llama.cpp", "cuda"),
-    ("cachelib-mlx", "cuda"): ("llama.cpp", "cuda"),
-    ("mlx-lm", "apple"): ("llama.cpp", "apple"),
-    ("cachelib-mlx", "apple"): ("llama.cpp", "apple"),
+    ("transformers", "cuda"): ("vllm", "cuda"),
+    ("cachelib-torch", "cuda"): ("vllm", "cuda"),
+    ("cachelib-mlx", "cuda"): ("vllm", "cuda"),
+    ("cachelib-mlx", "apple"): ("mlx-lm", "apple"),
 }
 
 
