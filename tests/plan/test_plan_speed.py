@@ -338,6 +338,14 @@ def test_vllm_and_mlx_lm_decode_within_25_percent_on_their_own_calibration(m, wh
     assert abs(got / m.tokens_per_s - 1) <= TOLERANCE, (what, m.source, got, m.tokens_per_s)
 
 
+def test_every_held_out_measurement_lies_inside_the_interval_the_plan_quotes():
+    # the interval a plan prints is a claim: each held-out step time falls inside it
+    for m, what in CHECKS + VLLM_CHECKS + MLX_LM_CHECKS:
+        spread = efficiency(m.runtime, "torch", hardware(m.hardware)).spread
+        predicted, measured = 1 / predicted_tokens_per_s(m), 1 / m.tokens_per_s
+        assert predicted * (1 - spread) <= measured <= predicted * (1 + spread), (what, m.source, spread)
+
+
 @pytest.mark.xfail(
     strict=True, reason="vLLM --enforce-eager (CPU-launch-bound) and tp4 (latency-bound all-reduces): not modelled"
 )
