@@ -190,6 +190,16 @@ def test_no_import_cycles():
     assert not found, "\n".join(report)
 
 
+# what the modules just above core must not import
+ABOVE_CORE = (
+    "cachelib.mlx",
+    "cachelib.torch",
+    "cachelib.plan",
+    "cachelib.profile",
+    "cachelib.sweep",
+    "cachelib.cli",
+    "app",
+)
 # (importer, what it must not import): prefixes of dotted names; "X" covers X and X.*
 FORBIDDEN = [
     ("cachelib.mlx", ("cachelib.profile", "cachelib.plan", "cachelib.sweep", "cachelib.cli", "app")),
@@ -197,34 +207,8 @@ FORBIDDEN = [
     # the planner is arithmetic over the strategy table: it never runs a backend
     ("cachelib.plan", ("cachelib.mlx", "cachelib.torch", "cachelib.profile", "cachelib.sweep", "cachelib.cli", "app")),
     ("cachelib.profile", ("cachelib.sweep", "cachelib.cli", "app")),
-    # the strategy table and the introspection record sit just above core: both backends read them
-    *(
-        (
-            table,
-            (
-                "cachelib.mlx",
-                "cachelib.torch",
-                "cachelib.plan",
-                "cachelib.profile",
-                "cachelib.sweep",
-                "cachelib.cli",
-                "app",
-            ),
-        )
-        for table in ("cachelib.strategies", "cachelib.spec")
-    ),
-    (
-        "cachelib.introspect",
-        (
-            "cachelib.mlx",
-            "cachelib.torch",
-            "cachelib.plan",
-            "cachelib.profile",
-            "cachelib.sweep",
-            "cachelib.cli",
-            "app",
-        ),
-    ),
+    # the strategy table, its specs and the introspection record sit just above core: both backends read them
+    *((table, ABOVE_CORE) for table in ("cachelib.strategies", "cachelib.spec", "cachelib.introspect")),
     ("cachelib", ("app",)),
 ]
 
