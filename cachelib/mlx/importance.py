@@ -390,7 +390,11 @@ class ImportanceKVCache(LayerCache):
             args = [self.keys, self.values, self.positions, self.scores, keys, values, mx.array(self.offset, mx.int64)]
             if ring:  # the held arrays are the call's alone now, so its one-slot writes can be in place
                 self.keys = self.values = self.positions = self.scores = None
-            arrays = update(*args, *(pending[:1] if pending else ()))
+            try:
+                arrays = update(*args, *(pending[:1] if pending else ()))
+            except Exception:  # bad input: the cache keeps what it held
+                self.keys, self.values, self.positions, self.scores = args[:4]
+                raise
             self._shuffled = self._shuffled or ring
             self.score_seconds += time.perf_counter() - start
             return self._appended(n, *arrays)
