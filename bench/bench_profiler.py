@@ -36,6 +36,13 @@ CONFIGS = {
     "memory+ring": Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0),
     "every probe, every step": Probes.every_step(),
 }
+# one default probe at a time, at its default period: what each costs on its own
+CONFIGS.update(
+    {
+        f"only {name}": Probes.none().parse(f"{name}={getattr(Probes(), name)}", Probes.none())
+        for name in ("memory", "ring", "quant_error", "quality", "masks", "system")
+    }
+)
 STRATEGIES = [
     "standard",
     "rotating:max_size=64,keep=4",

@@ -43,6 +43,17 @@ def attention_weights(keys: mx.array, queries: mx.array, scale: float | None = N
     return mx.softmax(logits, axis=-1, precise=True)
 
 
+def _last_query_weights(keys: mx.array, queries: mx.array, scale: float | None = None) -> mx.array:
+    """:func:`attention_weights` of the last query only (it sees every key, so no mask), without
+    repeating the keys per query head: (B, H_q, T) float32, query head h reading KV head h // (H_q / H_kv)."""
+    B, h_kv, T, D = keys.shape
+    h_q = queries.shape[1]
+    scale = D**-0.5 if scale is None else float(scale)
+    q = queries[:, :, -1].astype(mx.float32).reshape(B, h_kv, h_q // h_kv, D)
+    logits = (q @ keys.astype(mx.float32).transpose(0, 1, 3, 2)) * scale  # (B, H_kv, group, T)
+    return mx.softmax(logits, axis=-1, precise=True).reshape(B, h_q, T)
+
+
 def _pool(scores: mx.array, kernel: int, pooling: str) -> mx.array:
     if kernel == 1:
         return scores
@@ -71,6 +82,9 @@ class Scorer:
     scores. The formulas are the PyTorch scorers' (:mod:`cachelib.torch.importance`)."""
 
     deferred = False  # scored by the next update (inside a decode step's compiled call), not at observe
+    # whether ``observed_at`` scores keys held in any slot order (a decode step then writes the new
+    # token into the evicted slot); a scorer that reads slot order (a causal mask, "the last key") leaves it False
+    any_order = False
 
     @staticmethod
     def score(keys: mx.array, queries: mx.array | None, *, window: int, kernel: int, pooling: str, scale) -> mx.array:
@@ -82,9 +96,17 @@ class Scorer:
         """The held keys' scores after a step's queries (None: unchanged)."""
         return cls.score(keys, queries, window=policy.window, kernel=policy.kernel, pooling=policy.pooling, scale=scale)
 
+    @classmethod
+    def observed_at(cls, policy: Policy, scores, keys, queries, scale, newest: mx.array) -> mx.array | None:
+        """``observed`` of keys in any slot order (``any_order`` scorers): ``newest`` (B, H_kv, T) bool
+        marks the slot of the newest held key, the step's queries (Tq = 1 unless slots are in position order)."""
+        return cls.observed(policy, scores, keys, queries, scale)
+
 
 class KNorm(Scorer):
     """Keeps the keys of lowest L2 norm; scores new keys as they come (no queries)."""
+
+    any_order = True
 
     @staticmethod
     def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
@@ -116,6 +138,7 @@ class TOVA(Scorer):
     """The last query's attention, averaged over all query heads (TOVA)."""
 
     deferred = True
+    any_order = True
 
     @staticmethod
     def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
@@ -126,11 +149,23 @@ class TOVA(Scorer):
         s = mx.broadcast_to(w.mean(1, keepdims=True), (B, h_kv, T - 1))
         return _pad_max(s, 1)
 
+    @classmethod
+    def observed_at(cls, policy, scores, keys, queries, scale, newest):
+        # score's formula with the newest key in any slot: the last query sees every key, so no mask
+        B, h_kv, T, _ = keys.shape
+        if T < 2:
+            return mx.zeros((B, h_kv, T), dtype=mx.float32)
+        w = _last_query_weights(keys, queries, scale)  # (B, H_q, T)
+        s = mx.broadcast_to(w.mean(1, keepdims=True), (B, h_kv, T))
+        top = mx.where(newest, mx.array(-mx.inf, mx.float32), s).max()
+        return mx.where(newest, top, s)
+
 
 class H2O(Scorer):
     """Every query's attention, accumulated over the steps (H2O's heavy hitters)."""
 
     deferred = True
+    any_order = True  # with one query (a decode step) the causal mask hides nothing
 
     @staticmethod
     def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
@@ -139,6 +174,12 @@ class H2O(Scorer):
     @classmethod
     def observed(cls, policy, scores, keys, queries, scale):
         return mx.nan_to_num(scores, nan=0.0) + cls.score(keys, queries, scale=scale)
+
+    @classmethod
+    def observed_at(cls, policy, scores, keys, queries, scale, newest):
+        if queries.shape[2] > 1:  # slots are in position order then
+            return cls.observed(policy, scores, keys, queries, scale)
+        return mx.nan_to_num(scores, nan=0.0) + _group_mean(_last_query_weights(keys, queries, scale), keys.shape[1])
 
 
 def score_keys(
@@ -262,6 +303,38 @@ def _decode_update(scorer: type[Scorer], policy: Policy, score_first: bool, prot
     return mx.compile(score_and_update if score_first else update)
 
 
+_TIE = 1 << 32  # a score's int64 key times this plus a position (< 2**32) orders by score, then position
+
+
+@functools.cache
+def _ring_update(scorer: type[Scorer], policy: Policy, score_first: bool, protect: int, scale: float | None = None):
+    """A decode step's one-token update of a full layer (an ``any_order`` scorer), one compiled
+    call: with ``score_first`` the held keys are first scored with the last step's queries; the
+    free slot :func:`select_slots` would drop (the worst score, ties: the newest position; the
+    newest ``protect`` positions are never free) then takes the new token in every array, so no
+    held key moves (slots leave position order; ``positions`` says which token each holds)."""
+
+    def update(keys, values, positions, scores, new_keys, new_values, offset):
+        rank = -comparable_key(scores) * _i64(_TIE) + positions  # ascending: best first, then older
+        rank = mx.where(positions >= offset - protect, _i64(-(1 << 62)), rank)  # protected: never the worst
+        worst = mx.argmax(rank, axis=-1, keepdims=True)  # (B, H, 1): the evicted slot
+        B, H, _, D = keys.shape
+        at = mx.broadcast_to(worst[..., None], (B, H, 1, D))
+        # a scatter of one slot: in place when the caller no longer holds the arrays (MLX donates them)
+        return (
+            mx.put_along_axis(keys, at, new_keys, axis=2),
+            mx.put_along_axis(values, at, new_values, axis=2),
+            mx.put_along_axis(positions, worst, mx.broadcast_to(offset, (B, H, 1)), axis=-1),
+            mx.put_along_axis(scores, worst, _new_scores(scorer, policy, new_keys), axis=-1),
+        )
+
+    def score_and_update(keys, values, positions, scores, new_keys, new_values, offset, queries):
+        scored = scorer.observed_at(policy, scores, keys, queries, scale, positions == offset - 1)
+        return update(keys, values, positions, scores if scored is None else scored, new_keys, new_values, offset)
+
+    return mx.compile(score_and_update if score_first else update)
+
+
 class ImportanceKVCache(LayerCache):
     """A full-attention layer cache holding at most a budget of tokens chosen by score (see
     :mod:`cachelib.core.importance` for when it evicts). Slots stay in position order; each KV
@@ -293,6 +366,7 @@ class ImportanceKVCache(LayerCache):
         self.score_seconds = 0.0  # host time spent queuing the scoring this step (it runs in the step's evaluation)
         self.head_mask: mx.array | None = None  # (B, H_kv, held) bool, False on padding; None: none
         self._padded = False
+        self._shuffled = False  # whether slots may be out of position order (after a ring write)
         self._pending: tuple[mx.array, float | None] | None = None  # (queries, scale) of the last step, unscored
 
     @property
@@ -307,12 +381,24 @@ class ImportanceKVCache(LayerCache):
             self._check_scored()
             start = time.perf_counter()
             pending, self._pending = self._pending, None
+            ring = n == 1 and self.scorer.any_order
+            if not ring or (pending and pending[0].shape[2] > 1):  # several queries: a causal mask by slot order
+                self._in_order()
             protect = self.policy.protected(keep)
-            update = _decode_update(self.scorer, self.policy, pending is not None, protect, pending and pending[1])
+            make = _ring_update if ring else _decode_update
+            update = make(self.scorer, self.policy, pending is not None, protect, pending and pending[1])
             args = [self.keys, self.values, self.positions, self.scores, keys, values, mx.array(self.offset, mx.int64)]
-            arrays = update(*args, *(pending[:1] if pending else ()))
+            if ring:  # the held arrays are the call's alone now, so its one-slot writes can be in place
+                self.keys = self.values = self.positions = self.scores = None
+            try:
+                arrays = update(*args, *(pending[:1] if pending else ()))
+            except Exception:  # bad input: the cache keeps what it held
+                self.keys, self.values, self.positions, self.scores = args[:4]
+                raise
+            self._shuffled = self._shuffled or ring
             self.score_seconds += time.perf_counter() - start
             return self._appended(n, *arrays)
+        self._in_order()
         self._settle()
         if keep is not None:
             self._evict(keep)
@@ -370,6 +456,23 @@ class ImportanceKVCache(LayerCache):
             queries, scale = self._pending
             self._pending = None
             self.scores = _observe(self.scorer, self.policy, scale)(self.scores, self.keys, queries)
+
+    def by_position(self) -> tuple[mx.array, mx.array, mx.array, mx.array] | None:
+        """The held keys, values (B, H, T, D), positions and scores (B, H, T), each (batch, head)'s
+        slots sorted by position (the order a cache that never writes in place would hold); None when empty."""
+        if self.keys is None:
+            return None
+        if not self._shuffled:
+            return self.keys, self.values, self.positions, self.scores
+        order = mx.argsort(self.positions, axis=-1).astype(mx.int32)
+        pick = functools.partial(mx.take_along_axis, indices=order, axis=-1)
+        return _gather(self.keys, order), _gather(self.values, order), pick(self.positions), pick(self.scores)
+
+    def _in_order(self) -> None:
+        """Sorts the slots back into position order (before an update whose rules read slot order)."""
+        if self._shuffled:
+            self.keys, self.values, self.positions, self.scores = self.by_position()
+            self._shuffled = False
 
     def _check_scored(self) -> None:
         if self.policy.needs_queries and self.unscored:
@@ -446,6 +549,8 @@ class ImportanceKVCache(LayerCache):
         held = self.held
         total = self.nbytes
         positions = None if self.positions is None else np.array(self.positions)  # the one host copy, when read
+        if positions is not None and self._shuffled:
+            positions = np.sort(positions, axis=-1)
         used = tokens_used(positions)  # == held unless Ada-KV pads some heads
         return CacheView(
             kind=self.policy.name,

@@ -219,8 +219,10 @@ def stage_terms(terms: list[Terms]) -> list[mx.array]:
             out.append(group[0].built())
             continue
         gs, bits = key[0], key[1]
-        x = mx.stack([t.x for t in group])
-        packed, scales, biases = (mx.stack([t.parts[i] for t in group]) for i in range(3))
+        # one-row arrays join along their batch axis: one copy each, where a stack adds a reshape per array
+        join = mx.concatenate if group[0].x.shape[0] == 1 else mx.stack
+        x = join([t.x for t in group])
+        packed, scales, biases = (join([t.parts[i] for t in group]) for i in range(3))
         _unpacks(bits, gs, scales.dtype)  # its one-off check runs outside the compiled graph
         if x.shape[-2] == 1:  # a decode step: the same shapes every step, one compiled graph
             fn = _STACKED_FNS.get((gs, bits))

@@ -23,9 +23,10 @@ class Baseline:
     """The baseline's next-token distribution at one step: float64 log-probabilities, probabilities
     and top token, computed once and shared by every strategy's :func:`compare`."""
 
-    __slots__ = ("log_probs", "probs", "top1")
+    __slots__ = ("logits", "log_probs", "probs", "top1")
 
     def __init__(self, logits: np.ndarray):
+        self.logits = np.asarray(logits)  # a row with these very logits compares without arithmetic
         self.log_probs = log_softmax(logits)
         self.probs = np.exp(self.log_probs)
         self.top1 = int(np.argmax(logits))
@@ -42,6 +43,8 @@ def compare(
 
     ``baseline`` is the step's :class:`Baseline` (computed once for all strategies) or its raw logits."""
     base = baseline if isinstance(baseline, Baseline) else Baseline(baseline)
+    if np.array_equal(base.logits, logits):  # the same logits: the arithmetic below gives exactly these
+        return 0.0, True, (base.logprob(target) if target is not None else None)
     lq = log_softmax(logits)
     diff = base.log_probs - lq
     diff *= base.probs  # p * (log p - log q), elementwise: the same products as the textbook order

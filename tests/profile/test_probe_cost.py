@@ -106,6 +106,8 @@ def test_a_shared_baseline_gives_the_textbook_numbers_bit_for_bit():
         expected = _textbook_compare(base, logits, k)
         assert compare(shared, logits, k) == expected == compare(base, logits, k)
     assert shared.logprob(7) == _textbook_compare(base, base, 7)[2]
+    # a row with the baseline's very logits (compared without the arithmetic) gives the same numbers
+    assert compare(shared, base.copy(), 7) == _textbook_compare(base, base.copy(), 7) == (0.0, True, shared.logprob(7))
 
 
 @pytest.mark.parametrize("quality, expected_steps", [(1, 6), (4, 3)])  # period 4 over 6 steps: 0, 4 and the last
