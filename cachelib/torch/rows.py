@@ -8,7 +8,8 @@ layers), and returns the rows' keys/values padded to a common length. The mask i
 transformers (it would take one row's sizes for all): :meth:`RowsCache.attention_mask` builds a
 boolean ``(B, 1, N, L)`` mask before the forward, row ``i`` being exactly what transformers'
 causal mask is for row ``i``'s own cache (from its ``get_mask_sizes``) with the padding hidden,
-and the model uses a 4-D mask as given.
+and the model uses a 4-D mask as given; a first chunk every row sees plainly causally (a prefill)
+gets none, so SDPA runs ``is_causal`` as transformers' own prefill does (same logits, ~3x faster).
 
 The batch's keys and values: each layer keeps one ``(B, H, slots, D)`` buffer for keys and one
 for values, row ``i``'s first slots holding what row ``i``'s layer handed back last (the rest
