@@ -15,7 +15,10 @@ With ``--bound`` (torch; issue #34) it times instead one ``evaluate`` of ``--bou
 compute bound of those forwards: their FLOPs (every linear layer, causal attention over the keys
 each token sees, the LM head for the one position kept) over the float32 matmul rate measured in
 the same run on a prefill-shaped product (chunk x hidden @ hidden x intermediate; the best rate
-this machine gives, so the bound is a lower bound):
+this machine gives, so the bound is a lower bound). It also prints the time in the prefill
+chunks and in the scored steps, each against its share of the bound, and a roofline where a scored
+step (memory-bound: a few rows) costs at least one read of every weight at the parameter-read rate
+measured in the same run:
 
     python bench/bench_evaluate.py --backend torch --bound --context 1024 --score-tokens 32 --runs 2
 """
