@@ -38,6 +38,8 @@ step by ``step_rows``) against transformers' own batch of two standard rows fed 
 prefill and decode timed separately, one forward of each in turn, over ``--rounds``:
 
     python bench/bench_batched.py --backend torch --context 4000 --steps 12 --strategies 4 8
+
+``--evaluate-only`` runs just that 2-row comparison (``--evaluate-context``, ``--steps``, ``--rounds``).
 """
 
 from __future__ import annotations
@@ -213,6 +215,9 @@ def main() -> None:
     ap.add_argument(
         "--buffer-bytes", type=int, default=None, help="with --context: RowsCache's limit (default its own)"
     )
+    ap.add_argument(
+        "--evaluate-only", action="store_true", help="with --context: only the 2-row evaluate batch (no k-row steps)"
+    )
     args = ap.parse_args()
     if args.context:
         context_bench(args)
@@ -333,7 +338,7 @@ def context_bench(args) -> None:
         f"torch ({loaded.info.device}, {loaded.info.dtype}), {args.context} tokens of context, {args.steps} decode "
         f"steps per cache, interleaved step by step; load average at start {load_avg} (a shared, busy machine)"
     )
-    for k in args.strategies:
+    for k in [] if args.evaluate_only else args.strategies:
         overhead(loaded, k, args)
     evaluate_batch(loaded, args.evaluate_context, args.steps, args.rounds)
 

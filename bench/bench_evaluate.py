@@ -15,7 +15,10 @@ With ``--bound`` (torch; issue #34) it times instead one ``evaluate`` of ``--bou
 compute bound of those forwards: their FLOPs (every linear layer, causal attention over the keys
 each token sees, the LM head for the one position kept) over the float32 matmul rate measured in
 the same run on a prefill-shaped product (chunk x hidden @ hidden x intermediate; the best rate
-this machine gives, so the bound is a lower bound):
+this machine gives, so the bound is a lower bound). It also prints the time in the prefill
+chunks and in the scored steps, each against its share of the bound, and a roofline where a scored
+step (memory-bound: a few rows) costs at least one read of every weight at the parameter-read rate
+measured in the same run:
 
     python bench/bench_evaluate.py --backend torch --bound --context 1024 --score-tokens 32 --runs 2
 """
@@ -122,37 +125,102 @@ def matmul_rate(config, chunk: int = 2048, repeats: int = 5) -> float:
     return 2 * chunk * config.hidden_size * config.intermediate_size / statistics.median(times)
 
 
+def read_rate(model, repeats: int = 3) -> float:
+    """Bytes/s of reading every parameter of ``model`` once (a sum per tensor), median of ``repeats``:
+    the rate a decode step's weight reads cannot beat."""
+    import torch
+
+    params = list(model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for p in params:
+                p.sum()
+            times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times[1:])
+
+
+class PhaseClock:
+    """Seconds ``evaluate`` spends in the strategy batch's prefill chunks (``Runner.advance_rows``)
+    and in its scored steps (``Runner.step_rows``), summed: the rest of its time is neither."""
+
+    def __init__(self):
+        from cachelib.decode import Runner
+
+        self.runner, self.seconds = Runner, {"advance_rows": 0.0, "step_rows": 0.0}
+        self.originals = {name: getattr(Runner, name) for name in self.seconds}
+
+    def __enter__(self):
+        for name, original in self.originals.items():
+            setattr(self.runner, name, self._timed(name, original))
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self.originals.items():
+            setattr(self.runner, name, original)
+
+    def _timed(self, name, original):
+        def timed(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+
+        return timed
+
+
 def compute_bound(args) -> None:
     loaded = load("smollm2", "torch")
     config = loaded.model.config.get_text_config(decoder=True)
     k, context, chunk = len(args.bound_strategies), args.context, args.prefill_chunk
     # evaluate's forwards: the context but its last token in chunks, then one token a step
-    flops, past = 0.0, 0
+    prefill_flops, past = 0.0, 0
     for s in range(0, context - 1, chunk):
         n = min(chunk, context - 1 - s)
-        flops += forward_flops(config, k, past, n)
+        prefill_flops += forward_flops(config, k, past, n)
         past += n
+    step_flops = []
     for _ in range(args.score_tokens):
-        flops += forward_flops(config, k, past, 1)
+        step_flops.append(forward_flops(config, k, past, 1))
         past += 1
-    evaluate(loaded, ["standard"], texts=[TEXT], context=64, score_tokens=4, windows=1)  # warm-up
-    runs, rates = [], []
+    flops = prefill_flops + sum(step_flops)
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    evaluate(loaded, ["standard"], texts=[TEXT], context=64, score_tokens=4, windows=1)  # warm-up (and tokenizes)
+    runs, rates, reads, phases = [], [], [], []
     for _ in range(args.runs):
         rates.append(matmul_rate(config))
-        start = time.perf_counter()
-        evaluate(
-            loaded, args.bound_strategies, texts=[TEXT], context=context, score_tokens=args.score_tokens, windows=1
-        )
-        runs.append(time.perf_counter() - start)
-    rate, took = statistics.median(rates), statistics.median(runs)
+        reads.append(read_rate(loaded.model))
+        with PhaseClock() as clock:
+            start = time.perf_counter()
+            evaluate(
+                loaded, args.bound_strategies, texts=[TEXT], context=context, score_tokens=args.score_tokens, windows=1
+            )
+            runs.append(time.perf_counter() - start)
+        phases.append(dict(clock.seconds))
+    rate, read, took = statistics.median(rates), statistics.median(reads), statistics.median(runs)
+    prefill_s, steps_s = (statistics.median(p[name] for p in phases) for name in ("advance_rows", "step_rows"))
     bound = flops / rate
+    # a roofline per forward: a scored step reads every weight once, whatever its FLOPs
+    steps_roof = sum(max(f / rate, weight_bytes / read) for f in step_flops)
+    roof = prefill_flops / rate + steps_roof
     print(
         f"torch ({loaded.info.device}, {loaded.info.dtype}): evaluate of {k} strategies "
         f"({', '.join(args.bound_strategies)}) at {context} tokens, {args.score_tokens} scored, 1 window, "
         f"median of {args.runs} (a shared, busy machine)"
     )
-    print(f"forwards: {flops / 1e9:.1f} GFLOP; matmul rate measured {rate / 1e9:.1f} GFLOP/s (float32, {chunk} rows)")
+    print(
+        f"forwards: {flops / 1e9:.1f} GFLOP; matmul rate measured {rate / 1e9:.1f} GFLOP/s (float32, {chunk} rows); "
+        f"weights {weight_bytes / 1e6:.0f} MB read at {read / 1e9:.1f} GB/s"
+    )
+    print(f"{'phase':<26} {'measured s':>10} {'compute bound s':>16} {'roofline s':>11}")
+    print(f"{'prefill (advance_rows)':<26} {prefill_s:10.2f} {prefill_flops / rate:16.2f} {prefill_flops / rate:11.2f}")
+    print(f"{'scored steps (step_rows)':<26} {steps_s:10.2f} {sum(step_flops) / rate:16.2f} {steps_roof:11.2f}")
+    print(f"{'the rest':<26} {took - prefill_s - steps_s:10.2f}")
     print(f"evaluate {took:.2f} s, compute bound {bound:.2f} s: {took / bound:.2f}x the bound (target <= 2x)")
+    print(f"against the roofline (weights read once per scored step): {roof:.2f} s, {took / roof:.2f}x")
 
 
 if __name__ == "__main__":

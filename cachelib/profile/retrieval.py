@@ -51,6 +51,7 @@ from .evaluate import (
     DEFAULT_PREFILL_CHUNK,
     EvaluationInterrupted,
     check_limit,
+    encode_text,
     resolve_texts,
     teacher_forced_logits,
     teacher_forced_logits_rows,
@@ -306,7 +307,8 @@ def retrieval(
                 for t in range(trials):
                     i = t % len(sources)
                     if i not in fillers:
-                        fillers[i] = prompt.encode(sources[i][1])
+                        # prompt.encode's ids, remembered across runs of the same text
+                        fillers[i] = list(encode_text(prompt.tokenizer, sources[i][1], add_special_tokens=False))
                     rng = random.Random(f"{seed}:{task}:{context}:{depth!r}:{t}")
                     plan.append((context, depth, t, make_trial(prompt, fillers[i], context, depth, rng, sources[i][0])))
         labels = strategy_labels(specs)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cachelib.profile.backends import probe_for
-from cachelib.profile.evaluate import resolve_texts, teacher_forced_logits
+from cachelib.profile.evaluate import encode_text, resolve_texts, teacher_forced_logits
 from cachelib.profile.retrieval import TaskPrompt, make_trial, score_key
 from cachelib.spec import parse_spec
 
@@ -38,7 +38,12 @@ def test_snapkv_keeps_an_early_needle_that_a_ring_of_the_same_budget_drops(smoll
     prompt = TaskPrompt(smollm2_mlx.tokenizer, "passkey")
     name, text = resolve_texts(None)[0]
     trial = make_trial(
-        prompt, prompt.encode(text), CONTEXT, DEPTH, random.Random(f"0:passkey:{CONTEXT}:{DEPTH!r}:0"), name
+        prompt,
+        list(encode_text(prompt.tokenizer, text, add_special_tokens=False)),
+        CONTEXT,
+        DEPTH,
+        random.Random(f"0:passkey:{CONTEXT}:{DEPTH!r}:0"),
+        name,
     )
     assert trial.needle_start < CONTEXT // 4  # early: far outside a 256-token ring at the end
     full, _, _ = _answer(smollm2_mlx, "standard", trial)
