@@ -18,6 +18,12 @@ them included.
 Text cells a spreadsheet would run as a formula are written with a leading apostrophe and read
 back without it (:mod:`cachelib.core.cells`), so a CSV profile is safe to open in a spreadsheet
 and every value round-trips exactly. Parquet files keep text as is.
+
+The pieces live in their own modules, their names importable from here: :mod:`.frames` (the
+profile in memory), :mod:`.writer` (writing), :mod:`.checks` (the exact reader and every check,
+which words every error), :mod:`.fast_load` (a typed pyarrow parse with the checks on whole
+columns: a CSV cachelib wrote loads there; anything it cannot vouch for goes to the exact reader)
+and :mod:`.listing` (a folder's profiles).
 """
 
 from __future__ import annotations
