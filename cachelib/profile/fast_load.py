@@ -246,6 +246,8 @@ def _numpy_parts(col, kind: str):
 
     if kind == "str":
         return col
+    if col.null_count == len(col):
+        return None
     missing = col.is_null().to_numpy(zero_copy_only=False)
     if kind == "bool":
         values = pc.fill_null(pc.is_in(col, value_set=pa.array(["1", "True"])), False)
@@ -270,6 +272,10 @@ class _Column:
         if self.kind == "str":
             self.chunks.append(whole.take(pick))
             return
+        if whole is None:  # the column is empty in this block
+            self.values[at : at + k] = 0
+            self.missing[at : at + k] = True
+            return
         np.take(whole[0], pick, out=self.values[at : at + k])
         np.take(whole[1], pick, out=self.missing[at : at + k])
 
@@ -292,12 +298,14 @@ class _Column:
 
 def _numpy_parts(col, kind: str):
     """A block's column as its table columns take it: (values, missing) numpy arrays for numbers
-    and flags, Arrow text."""
+    and flags (None when every cell is empty), Arrow text."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if kind == "str":
         return col
+    if col.null_count == len(col):
+        return None
     missing = col.is_null().to_numpy(zero_copy_only=False)
     if kind == "bool":
         values = pc.fill_null(pc.is_in(col, value_set=pa.array(["1", "True"])), False)
