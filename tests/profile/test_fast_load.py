@@ -171,3 +171,24 @@ def test_a_file_of_another_column_set_goes_to_the_exact_reader(small, tmp_path):
     with pytest.raises(ValueError) as slow:
         exact(missing)
     assert str(fast.value) == str(slow.value)
+
+
+def test_mutated_profiles_read_fast_only_as_the_exact_reader_reads_them(tmp_path):
+    """Seeded mutations of a small profile (the loader fuzz test's): each one the fast reader
+    accepts, the exact reader accepts into the same tables; the fast reader never raises."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_fuzz_loaders import _mutant, _small_profile
+
+    rng = random.Random(33)
+    data, accepted = _small_profile(), 0
+    for i in range(120):
+        path = tmp_path / f"m{i}.csv"
+        path.write_bytes(_mutant(rng, data))
+        fast = load_fast(path, str(path))
+        if fast is None:
+            continue
+        accepted += 1
+        same(fast, exact(path))
+    assert accepted >= 10  # the mutations leave enough files valid to compare
