@@ -173,7 +173,7 @@ def test_a_file_of_another_column_set_goes_to_the_exact_reader(small, tmp_path):
     assert str(fast.value) == str(slow.value)
 
 
-@pytest.mark.slow  # ~10 s: 120 files read by both readers
+@pytest.mark.slow  # 10-30 s on the busy 2-core machine: 120 files read by both readers
 def test_mutated_profiles_read_fast_only_as_the_exact_reader_reads_them(tmp_path):
     """Seeded mutations of a small profile (the loader fuzz test's): each one the fast reader
     accepts, the exact reader accepts into the same tables; the fast reader never raises."""
