@@ -1789,3 +1789,100 @@ def test_20_a_large_profile_read_in_chunks_gives_the_same_tables_and_the_same_er
     with pytest.raises(ValueError) as in_chunks:
         load_profile(bad)
     assert str(in_chunks.value) == str(at_once.value) and "bad.csv, line" in str(in_chunks.value)
+
+
+def test_20_the_fast_reader_gives_the_exact_readers_tables_and_leaves_it_every_error(
+    masked_profile, tmp_path, monkeypatch
+):
+    """A CSV cachelib wrote loads through one typed pyarrow parse (``fast_load``); the exact
+    reader (whole or in chunks) reads the same tables, and words every error."""
+    from cachelib.profile import store
+    from cachelib.profile.fast_load import load_fast
+
+    fast = load_fast(masked_profile, str(masked_profile))
+    assert fast is not None and len(fast.frame("masks")) and len(fast.frame("slots"))
+    bad = _edit(masked_profile, tmp_path / "bad.csv", "masks", "mask", "0120", nth=3)
+    assert load_fast(bad, str(bad)) is None
+    with pytest.raises(ValueError) as fast_error:
+        load_profile(bad)
+    monkeypatch.setattr(store, "load_fast", lambda source, label: None)
+    monkeypatch.setattr(store, "LARGE_BYTES", 0)  # the exact reader in chunks of 7 rows
+    monkeypatch.setattr(store, "CHUNK_ROWS", 7)
+    exact = load_profile(masked_profile)
+    assert exact.meta == fast.meta
+    for table in store.TABLE_NAMES:
+        pd.testing.assert_frame_equal(fast.frame(table), exact.frame(table), check_dtype=True, check_exact=True)
+    with pytest.raises(ValueError) as exact_error:
+        load_profile(bad)
+    assert str(fast_error.value) == str(exact_error.value) and "bad.csv, line" in str(fast_error.value)
+
+
+ULIMIT_RUNS = [
+    ("profile", ["--prompt", "hello", "--max-tokens", "2"]),
+    ("evaluate", ["--context", "64", "--score-tokens", "2", "--windows", "1"]),
+    ("retrieval", ["--context", "64", "--trials", "1", "--depth", "0.5"]),
+]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is enforced on Linux")
+@pytest.mark.parametrize("command, extra", ULIMIT_RUNS, ids=[c for c, _ in ULIMIT_RUNS])
+def test_19_under_ulimit_v_the_model_and_its_runtime_count_before_it_loads(command, extra, tmp_path):
+    """Under ``ulimit -v`` a run whose caches fit but whose model and runtime do not (MLX maps
+    ~2 GB of address space beside the weights) was a segmentation fault, an abort or a hang while
+    loading; now it is refused before the model loads."""
+    out = tmp_path / "out.csv"
+    start = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "cachelib", command, "--model", MODEL, *extra, "--strategy", "standard"]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        preexec_fn=_limited(2),
+    )
+    err = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(err) == 1, run.stderr[-2000:]
+    assert "for the model as it loads" in err[0] and "RLIMIT_AS (ulimit -v)" in err[0], err[0]
+    assert time.monotonic() - start < 60  # refused before the model loads, not after a crash
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is enforced on Linux")
+def test_19_a_run_that_fits_under_ulimit_v_still_runs(tmp_path):
+    out = tmp_path / "e.csv"
+    argv = ["evaluate", "--model", MODEL, "--context", "64", "--score-tokens", "2", "--windows", "1"]
+    run = subprocess.run(
+        [sys.executable, "-m", "cachelib", *argv, "--strategy", "standard", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        preexec_fn=_limited(4),
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert out.is_file()
+
+
+def test_19_a_sweep_point_that_cannot_fit_is_refused_before_the_cluster_starts(tmp_path, capsys):
+    grid = tmp_path / "big.toml"
+    grid.write_text(
+        textwrap.dedent(
+            f"""\
+            name = "big"
+            models = ["{MODEL}"]
+            backends = ["mlx"]
+            devices = ["cpu"]
+            baseline = "standard"
+            strategies = ["static:max_len=20000000"]
+            prompts = ["hello there"]
+            max_tokens = 4
+            """
+        )
+    )
+    start = time.monotonic()
+    code, err, _ = run_cli(["sweep", str(grid), "--out", str(tmp_path / "sweep"), "--workers", "1"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: sweep point tiny-llama-mlx-cpu-") and "static:max_len=20000000" in err[0], err[0]
+    assert "would need 40.96 GB" in err[0], err[0]
+    assert time.monotonic() - start < 6

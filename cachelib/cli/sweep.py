@@ -57,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{state} {p.id}  [{need}]  {' '.join(str(s) for s in p.strategies)}")
         print(f"{len(plan.points)} points, {len(todo)} to run -> {plan.folder}")
         return 0
+    if args.scheduler is None:  # the local cluster's workers share this machine: refuse first what cannot fit
+        from ..profile.guard import check_point_fits
+
+        for point in plan_sweep(args.grid, args.out).todo:
+            check_point_fits(point, one_by_one=args.one_by_one)
     progress = Progress()
     try:
         result = run_sweep(

@@ -318,6 +318,7 @@ def evaluate(
             rows=1 if one_by_one else len(specs),
             what="evaluation",
             hint="",
+            loaded=isinstance(model, LoadedModel),  # a loaded model's weights are in memory already
         )
     # The output is checked and claimed (a partial file of this run's own) before the model loads.
     writer = EvaluationWriter(out, "sample", SAMPLE_COLUMNS) if out is not None else None

@@ -141,12 +141,15 @@ def check_fits(
     rows: int | None = None,
     what: str = "run",
     hint: str = "give a memory limit (--memory-limit, memory_limit=) to run under the memory guard anyway",
+    loaded: bool = False,
 ) -> RunNeed | None:
     """Refuse, before anything is allocated, a run whose caches (the planner's rules) plus its
     largest forward's activations would pass :data:`DEFAULT_SHARE` of :func:`available_memory`
     (a ``ValueError`` with the figures and ``hint``); else what it needs. One check for
     ``profile``, ``evaluate``, ``retrieval`` and every sweep point. None where the planner cannot
-    account the architecture or a strategy: nothing is refused then."""
+    account the architecture or a strategy: nothing is refused then. Before the model is
+    ``loaded``, its weights as it will load (``dtype``) count too, and under ``RLIMIT_AS`` the
+    address space its runtime maps (:func:`runtime_bytes`)."""
     try:
         peaks = predicted_peaks(arch, specs, backend, dtype, prompt_tokens, steps)
         acts = predicted_activations(
@@ -165,9 +168,12 @@ def check_fits(
     available = available_memory(device)
     default = int(available * DEFAULT_SHARE)
     caches = sum(peaks)
-    if caches + acts > default:
+    weights = 0 if loaded else model_bytes(arch, dtype, backend, device)
+    if caches + acts + weights > default:
         each = ", ".join(f"{spec} {human_bytes(b)}" for spec, b in zip(specs, peaks))
         plus = f" plus {human_bytes(acts)} ({acts:,} bytes) of activations in its largest forward pass" if acts else ""
+        if weights:
+            plus += f" plus {human_bytes(weights)} for the model as it loads ({_model_note(arch, dtype, device)})"
         raise ValueError(
             f"the caches of this {what} would need {human_bytes(caches)} ({caches:,} bytes: {each}){plus}, more than "
             f"the {human_bytes(default)} it may use ({DEFAULT_SHARE:.0%} of the {human_bytes(available)} available on "
@@ -175,6 +181,41 @@ def check_fits(
             + (f", or {hint}" if hint else "")
         )
     return RunNeed(peaks, acts, default)
+
+
+def model_bytes(arch, dtype: str, backend: str, device: str) -> int:
+    """What loading the model takes before any cache exists: its weights at ``dtype`` (the
+    planner's parameter count; 0 when it has none), and under ``RLIMIT_AS`` the address space its
+    runtime maps beside them (:func:`runtime_bytes`)."""
+    from ..core.units import DTYPE_BYTES
+
+    params = getattr(arch, "num_params", None) or 0
+    weights = int(params * DTYPE_BYTES.get(dtype, 4))
+    if str(device).startswith("cuda") or address_space_limit() is None:
+        return weights
+    return weights + runtime_bytes(backend, weights)
+
+
+# Address space a run maps beyond its weights (counted twice: the file is read while the arrays are
+# made) and its caches under RLIMIT_AS: thread stacks, allocator arenas, libraries loaded on first
+# use. Measured on this machine (2 cores, Linux, 2026-12-03) as VmPeak minus the VmSize at the check,
+# less twice the weights: MLX CPU evaluate 2.03 GB on smollm2 (538 MB of float32 weights) and
+# 2.03 GB on tiny-llama, profile 1.75 GB, retrieval 1.95 GB; torch CPU evaluate on smollm2 0.94 GB.
+RUNTIME_BYTES = {"mlx": 2_100_000_000, "torch": 1_000_000_000}
+
+
+def runtime_bytes(backend: str, weights: int) -> int:
+    """Address space, beside the weights, a ``backend`` run maps under ``RLIMIT_AS``: the measured
+    runtime share (:data:`RUNTIME_BYTES`) plus the weights' file read once more while loading."""
+    return RUNTIME_BYTES.get(backend, max(RUNTIME_BYTES.values())) + weights
+
+
+def _model_note(arch, dtype: str, device: str) -> str:
+    params = getattr(arch, "num_params", None) or 0
+    note = f"{params:,} parameters at {dtype}"
+    if not str(device).startswith("cuda") and address_space_limit() is not None:
+        note += ", and the address space its runtime maps under RLIMIT_AS"
+    return note
 
 
 def _room_note(device: str, available: int) -> str:
@@ -289,6 +330,7 @@ class RunWatch:
             rows=rows,
             what=what,
             hint="",
+            loaded=True,
         )
         self.start = _resident()
 
@@ -319,3 +361,31 @@ def _resident() -> int:
         return int(psutil.Process().memory_info().rss)
     except Exception:  # psutil missing or the platform refuses: no growth is seen
         return 0
+
+
+def check_point_fits(point, *, one_by_one: bool = False) -> None:
+    """A sweep point's check before its model loads, as ``profile`` (what cannot fit even for one
+    token) or ``evaluate`` (its context) makes it: a ``ValueError`` naming the point. Run where the
+    point will run (the local cluster's workers share this machine, memory and ``RLIMIT_AS``)."""
+    arch, where, dtype = planned_arch(point.model, point.backend, point.device)
+    specs = list(point.strategies)
+    if arch is None or getattr(point, "memory_limit", None) is not None:
+        return  # a model the planner cannot read (the loader names it); a limit the guard holds the run to
+    rows = 1 if one_by_one else len(specs)
+    kind = dict(backend=point.backend, dtype=dtype, device=where, rows=rows)
+    try:
+        if hasattr(point, "context"):  # an evaluation point
+            check_fits(
+                arch,
+                specs,
+                **kind,
+                prompt_tokens=point.context,
+                steps=point.score_tokens,
+                prefill_chunk=point.prefill_chunk,
+                what="evaluation",
+                hint="",
+            )
+        else:
+            check_fits(arch, specs, **kind, prompt_tokens=1, steps=1, hint="give the point a memory_limit")
+    except ValueError as e:
+        raise ValueError(f"sweep point {point.id}: {e}") from None

@@ -305,6 +305,7 @@ def _guard(
         prompt_tokens=prompt_tokens,
         steps=max_tokens,
         rows=1 if one_by_one else len(specs),
+        loaded=True,  # the model's weights are in memory already
     )
     if need is None:
         return None

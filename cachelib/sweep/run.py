@@ -464,6 +464,10 @@ def run_point(point: Point | EvaluationPoint, token: str = "", one_by_one: bool 
     kwargs = point.run_kwargs()
     kwargs["one_by_one"] = one_by_one
     try:
+        if (point.model, point.backend, point.device) not in _LOADED:  # refused before its model loads
+            from ..profile.guard import check_point_fits
+
+            check_point_fits(point, one_by_one=one_by_one)
         kwargs["model"] = _loaded(point)
         with tempfile.TemporaryDirectory(prefix="cachelib-sweep-") as tmp:
             path = Path(tmp) / point.file
