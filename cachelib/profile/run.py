@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import __version__
+from ..core.memory import address_space_limit
 from ..decode import Runner, encode_prompt
 from ..models import LoadedModel, load
 from ..models.devices import resolve_device
@@ -149,7 +150,9 @@ def run_profile(
     if limit is not None:  # a limit past the machine's memory guards nothing: refused before the model loads
         on = model.info.device if isinstance(model, LoadedModel) else resolve_device(backend, device)
         check_memory_limit(limit, on)
-    elif not isinstance(model, LoadedModel):  # what cannot fit even for one token is refused before the model loads
+    # What cannot fit even for one token is refused before the model loads; under a memory limit too
+    # when the address space is capped (ulimit -v), where a refused allocation crashes MLX as it loads.
+    if not isinstance(model, LoadedModel) and (limit is None or address_space_limit() is not None):
         arch, on, dtype = planned_arch(model, backend, device)
         if arch is not None:
             check_fits(
