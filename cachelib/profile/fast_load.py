@@ -238,24 +238,6 @@ def _checked_block(batch, names: list[str]) -> dict | None:
     return cols
 
 
-def _numpy_parts(col, kind: str):
-    """A block's column as what its table's column is built from: (values, missing) numpy arrays
-    for numbers and flags (copies: the block's Arrow memory goes with the block), Arrow text."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if kind == "str":
-        return col
-    if col.null_count == len(col):
-        return None
-    missing = col.is_null().to_numpy(zero_copy_only=False)
-    if kind == "bool":
-        values = pc.fill_null(pc.is_in(col, value_set=pa.array(["1", "True"])), False)
-    else:
-        values = pc.fill_null(col, 0 if kind == "int" else np.nan)
-    return values.to_numpy(zero_copy_only=False), missing
-
-
 class _Column:
     """One table column filled block by block: numbers and flags into arrays made once at the
     table's length (values, missing), text as Arrow chunks."""
