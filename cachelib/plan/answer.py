@@ -95,6 +95,12 @@ def model_ref(arch, model: str | None = None) -> str:
     return model or "MODEL"
 
 
+# The keyword ``generate`` takes a cache object by: ``cache`` from transformers 5.24.0 on, where
+# ``past_key_values`` became a deprecated alias (generation/utils.py:
+# ``deprecate_kwarg("past_key_values", "6.0.0", new_name="cache")``; absent in 5.23.0's wheel).
+GENERATE_CACHE_KEYWORD = ("5.24", "cache", "past_key_values")
+
+
 def runtime_command(
     request: PlanRequest,  # noqa: F821 (a string annotation: see TYPE_CHECKING above)
     spec: str | Spec,
@@ -116,7 +122,8 @@ def runtime_command(
     if runtime == "mlx-lm":
         return shlex.join(["mlx_lm.generate", "--model", model, *flags])
     if runtime == "transformers":
-        return f"model.generate(**inputs, past_key_values={flags[0]})"
+        since, name, before = GENERATE_CACHE_KEYWORD
+        return f"model.generate(**inputs, {name}={flags[0]})  # transformers >= {since}; {before}= before"
     if runtime == "vllm":
         length = getattr(request, "max_model_len", None) or request.context  # a later --max-model-len wins
         argv = ["vllm", "serve", model, "--max-model-len", str(length)]

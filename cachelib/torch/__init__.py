@@ -1,6 +1,6 @@
 """cachelib's cache library for PyTorch: every transformers cache strategy and the mlx-lm
 strategies, written by us, speaking transformers' ``Cache`` protocol (``model(..., cache=c)``
-and ``model.generate(..., past_key_values=c)`` run with them unchanged), each able to describe
+and ``model.generate(..., cache=c)`` run with them unchanged), each able to describe
 itself with ``introspect()``.
 
 - transformers' strategies: ``DynamicCache``, ``StaticCache``, ``QuantizedCache`` (KIVI),

@@ -67,6 +67,6 @@ def test_generate_with_step_grown_and_ring_caches_continues_like_transformers(sm
     ids = torch.tensor([encode_prompt(tok, PROMPT)])
     for cache in (ct.KVCache(config=model.config), ct.RotatingKVCache(64, 4, config=model.config)):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # generate(past_key_values=...) is deprecated, still works
-            out = model.generate(ids, max_new_tokens=12, do_sample=False, past_key_values=cache)
+            warnings.simplefilter("error", FutureWarning)  # a deprecated keyword (past_key_values=) fails
+            out = model.generate(ids, max_new_tokens=12, do_sample=False, cache=cache)
         assert out[0, ids.shape[1] :].tolist() == reference[:12]

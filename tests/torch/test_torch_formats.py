@@ -122,8 +122,8 @@ def test_tiny_model_runs_on_each_format_with_the_error_its_precision_predicts(ti
             spec = parse_spec(text)
             cache = spec.strategy.builder("torch")(spec, model.config)
             assert isinstance(cache, FormatKVCache)
-            ours = model(ids[:, :30], past_key_values=cache).logits
-            ours = torch.cat([ours, model(ids[:, 30:], past_key_values=cache).logits], dim=1)
+            ours = model(ids[:, :30], cache=cache).logits
+            ours = torch.cat([ours, model(ids[:, 30:], cache=cache).logits], dim=1)
             assert cache.get_seq_length() == 40
             err[text] = ((ours - full).abs().mean() / full.abs().mean()).item()
     assert 0 < err["q8_0"] < err["fp8"] < err["q4_0"] < 1, err

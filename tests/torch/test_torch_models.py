@@ -1,6 +1,6 @@
 """Our caches inside real transformers model code (tiny presets with random weights: llama,
 gemma3 with sliding + global layers, mamba): ``model(..., cache=ours)`` and
-``model.generate(..., past_key_values=ours)`` run unchanged and give transformers' outputs;
+``model.generate(..., cache=ours)`` run unchanged and give transformers' outputs;
 the ring buffer computes exactly the attention its slot table promises; offloading, the
 encoder-decoder cache and ``make_cache``'s layer choices."""
 
@@ -21,8 +21,8 @@ PROMPT = torch.tensor([[1, 523, 9001, 42, 7, 311, 8, 2048, 77, 5, 19, 600, 4000,
 
 def _generate(model, cache, n=16, **kw):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # generate(past_key_values=...) is deprecated, still works
-        return model.generate(PROMPT, max_new_tokens=n, do_sample=False, past_key_values=cache, **kw)
+        warnings.simplefilter("error", FutureWarning)  # a deprecated keyword (past_key_values=) fails
+        return model.generate(PROMPT, max_new_tokens=n, do_sample=False, cache=cache, **kw)
 
 
 def _forward_logits(model, cache, steps=6):
@@ -50,7 +50,7 @@ def test_forward_with_our_cache_gives_transformers_logits(tiny, preset, kind):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_generate_with_our_caches_gives_transformers_tokens(tiny, preset):
     """Every strategy that keeps all tokens at full precision decodes what transformers'
-    DynamicCache decodes, through generate(past_key_values=ours)."""
+    DynamicCache decodes, through generate(cache=ours)."""
     model = tiny(preset)
     want = model.generate(PROMPT, max_new_tokens=16, do_sample=False, cache=tf.DynamicCache(config=model.config))
     caches = {
@@ -308,3 +308,28 @@ def test_dynamic_cache_round_trips_through_its_per_layer_tensors(tiny):
     assert [rebuilt.get_mask_sizes(1, i) for i in range(len(cache))] == [
         cache.get_mask_sizes(1, i) for i in range(len(cache))
     ]
+
+
+NEEDS_CUDA = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="transformers' offloading=True cache needs a CUDA device to offload from"
+)
+
+
+@pytest.mark.parametrize("spec", ["standard", "static:max_len=64", pytest.param("offloaded", marks=NEEDS_CUDA)])
+def test_the_plans_transformers_command_runs_as_printed(tiny, spec):
+    """The planner's answer for transformers is a line of Python: run it as printed (its keyword
+    is the installed transformers' own, so a deprecated one fails here) and check the cache it
+    names held the tokens."""
+    from cachelib.plan import PlanRequest
+    from cachelib.plan.answer import runtime_command
+
+    line = runtime_command(PlanRequest([spec], context=64, runtime="transformers"), spec, "m")
+    model = tiny("tiny-llama")
+    scope = {"model": model, "inputs": {"input_ids": PROMPT}, **vars(tf)}
+    call = line.split("  #")[0].replace("model.generate(", "model.generate(max_new_tokens=4, do_sample=False, ", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        out = eval(call, scope)  # noqa: S307 (the tool's own output, run as its user would)
+    assert out.shape == (1, PROMPT.shape[1] + 4)
+    want = model.generate(PROMPT, max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, want)
