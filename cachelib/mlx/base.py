@@ -77,6 +77,35 @@ class LayerCache:
         return list(v)
 
 
+class HeldInOrder:
+    """Protocol methods of a cache that keeps its tokens in ``keys`` / ``values`` in arrival
+    order and counts them in ``offset`` (put first among a class's bases, before
+    :class:`LayerCache`): trimming drops the newest tokens by moving ``offset`` back, never
+    below ``_trim_floor()``; the mask is the causal one over ``offset`` tokens; the cache is
+    empty before its first update."""
+
+    def _trim_floor(self) -> int:
+        return 0
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset - self._trim_floor(), check_trim(n, type(self).__name__))
+        self.offset -= n
+        return n
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        return attention_mask(N, self.offset, window_size, return_array)
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return array_bytes(self.keys, self.values)
+
+
 # --- argument checks -------------------------------------------------------------------------
 
 

@@ -32,11 +32,9 @@ from ..core.formats import BLOCK, FORMATS, FP8_MAX, check_format, check_format_d
 from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
+    HeldInOrder,
     Written,
-    array_bytes,
-    attention_mask,
     check_int,
-    check_trim,
     per_token_bytes,
     token_length,
     write_linear,
@@ -117,7 +115,7 @@ def _error_array(x: mx.array, x_hat: mx.array) -> mx.array:
     return mx.stack([mx.sum(diff * diff), mx.sum(x * x), mx.max(mx.abs(diff))])
 
 
-class FormatKVCache(QuantizingCache):
+class FormatKVCache(HeldInOrder, QuantizingCache):
     """Every token's keys and values stored in a runtime's format (``fp8``, ``q8_0``, ``q4_0``),
     in slots grown 256 at a time; ``update_and_fetch`` returns them dequantized, in the dtype of
     the incoming keys."""
@@ -192,26 +190,8 @@ class FormatKVCache(QuantizingCache):
         self.keys = None if keys is None else list(keys)  # handed back in the next update's dtype
         self.values = None if values is None else list(values)
 
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        n = min(self.offset, check_trim(n, "FormatKVCache"))
-        self.offset -= n
-        return n
-
     def size(self) -> int:
         return self.offset
-
-    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        return attention_mask(N, self.offset, window_size, return_array)
-
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        return array_bytes(self.keys, self.values)
 
     def introspect(self) -> CacheView:
         cap = 0 if self.keys is None else token_length(self.keys)

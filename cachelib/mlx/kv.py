@@ -14,10 +14,10 @@ import mlx.core as mx
 from ..core.units import STEP
 from ..introspect import CacheView
 from .base import (
+    HeldInOrder,
     LayerCache,
     Written,
     array_bytes,
-    attention_mask,
     check_array,
     check_int,
     check_kv_pair,
@@ -49,7 +49,7 @@ def _linear_view(cache, held: int, capacity: int, max_capacity=None, start: int 
     )
 
 
-class KVCache(LayerCache):
+class KVCache(HeldInOrder, LayerCache):
     """mlx-lm's default cache: a buffer grown by whole steps of ``step`` tokens (256), written
     in place; ``update_and_fetch`` returns the filled prefix.
 
@@ -93,14 +93,6 @@ class KVCache(LayerCache):
         _check_linear_state(keys, values, offset, "KVCache")
         self.keys, self.values, self.offset = keys, values, offset
 
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        n = min(self.offset, check_trim(n, "KVCache"))
-        self.offset -= n
-        return n
-
     def to_quantized(self, group_size: int = 64, bits: int = 4) -> QuantizedKVCache:
         """The same tokens in a :class:`QuantizedKVCache` (the whole buffer is quantized)."""
         where = "KVCache.to_quantized"
@@ -114,9 +106,6 @@ class KVCache(LayerCache):
             out.values = quantize(self.values, group_size, bits)
         return out
 
-    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        return attention_mask(N, self.offset, window_size, return_array)
-
     # The batch cache that merge() builds; set by .batch, which imports this module.
     batch_class: type[LayerCache]
 
@@ -125,13 +114,6 @@ class KVCache(LayerCache):
         """One left-padded :class:`~cachelib.mlx.batch.BatchKVCache` holding each cache as a
         batch row."""
         return cls.batch_class.merge(caches)
-
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        return array_bytes(self.keys, self.values)
 
     def introspect(self) -> CacheView:
         cap = 0 if self.keys is None else self.keys.shape[2]
@@ -147,7 +129,7 @@ def _check_linear_state(keys, values, offset, where: str) -> None:
         raise ValueError(f"{where} state: offset={offset} exceeds the {keys.shape[2]} slots stored")
 
 
-class ConcatenateKVCache(LayerCache):
+class ConcatenateKVCache(HeldInOrder, LayerCache):
     """The simplest cache: every update is concatenated onto what is held.
 
     As in mlx-lm, ``trim`` lowers ``offset`` only; the held arrays keep the trimmed tokens and
@@ -189,24 +171,6 @@ class ConcatenateKVCache(LayerCache):
         check_kv_pair(keys, values, where)
         self.keys, self.values = keys, values
         self.offset = 0 if keys is None else keys.shape[2]
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        n = min(self.offset, check_trim(n, "ConcatenateKVCache"))
-        self.offset -= n
-        return n
-
-    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        return attention_mask(N, self.offset, window_size, return_array)
-
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        return array_bytes(self.keys, self.values)
 
     def introspect(self) -> CacheView:
         cap = 0 if self.keys is None else self.keys.shape[2]
@@ -297,7 +261,7 @@ class ChunkedKVCache(LayerCache):
         return _linear_view(self, held, cap, start=self.start_position, write_index=held)
 
 
-class StaticKVCache(LayerCache):
+class StaticKVCache(HeldInOrder, LayerCache):
     """A cache preallocated to ``max_len`` tokens at the first update (transformers' StaticCache
     on MLX). An update that would pass ``max_len`` is refused with a ValueError and leaves the
     cache unchanged."""
@@ -351,24 +315,6 @@ class StaticKVCache(LayerCache):
         if offset > max_len:
             raise ValueError(f"{where} state: offset={offset} exceeds max_len={max_len}")
         self.keys, self.values, self.offset, self.max_len = keys, values, offset, max_len
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        n = min(self.offset, check_trim(n, "StaticKVCache"))
-        self.offset -= n
-        return n
-
-    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        return attention_mask(N, self.offset, window_size, return_array)
-
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        return array_bytes(self.keys, self.values)
 
     def introspect(self) -> CacheView:
         cap = 0 if self.keys is None else self.max_len

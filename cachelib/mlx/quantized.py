@@ -23,13 +23,12 @@ from ..core.units import STEP
 from ..introspect import CacheView, QuantError
 from ..spec import GROUP_SIZES, QUANT_BITS
 from .base import (
+    HeldInOrder,
     LayerCache,
     Written,
     array_bytes,
-    attention_mask,
     check_int,
     check_kv_pair,
-    check_trim,
     dtype_name,
     grow,
     per_token_bytes,
@@ -301,7 +300,7 @@ class QuantizingCache(LayerCache):
         check_head_dim(values.shape[-1], self.group_size, where)
 
 
-class QuantizedKVCache(QuantizingCache):
+class QuantizedKVCache(HeldInOrder, QuantizingCache):
     """mlx-lm's ``QuantizedKVCache(group_size, bits)``: every token stored quantized, in a buffer
     grown in steps of 256 tokens.
 
@@ -457,24 +456,6 @@ class QuantizedKVCache(QuantizingCache):
         if keys is not None and offset > token_length(keys):
             raise ValueError(f"{where} state: offset={offset} exceeds the {token_length(keys)} slots stored")
         self.keys, self.values = keys, values
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    def trim(self, n: int) -> int:
-        n = min(self.offset, check_trim(n, "QuantizedKVCache"))
-        self.offset -= n
-        return n
-
-    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        return attention_mask(N, self.offset, window_size, return_array)
-
-    def empty(self) -> bool:
-        return self.keys is None
-
-    @property
-    def nbytes(self) -> int:
-        return array_bytes(self.keys, self.values)
 
     def introspect(self) -> CacheView:
         cap = 0 if self.keys is None else token_length(self.keys)
