@@ -368,7 +368,8 @@ def overhead(loaded, k: int, args) -> None:
             if step:
                 times[name].append(time.perf_counter() - start)
     buffered = "per-layer buffers" if new._layers else "no buffers (past the byte limit: whole copy)"
-    print(f"\nk={k}: {', '.join(specs)}; the batch kept {buffered}, {new._buffered / 2**20:.0f} MiB")
+    limit = "its floor (never measured)" if new.buffer_limit is None else f"{new.buffer_limit / 2**20:.0f} MiB"
+    print(f"\nk={k}: {', '.join(specs)}; the batch kept {buffered}, {new._buffered / 2**20:.0f} MiB (limit {limit})")
     med = {n: statistics.median(t) for n, t in times.items()}
     base = med[runtime]
     print(f"{'cache':<24} {'median step ms':>15} {'beyond runtime ms':>18} {'x runtime':>10}")
