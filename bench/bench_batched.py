@@ -35,7 +35,8 @@ random keys and values (the states of a prefill of ``N`` tokens, without its min
 forwards); the decode steps are real forwards of the bundled model. Then (``--evaluate-context``)
 a 2-row batch as ``evaluate`` runs it (prefill chunks of 2048 by ``advance_rows``, then one token a
 step by ``step_rows``) against transformers' own batch of two standard rows fed the same tokens,
-prefill and decode timed separately, one forward of each in turn, over ``--rounds``:
+prefill and decode timed separately (wall and process CPU time), one forward of each in turn, over
+``--rounds``:
 
     python bench/bench_batched.py --backend torch --context 4000 --steps 12 --strategies 4 8
 

@@ -18,7 +18,9 @@ the same run on a prefill-shaped product (chunk x hidden @ hidden x intermediate
 this machine gives, so the bound is a lower bound). It also prints the time in the prefill
 chunks and in the scored steps, each against its share of the bound, and a roofline where a scored
 step (memory-bound: a few rows) costs at least one read of every weight at the parameter-read rate
-measured in the same run:
+measured in the same run. Beside it, taking turns with ``evaluate`` run by run, transformers' own
+``DynamicCache`` batch of k identical rows doing the same forwards (the runtime's floor for them)
+against the same bound:
 
     python bench/bench_evaluate.py --backend torch --bound --context 1024 --score-tokens 32 --runs 2
 """
