@@ -35,7 +35,8 @@ random keys and values (the states of a prefill of ``N`` tokens, without its min
 forwards); the decode steps are real forwards of the bundled model. Then (``--evaluate-context``)
 a 2-row batch as ``evaluate`` runs it (prefill chunks of 2048 by ``advance_rows``, then one token a
 step by ``step_rows``) against transformers' own batch of two standard rows fed the same tokens,
-prefill and decode timed separately, one forward of each in turn, over ``--rounds``:
+prefill and decode timed separately (wall and process CPU time), one forward of each in turn, over
+``--rounds``:
 
     python bench/bench_batched.py --backend torch --context 4000 --steps 12 --strategies 4 8
 
@@ -368,7 +369,8 @@ def overhead(loaded, k: int, args) -> None:
             if step:
                 times[name].append(time.perf_counter() - start)
     buffered = "per-layer buffers" if new._layers else "no buffers (past the byte limit: whole copy)"
-    print(f"\nk={k}: {', '.join(specs)}; the batch kept {buffered}, {new._buffered / 2**20:.0f} MiB")
+    limit = "its floor (never measured)" if new.buffer_limit is None else f"{new.buffer_limit / 2**20:.0f} MiB"
+    print(f"\nk={k}: {', '.join(specs)}; the batch kept {buffered}, {new._buffered / 2**20:.0f} MiB (limit {limit})")
     med = {n: statistics.median(t) for n, t in times.items()}
     base = med[runtime]
     print(f"{'cache':<24} {'median step ms':>15} {'beyond runtime ms':>18} {'x runtime':>10}")
@@ -399,8 +401,8 @@ def evaluate_pair(loaded, specs: list[str], ids: list[int], context: int, chunk:
 
     runner, probe, model = Runner(loaded), probe_for(loaded), loaded.model
 
-    def forward(which: str, cache, tokens: list[int], logits: bool) -> float:
-        start = time.perf_counter()
+    def forward(which: str, cache, tokens: list[int], logits: bool) -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
         if which == "ours":
             (runner.step_rows if logits else runner.advance_rows)(cache, [tokens] * 2)
         else:
@@ -408,30 +410,41 @@ def evaluate_pair(loaded, specs: list[str], ids: list[int], context: int, chunk:
                 out = model(input_ids=torch.tensor([tokens] * 2), cache=cache, use_cache=True, logits_to_keep=1)
                 if logits:
                     out.logits[:, -1].float().cpu().numpy()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     names = {"ours": "evaluate batch (2 rows)", "theirs": "transformers batch of 2"}
-    prefill: dict[str, list[float]] = {n: [] for n in names}
-    decode: dict[str, list[float]] = {n: [] for n in names}
+    prefill: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    decode: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for r in range(rounds):  # one forward of each in turn, the first to go alternating by round
         order = ["ours", "theirs"] if r % 2 == 0 else ["theirs", "ours"]
         caches = {"ours": runner.rows_cache([probe.make_cache(parse_spec(s)) for s in specs])}
         caches["theirs"] = runner.default_cache()
-        took = {n: 0.0 for n in names}
+        took = {n: (0.0, 0.0) for n in names}
         for s in range(0, context, chunk):
             for n in order:
-                took[n] += forward(n, caches[n], ids[s : min(s + chunk, context)], False)
+                wall, cpu = forward(n, caches[n], ids[s : min(s + chunk, context)], False)
+                took[n] = (took[n][0] + wall, took[n][1] + cpu)
         for n in names:
             prefill[n].append(took[n])
         for t in ids[context:]:
             for n in order:
                 decode[n].append(forward(n, caches[n], [t], True))
     print(f"\n2-row evaluate batch ({', '.join(specs)}) at {context} tokens, {steps} decode steps, {rounds} rounds")
-    print(f"{'batch':<26} {'prefill s':>10} {'x ref':>7} {'decode ms/step':>15} {'x ref':>7}")
-    ref = statistics.median(prefill["theirs"]), statistics.median(decode["theirs"])
+    print(
+        f"{'batch':<26} {'prefill s':>10} {'x ref':>7} {'decode ms/step':>15} {'x ref':>7} "
+        f"{'CPU: prefill x ref':>19} {'decode x ref':>13}"
+    )
+
+    def med(times: dict, n: str, i: int) -> float:  # i: 0 wall, 1 process CPU
+        return statistics.median(t[i] for t in times[n])
+
     for n, label in names.items():
-        p, d = statistics.median(prefill[n]), statistics.median(decode[n])
-        print(f"{label:<26} {p:10.2f} {p / ref[0]:6.3f}x {d * 1e3:15.1f} {d / ref[1]:6.3f}x")
+        p, d = med(prefill, n, 0), med(decode, n, 0)
+        p_ref, d_ref = med(prefill, "theirs", 0), med(decode, "theirs", 0)
+        p_cpu, d_cpu = med(prefill, n, 1) / med(prefill, "theirs", 1), med(decode, n, 1) / med(decode, "theirs", 1)
+        print(
+            f"{label:<26} {p:10.2f} {p / p_ref:6.3f}x {d * 1e3:15.1f} {d / d_ref:6.3f}x {p_cpu:18.3f}x {d_cpu:12.3f}x"
+        )
 
 
 if __name__ == "__main__":

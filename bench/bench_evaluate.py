@@ -18,7 +18,9 @@ the same run on a prefill-shaped product (chunk x hidden @ hidden x intermediate
 this machine gives, so the bound is a lower bound). It also prints the time in the prefill
 chunks and in the scored steps, each against its share of the bound, and a roofline where a scored
 step (memory-bound: a few rows) costs at least one read of every weight at the parameter-read rate
-measured in the same run:
+measured in the same run. Beside it, taking turns with ``evaluate`` run by run, transformers' own
+``DynamicCache`` batch of k identical rows doing the same forwards (the runtime's floor for them)
+against the same bound:
 
     python bench/bench_evaluate.py --backend torch --bound --context 1024 --score-tokens 32 --runs 2
 """
@@ -31,7 +33,7 @@ import time
 
 from cachelib.models import load
 from cachelib.profile import evaluate
-from cachelib.profile.evaluate import CORPUS
+from cachelib.profile.evaluate import CORPUS, encode_text
 
 STRATEGIES = ["standard", "rotating:max_size=1024,keep=4", "quantized:bits=4,group_size=64", "kivi"]
 TEXT = CORPUS / "pride-and-prejudice.txt"
@@ -189,19 +191,30 @@ def compute_bound(args) -> None:
     flops = prefill_flops + sum(step_flops)
     weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     evaluate(loaded, ["standard"], texts=[TEXT], context=64, score_tokens=4, windows=1)  # warm-up (and tokenizes)
-    runs, rates, reads, phases = [], [], [], []
-    for _ in range(args.runs):
+    window = list(encode_text(loaded.tokenizer, TEXT.read_text(encoding="utf-8")))[: context + args.score_tokens]
+    runs, rates, reads, phases, theirs = [], [], [], [], []
+    for r in range(args.runs):
         rates.append(matmul_rate(config))
         reads.append(read_rate(loaded.model))
-        with PhaseClock() as clock:
-            start = time.perf_counter()
-            evaluate(
-                loaded, args.bound_strategies, texts=[TEXT], context=context, score_tokens=args.score_tokens, windows=1
-            )
-            runs.append(time.perf_counter() - start)
-        phases.append(dict(clock.seconds))
+        for which in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
+            if which == "theirs":
+                theirs.append(runtime_pass(loaded, k, window[:context], window[context:], chunk))
+                continue
+            with PhaseClock() as clock:
+                start = time.perf_counter()
+                evaluate(
+                    loaded,
+                    args.bound_strategies,
+                    texts=[TEXT],
+                    context=context,
+                    score_tokens=args.score_tokens,
+                    windows=1,
+                )
+                runs.append(time.perf_counter() - start)
+            phases.append(dict(clock.seconds))
     rate, read, took = statistics.median(rates), statistics.median(reads), statistics.median(runs)
     prefill_s, steps_s = (statistics.median(p[name] for p in phases) for name in ("advance_rows", "step_rows"))
+    ref_prefill, ref_steps = (statistics.median(t[i] for t in theirs) for i in (0, 1))
     bound = flops / rate
     # a roofline per forward: a scored step reads every weight once, whatever its FLOPs
     steps_roof = sum(max(f / rate, weight_bytes / read) for f in step_flops)
@@ -221,6 +234,34 @@ def compute_bound(args) -> None:
     print(f"{'the rest':<26} {took - prefill_s - steps_s:10.2f}")
     print(f"evaluate {took:.2f} s, compute bound {bound:.2f} s: {took / bound:.2f}x the bound (target <= 2x)")
     print(f"against the roofline (weights read once per scored step): {roof:.2f} s, {took / roof:.2f}x")
+    ref = ref_prefill + ref_steps
+    print(
+        f"transformers' own batch of {k} identical rows, the same forwards (taking turns with evaluate): prefill "
+        f"{ref_prefill:.2f} s, scored steps {ref_steps:.2f} s, {ref:.2f} s = {ref / bound:.2f}x the bound; "
+        f"evaluate {took / ref:.3f}x it (prefill {prefill_s / ref_prefill:.3f}x, steps {steps_s / ref_steps:.3f}x)"
+    )
+
+
+def runtime_pass(loaded, k: int, prefix: list[int], scored: list[int], chunk: int) -> tuple[float, float]:
+    """Seconds of transformers' own ``DynamicCache`` batch of ``k`` identical rows doing
+    ``evaluate``'s forwards (all but the last prefix token in chunks, then one token a step, each
+    step's last logits to numpy): (prefill, scored steps)."""
+    import torch
+
+    from cachelib.decode import Runner
+
+    cache, model = Runner(loaded).default_cache(), loaded.model
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for s in range(0, len(prefix) - 1, chunk):
+            x = torch.tensor([prefix[s : min(s + chunk, len(prefix) - 1)]] * k)
+            model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        for token in [prefix[-1]] + scored[:-1]:
+            out = model(input_ids=torch.tensor([[token]] * k), cache=cache, use_cache=True, logits_to_keep=1)
+            out.logits[:, -1].float().cpu().numpy()
+        return prefill, time.perf_counter() - start
 
 
 if __name__ == "__main__":

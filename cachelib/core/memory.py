@@ -60,3 +60,17 @@ def address_space_limit() -> int | None:
         return None
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+# A strategy batch's per-layer key/value buffers hold every row's keys and values as its attention
+# reads them (a quantized row's dequantized): the bytes a runtime's own batch of those rows would
+# hold as its cache. They may take this share of the memory available when they first need more
+# than the floor (measured then), and never less than the floor.
+BATCH_BUFFER_SHARE = 0.25
+BATCH_BUFFER_FLOOR = 1 << 30
+
+
+def batch_buffer_limit(available: int) -> int:
+    """The most a strategy batch's key/value buffers may hold, all layers together, on a device
+    with ``available`` bytes free (:func:`available_memory`): a quarter of it, at least 1 GiB."""
+    return max(BATCH_BUFFER_FLOOR, int(available * BATCH_BUFFER_SHARE))

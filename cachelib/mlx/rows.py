@@ -33,8 +33,10 @@ logits need, each forward evaluates every row's state with the logits (:func:`ro
 its updates would pile up unevaluated. Without the buffers every layer copied every row's whole
 cache into a fresh padded batch and dequantized each quantized row's whole cache, every step.
 The buffers cost a float copy of every row padded to the longest,
-``2 x B x H x slots x D`` elements a layer; past :data:`BUFFER_BYTES` for the whole batch (a long
-evaluation), the batch drops them and goes back to copying the rows into a padded batch per
+``2 x B x H x slots x D`` elements a layer: what mlx-lm's own batch of these rows would hold as its
+cache. Past the batch's limit (by default :func:`~cachelib.core.memory.batch_buffer_limit`, a
+quarter of the memory available when the buffers first need more than 1 GiB, measured then, and
+at least 1 GiB), the batch drops them and goes back to copying the rows into a padded batch per
 layer, which holds one layer's copy at a time.
 
 The mask is made before any layer runs, so the key count of each row is known ahead: from the
@@ -48,6 +50,7 @@ from typing import Sequence
 
 import mlx.core as mx
 
+from ..core import memory
 from ..core.units import STEP
 from .base import LayerCache
 from .formats import FormatKVCache
@@ -68,8 +71,6 @@ ROW_CLASSES = (
     StaticKVCache,
     FormatKVCache,
 )
-# the most the batch's key/value buffers may hold, all layers together, before it copies per layer instead
-BUFFER_BYTES = 1 << 30
 
 
 def batch_problem(cache: Sequence) -> str | None:
@@ -86,12 +87,22 @@ class _Expected:
     of each kind of layer and the offset they were made at (a model that builds its own masks
     leaves none), and the bytes the layers' buffers hold."""
 
-    def __init__(self, buffer_bytes: int = BUFFER_BYTES):
+    def __init__(self, buffer_bytes: int | None = None):
         self.by_kind: dict[tuple, tuple[int, list[int]]] = {}
-        self.buffer_limit = buffer_bytes
+        self.buffer_limit = buffer_bytes  # None until measured (see limit)
         self.buffered = 0  # bytes held by every layer's buffers
         self.unbuffered = False  # set for good once the buffers would pass the limit
         self._slots: tuple[tuple[int, ...], mx.array] | None = None
+
+    def limit(self, need: int) -> int:
+        """The buffers' byte limit: as given, else the floor while ``need`` is within it, else
+        measured once from the memory available now (kept for the batch's life)."""
+        if self.buffer_limit is None:
+            if need <= memory.BATCH_BUFFER_FLOOR:
+                return memory.BATCH_BUFFER_FLOOR
+            # MLX allocates from the machine's memory (unified with the GPU's on Apple silicon)
+            self.buffer_limit = memory.batch_buffer_limit(memory.available_memory("cpu"))
+        return self.buffer_limit
 
     def slots(self, starts: tuple[int, ...]) -> mx.array:
         """``starts`` as a (B, 1, 1, 1) index array, shared by the layers of one step."""
@@ -200,7 +211,8 @@ class RowsCache(LayerCache):
         b, h = keys.shape[0], keys.shape[1]
         size = b * h * slots * (keys.shape[3] * keys.dtype.size + values.shape[3] * values.dtype.size)
         held = 0 if buf is None else sum(x.nbytes for x in self._buffers)
-        if shared.buffered - held + size > shared.buffer_limit:
+        need = shared.buffered - held + size
+        if need > shared.limit(need):
             shared.unbuffered = True
             shared.buffered -= held
             self._buffers = [None, None]
@@ -294,13 +306,17 @@ class RowsCache(LayerCache):
         return False
 
 
-def make_rows_cache(caches: Sequence[Sequence[LayerCache]], buffer_bytes: int = BUFFER_BYTES) -> list[RowsCache]:
+def make_rows_cache(caches: Sequence[Sequence[LayerCache]], buffer_bytes: int | None = None) -> list[RowsCache]:
     """The cache list for one forward whose row ``i`` advances the whole-model cache
     ``caches[i]``; each must pass :func:`batch_problem` and all must have the same layer count.
     ``buffer_bytes``: the most the layers' key/value buffers may hold together (0: none, every
-    layer copies its rows into a padded batch each step)."""
-    if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
-        raise ValueError(f"make_rows_cache: buffer_bytes must be an integer >= 0, got {buffer_bytes!r}")
+    layer copies its rows into a padded batch each step; None: the limit
+    :func:`~cachelib.core.memory.batch_buffer_limit` gives for the memory available when the
+    buffers first need more than its floor)."""
+    if buffer_bytes is not None and (
+        isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0
+    ):
+        raise ValueError(f"make_rows_cache: buffer_bytes must be an integer >= 0 or None, got {buffer_bytes!r}")
     if not caches:
         raise ValueError("make_rows_cache: give at least one whole-model cache (one per row)")
     layers = {len(c) for c in caches}

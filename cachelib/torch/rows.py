@@ -22,10 +22,12 @@ row's own dequantized return would), KIVI also the tokens its store took at a re
 row that moved everything (an eviction, a ring put back in time order, a quantized cache
 converting at ``start``, a chunk trimmed) or that the batch did not update last is copied whole.
 A decode step where every row changed one slot writes each buffer once. The buffers cost a copy
-of every row padded to the longest, ``2 x B x H x slots x D`` elements a layer; past
-``buffer_bytes`` for the whole batch (default :data:`BUFFER_BYTES`; 0: never), the batch copies
-every row whole into one buffer shared by the layers at every layer and step (what it always did
-before; the logits are the same bit for bit).
+of every row padded to the longest, ``2 x B x H x slots x D`` elements a layer: what the runtime's
+own batch of these rows would hold as its cache. Past ``buffer_bytes`` for the whole batch (0:
+never; by default :func:`~cachelib.core.memory.batch_buffer_limit`, a quarter of the memory
+available when the buffers first need more than 1 GiB, measured then, and at least 1 GiB), the
+batch copies every row whole into one buffer shared by the layers at every layer and step (what
+it always did before; the logits are the same bit for bit).
 
 Supported: models whose decoder layers are all full attention, and rows whose layers are
 attention layers of ours on the device (offloaded caches, recurrent and hybrid layers, and
@@ -40,6 +42,7 @@ from typing import Sequence
 import torch
 from transformers import cache_utils as _tf
 
+from ..core import memory
 from ..core.masks import visible
 from ..core.units import STEP
 from .cache import Cache
@@ -66,9 +69,6 @@ ROW_LAYERS = (
     ChunkedKVCacheLayer,
     FormatKVCacheLayer,
 )
-# the most the per-layer key/value buffers may hold, all layers together, before the batch copies
-# every row whole into one shared buffer instead
-BUFFER_BYTES = 1 << 30
 
 
 def batch_problem(cache, config=None) -> str | None:
@@ -96,11 +96,15 @@ class RowsCache(_tf.Cache):
 
     is_compileable = False
 
-    def __init__(self, rows: Sequence[Cache], config=None, buffer_bytes: int = BUFFER_BYTES):
+    def __init__(self, rows: Sequence[Cache], config=None, buffer_bytes: int | None = None):
         """``buffer_bytes``: the most the layers' key/value buffers may hold together (0: none,
-        every layer copies every row whole into one shared buffer, each step)."""
-        if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
-            raise ValueError(f"RowsCache: buffer_bytes must be an integer >= 0, got {buffer_bytes!r}")
+        every layer copies every row whole into one shared buffer, each step; None: the limit
+        :func:`~cachelib.core.memory.batch_buffer_limit` gives for the memory available when the
+        buffers first need more than its floor)."""
+        if buffer_bytes is not None and (
+            isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0
+        ):
+            raise ValueError(f"RowsCache: buffer_bytes must be an integer >= 0 or None, got {buffer_bytes!r}")
         if not rows:
             raise ValueError("RowsCache: give at least one row cache")
         for i, row in enumerate(rows):
@@ -111,7 +115,7 @@ class RowsCache(_tf.Cache):
         # layer -> (key count per row the mask was made for, slots per row it shows)
         self._lengths: dict[int, tuple[list[int], list[int]]] = {}
         self._buffers: list[torch.Tensor | None] = [None, None]  # keys and values shared by the layers (_batched)
-        self.buffer_limit = buffer_bytes
+        self.buffer_limit = buffer_bytes  # None until measured (see _limit); 0 once the buffers are dropped
         self._layers: dict[int, _LayerBuffers] = {}  # per layer, its own buffers (_write)
         self._buffered = 0  # bytes of every layer's buffers
 
@@ -211,7 +215,8 @@ class RowsCache(_tf.Cache):
         slots = -(-width // STEP) * STEP
         size = b * h * slots * (keys.shape[3] * keys.element_size() + values.shape[3] * values.element_size())
         held = 0 if buf is None else buf.nbytes
-        if self._buffered - held + size > self.buffer_limit:
+        need = self._buffered - held + size
+        if need > self._limit(need, keys.device):
             self.buffer_limit = 0
             self._layers.clear()
             self._buffered = 0
@@ -221,6 +226,15 @@ class RowsCache(_tf.Cache):
         buf.grow(keys, values, slots)
         self._buffered += size - held
         return buf
+
+    def _limit(self, need: int, device) -> int:
+        """The buffers' byte limit: as given, else the floor while ``need`` is within it, else
+        measured once from the memory available now (kept for the batch's life)."""
+        if self.buffer_limit is None:
+            if need <= memory.BATCH_BUFFER_FLOOR:
+                return memory.BATCH_BUFFER_FLOOR
+            self.buffer_limit = memory.batch_buffer_limit(memory.available_memory(str(device)))
+        return self.buffer_limit
 
     def _write(self, buf: "_LayerBuffers", key_states, value_states, layer_idx: int, promised):
         """Update every row, writing into the layer's buffers only the slots each changed."""

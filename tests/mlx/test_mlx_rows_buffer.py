@@ -103,3 +103,34 @@ def test_a_negative_buffer_limit_is_refused(tiny):
     caches = [probe.make_cache(parse_spec("standard")) for _ in range(2)]
     with pytest.raises(ValueError, match="buffer_bytes must be an integer >= 0"):
         make_rows_cache(caches, buffer_bytes=-1)
+
+
+def _default_limit(tiny, monkeypatch, available: int):
+    """A 250-token prompt decoded 12 steps by a batch of the default limit, its floor set to hold
+    the layers' 256-slot buffers but not their growth to 512 slots, ``available`` bytes free.
+    Returns (logits, rows, how often the free memory was read, the logits copied afresh, the floor)."""
+    from cachelib.core import memory
+
+    prompt = [int(i) for i in np.random.default_rng(2).integers(1, 100, 250)]
+    copied, _ = _decode(tiny, 0, prompt, 12)
+    layers, kv_heads, head_dim = len(tiny.model.layers), tiny.model.args.num_key_value_heads, tiny.model.args.head_dim
+    floor = 2 * len(STRATEGIES) * kv_heads * 256 * head_dim * 4 * layers
+    reads = []
+    monkeypatch.setattr(memory, "BATCH_BUFFER_FLOOR", floor)
+    monkeypatch.setattr(memory, "available_memory", lambda device: reads.append(device) or available)
+    logits, rows = _decode(tiny, None, prompt, 12)
+    return logits, rows, len(reads), copied, floor
+
+
+def test_the_default_limit_reads_the_free_memory_once_past_its_floor_and_keeps_the_buffers(tiny, monkeypatch):
+    logits, rows, reads, copied, floor = _default_limit(tiny, monkeypatch, available=1 << 40)
+    assert reads == 1 and rows[0]._expected.buffer_limit == 1 << 38  # a quarter of what was free
+    assert rows[0]._buffers[0].shape[2] == 512 and rows[0]._expected.buffered == 2 * floor
+    assert np.array_equal(logits, copied)
+
+
+def test_the_default_limit_with_little_free_memory_is_its_floor_and_drops_the_buffers(tiny, monkeypatch):
+    logits, rows, reads, copied, floor = _default_limit(tiny, monkeypatch, available=0)
+    assert reads == 1 and rows[0]._expected.buffer_limit == floor and rows[0]._expected.unbuffered
+    assert all(r._buffers == [None, None] for r in rows) and rows[0]._expected.buffered == 0
+    assert np.array_equal(logits, copied)

@@ -175,3 +175,48 @@ def test_written_claims_hold_and_the_changed_slots_rebuild_what_update_returns(n
         assert torch.equal(rebuilt, out), f"{name}: the changed slots [{start}, +{part.shape[2]}) miss a change"
         before, held = out.clone(), rebuilt
     assert claims > len(UPDATES) // 2, f"{name}: only {claims} updates said what they wrote"
+
+
+def _buffers_at_256_slots(tiny) -> int:
+    """Bytes of every layer's key/value buffers at 256 slots for the rows of STRATEGIES."""
+    config = tiny.model.config
+    heads, dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    return 2 * len(STRATEGIES) * heads * 256 * dim * 4 * config.num_hidden_layers
+
+
+def _default_limit(tiny, monkeypatch, available: int):
+    """A 250-token prompt decoded 10 steps by a batch of the default limit, its floor set to hold
+    the layers' 256-slot buffers but not their growth to 512 slots, ``available`` bytes free.
+    Returns (logits, rows, the devices whose free memory was read, the logits copied whole)."""
+    from cachelib.core import memory
+
+    prompt = [int(i) for i in np.random.default_rng(2).integers(1, 100, 250)]
+    copied, _ = _decode(tiny, 0, prompt, 10)
+    reads = []
+    monkeypatch.setattr(memory, "BATCH_BUFFER_FLOOR", _buffers_at_256_slots(tiny))
+    monkeypatch.setattr(memory, "available_memory", lambda device: reads.append(device) or available)
+    logits, rows = _decode(tiny, None, prompt, 10)
+    return logits, rows, reads, copied
+
+
+def test_the_default_limit_reads_the_free_memory_once_past_its_floor_and_keeps_the_buffers(tiny, monkeypatch):
+    floor = _buffers_at_256_slots(tiny)
+    logits, rows, reads, copied = _default_limit(tiny, monkeypatch, available=16 * floor)
+    assert reads == ["cpu"]  # once, when the growth to 512 slots passed the floor
+    assert rows.buffer_limit == 4 * floor  # a quarter of what was free
+    assert rows._layers[0].keys.shape[2] == 512 and rows._buffered == 2 * floor
+    assert np.array_equal(logits, copied)
+
+
+def test_the_default_limit_with_little_free_memory_is_its_floor_and_drops_the_buffers(tiny, monkeypatch):
+    logits, rows, reads, copied = _default_limit(tiny, monkeypatch, available=0)
+    assert reads == ["cpu"] and rows.buffer_limit == 0 and rows._layers == {} and rows._buffered == 0
+    assert np.array_equal(logits, copied)
+
+
+def test_a_batch_within_the_floor_never_reads_the_free_memory(tiny, monkeypatch):
+    from cachelib.core import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: pytest.fail("read the free memory"))
+    _, rows = _decode(tiny, None, [1, 2, 3], 4)
+    assert rows.buffer_limit is None and rows._layers[0].keys.shape[2] == 256
