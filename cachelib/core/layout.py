@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import rules as R
+from .units import STEP
 
 EACH_STEP = "each step"
 ONCE = "once"
@@ -67,7 +68,7 @@ def rule_for(
     if kind == "QuantizedKVCache":
         start = cache.knob("start")
         if start == 0:
-            return R.StepGrowth(quantized_bytes, R.STEP, kind="QuantizedKVCache")
+            return R.StepGrowth(quantized_bytes, STEP, kind="QuantizedKVCache")
         return R.QuantizeAfter(token_bytes, quantized_bytes, start)
     if kind == "QuantizedLayer":
         return R.Kivi(token_bytes, quantized_bytes, cache.knob("residual"))

@@ -25,8 +25,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from ..core import rules
-from ..core.units import human_gib
+from ..core.units import STEP, human_gib
 from ..spec import Spec, parse_spec
 from .accounting import Account, Replay, account, replay
 from .arch import Arch
@@ -198,7 +197,7 @@ def max_context(
         return _bisect_update(run, 0, cap, available_bytes, cap)
     context = 0
     quiet: list[tuple] = []  # the last updates' byte signatures, to spot a bounded cache's fixed point
-    window = 3 + -(-rules.STEP // chunk)
+    window = 3 + -(-STEP // chunk)
     while context < prompt:
         n = min(chunk, prompt - context)
         if n == 1:
