@@ -22,10 +22,12 @@ queuing it; the step time holds the scoring.
 
 ``--layers-only`` (MLX) times the caches alone, no model: ``--layers`` layer caches of SmolLM2-135M's
 shapes (3 KV heads, 9 query heads, head dim 64) take a ``--prompt-tokens`` prefill of random keys
-and then ``--tokens`` one-token updates (each importance layer also scores with a random query, as
-the hook would), one step of every cache in turn, evaluated per step; the median process CPU
-time per step of each importance cache minus mlx-lm's ``KVCache`` beside it is the cache's own
-cost per decode step, the figure a loaded machine blurs least.
+and then ``--tokens`` one-token updates, each followed by the layer's attention over what the
+cache returns (a random query, through mlx-lm's attention function and, for the importance
+caches, the capture hook around the step, as a model runs them), one step of every cache in
+turn, evaluated per step; the median process CPU time per step of each importance cache minus
+mlx-lm's ``KVCache`` beside it is the cache's own cost per decode step (its attention over its
+budget of keys against the full cache's over all), the figure a loaded machine blurs least.
 
 ``--retrieval`` measures quality instead: the passkey task of :mod:`cachelib.profile.retrieval`
 (needle at ``--depth`` of a ``--context``-token prompt, ``--trials`` trials) with the question
@@ -125,10 +127,15 @@ def run_backend(backend: str, model: str, specs: list[str], n_prompt: int, n_tok
 
 
 def run_layers_only(methods: list[str], budget: int, n_prompt: int, n_tokens: int, layers: int) -> None:
+    import contextlib
+
     import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import base
     from mlx_lm.models.cache import KVCache
 
     from cachelib.core.importance import policy_of
+    from cachelib.mlx import hooks
     from cachelib.mlx.importance import ImportanceKVCache
     from cachelib.spec import parse_spec
 
@@ -139,16 +146,26 @@ def run_layers_only(methods: list[str], budget: int, n_prompt: int, n_tokens: in
         caches[m] = [
             ImportanceKVCache(policy_of(parse_spec(f"{m}:budget={budget}{knobs.get(m, '')}"))) for _ in range(layers)
         ]
+    # this module stands for a model's: its layers call the attention function by this name, which
+    # the capture hook wraps for the importance caches (as cachelib.profile and this bench's model runs do)
+    globals()[hooks.NAME] = base.scaled_dot_product_attention
+
+    class Layers(nn.Module):
+        pass
+
+    model = Layers()
 
     def step(name: str, n: int) -> float:
         k, v, q = (mx.random.normal((1, h, n, d)) for h in (h_kv, h_kv, h_q))
         mx.eval(k, v, q)
+        capture = contextlib.nullcontext() if name == "mlx-lm KVCache" else hooks.capture(model)
         start = time.process_time()
         out = []
-        for c in caches[name]:
-            out += c.update_and_fetch(k, v)
-            if getattr(c, "awaiting", False):
-                c.observe(q[:, :, -1:] if name == "tova" else q, None)
+        with capture:
+            for c in caches[name]:
+                keys, values = c.update_and_fetch(k, v)
+                attend = globals()[hooks.NAME]
+                out.append(attend(q, keys, values, cache=c, scale=d**-0.5, mask="causal" if n > 1 else None))
         mx.eval(out)
         return time.process_time() - start
 

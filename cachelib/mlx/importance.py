@@ -44,14 +44,14 @@ def attention_weights(keys: mx.array, queries: mx.array, scale: float | None = N
 
 
 def _last_query_weights(keys: mx.array, queries: mx.array, scale: float | None = None) -> mx.array:
-    """:func:`attention_weights` of the last query only (it sees every key, so no mask), without
-    repeating the keys per query head: (B, H_q, T) float32, query head h reading KV head h // (H_q / H_kv)."""
+    """:func:`attention_weights` of the last query only (it sees every key, so no mask), computed as
+    MLX's attention computes them on the CPU (:func:`cachelib.mlx.hooks.last_query_weights`, the
+    weights the hook hands over): (B, H_q, T) float32, query head h reading KV head h // (H_q / H_kv)."""
     B, h_kv, T, D = keys.shape
     h_q = queries.shape[1]
     scale = D**-0.5 if scale is None else float(scale)
-    q = queries[:, :, -1].astype(mx.float32).reshape(B, h_kv, h_q // h_kv, D)
-    logits = (q @ keys.astype(mx.float32).transpose(0, 1, 3, 2)) * scale  # (B, H_kv, group, T)
-    return mx.softmax(logits, axis=-1, precise=True).reshape(B, h_q, T)
+    q = queries[:, :, -1:].astype(mx.float32)
+    return hooks.last_query_weights(q, keys.astype(mx.float32), scale).reshape(B, h_q, T)
 
 
 def _pool(scores: mx.array, kernel: int, pooling: str) -> mx.array:
@@ -82,6 +82,9 @@ class Scorer:
     scores. The formulas are the PyTorch scorers' (:mod:`cachelib.torch.importance`)."""
 
     deferred = False  # scored by the next update (inside a decode step's compiled call), not at observe
+    # whether a decode step's scores follow from its attention's softmax weights alone (``from_weights``):
+    # the capture hook then hands over the weights the model's attention computed
+    from_attention = False
     # whether ``observed_at`` scores keys held in any slot order (a decode step then writes the new
     # token into the evicted slot); a scorer that reads slot order (a causal mask, "the last key") leaves it False
     any_order = False
@@ -101,6 +104,12 @@ class Scorer:
         """``observed`` of keys in any slot order (``any_order`` scorers): ``newest`` (B, H_kv, T) bool
         marks the slot of the newest held key, the step's queries (Tq = 1 unless slots are in position order)."""
         return cls.observed(policy, scores, keys, queries, scale)
+
+    @classmethod
+    def from_weights(cls, policy: Policy, scores, weights: mx.array, newest: mx.array) -> mx.array:
+        """``observed_at`` of a decode step from its one query's softmax weights on the held keys
+        (B, H_kv, H_q / H_kv, 1, T), as :func:`cachelib.mlx.hooks.last_query_weights` gives them."""
+        raise NotImplementedError
 
 
 class KNorm(Scorer):
@@ -139,6 +148,7 @@ class TOVA(Scorer):
 
     deferred = True
     any_order = True
+    from_attention = True
 
     @staticmethod
     def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
@@ -155,7 +165,20 @@ class TOVA(Scorer):
         B, h_kv, T, _ = keys.shape
         if T < 2:
             return mx.zeros((B, h_kv, T), dtype=mx.float32)
-        w = _last_query_weights(keys, queries, scale)  # (B, H_q, T)
+        return cls._mean_heads(_last_query_weights(keys, queries, scale), h_kv, newest)
+
+    @classmethod
+    def from_weights(cls, policy, scores, weights, newest):
+        B, h_kv, T = newest.shape
+        if T < 2:
+            return mx.zeros((B, h_kv, T), dtype=mx.float32)
+        return cls._mean_heads(weights.reshape(B, -1, T), h_kv, newest)
+
+    @staticmethod
+    def _mean_heads(w: mx.array, h_kv: int, newest: mx.array) -> mx.array:
+        """The mean of ``w`` (B, H_q, T) over the query heads for every KV head, the newest key's
+        slot given the others' best."""
+        B, _, T = w.shape
         s = mx.broadcast_to(w.mean(1, keepdims=True), (B, h_kv, T))
         top = mx.where(newest, mx.array(-mx.inf, mx.float32), s).max()
         return mx.where(newest, top, s)
@@ -166,6 +189,7 @@ class H2O(Scorer):
 
     deferred = True
     any_order = True  # with one query (a decode step) the causal mask hides nothing
+    from_attention = True
 
     @staticmethod
     def score(keys, queries, *, window=0, kernel=5, pooling="avg", scale=None):
@@ -180,6 +204,11 @@ class H2O(Scorer):
         if queries.shape[2] > 1:  # slots are in position order then
             return cls.observed(policy, scores, keys, queries, scale)
         return mx.nan_to_num(scores, nan=0.0) + _group_mean(_last_query_weights(keys, queries, scale), keys.shape[1])
+
+    @classmethod
+    def from_weights(cls, policy, scores, weights, newest):
+        B, h_kv, T = newest.shape
+        return mx.nan_to_num(scores, nan=0.0) + _group_mean(weights.reshape(B, -1, T), h_kv)
 
 
 def score_keys(
@@ -267,6 +296,12 @@ def _observe(scorer: type[Scorer], policy: Policy, scale: float | None):
     return mx.compile(functools.partial(scorer.observed, policy, scale=scale))
 
 
+@functools.cache
+def _weigh(scorer: type[Scorer], policy: Policy):
+    """The scorer's ``from_weights``, compiled (one call per layer)."""
+    return mx.compile(functools.partial(scorer.from_weights, policy))
+
+
 def _new_scores(scorer: type[Scorer], policy: Policy, keys: mx.array) -> mx.array:
     """Scores of appended keys: the scorer's own for a method without queries, else NaN (unscored)."""
     if not policy.needs_queries:
@@ -307,9 +342,12 @@ _TIE = 1 << 32  # a score's int64 key times this plus a position (< 2**32) order
 
 
 @functools.cache
-def _ring_update(scorer: type[Scorer], policy: Policy, score_first: bool, protect: int, scale: float | None = None):
+def _ring_update(
+    scorer: type[Scorer], policy: Policy, score_first: str | None, protect: int, scale: float | None = None
+):
     """A decode step's one-token update of a full layer (an ``any_order`` scorer), one compiled
-    call: with ``score_first`` the held keys are first scored with the last step's queries; the
+    call: with ``score_first`` the held keys are first scored by the last step's ``"queries"`` or
+    by the softmax ``"weights"`` its attention computed (``Scorer.from_weights``); the
     free slot :func:`select_slots` would drop (the worst score, ties: the newest position; the
     newest ``protect`` positions are never free) then takes the new token in every array, so no
     held key moves (slots leave position order; ``positions`` says which token each holds)."""
@@ -332,7 +370,12 @@ def _ring_update(scorer: type[Scorer], policy: Policy, score_first: bool, protec
         scored = scorer.observed_at(policy, scores, keys, queries, scale, positions == offset - 1)
         return update(keys, values, positions, scores if scored is None else scored, new_keys, new_values, offset)
 
-    return mx.compile(score_and_update if score_first else update)
+    def weigh_and_update(keys, values, positions, scores, new_keys, new_values, offset, weights):
+        scored = scorer.from_weights(policy, scores, weights, positions == offset - 1)
+        return update(keys, values, positions, scored, new_keys, new_values, offset)
+
+    steps = {None: update, "queries": score_and_update, "weights": weigh_and_update}
+    return mx.compile(steps[score_first])
 
 
 class ImportanceKVCache(LayerCache):
@@ -367,7 +410,9 @@ class ImportanceKVCache(LayerCache):
         self.head_mask: mx.array | None = None  # (B, H_kv, held) bool, False on padding; None: none
         self._padded = False
         self._shuffled = False  # whether slots may be out of position order (after a ring write)
-        self._pending: tuple[mx.array, float | None] | None = None  # (queries, scale) of the last step, unscored
+        # what the last step's attention left to score the held keys with: ("queries", queries, scale),
+        # or ("weights", its softmax weights, None) when the capture hook handed those over
+        self._pending: tuple[str, mx.array, float | None] | None = None
 
     @property
     def held(self) -> int:
@@ -380,26 +425,30 @@ class ImportanceKVCache(LayerCache):
         if keep is not None and self.held - keep == 1 and not self.policy.compress_once:  # a decode step: one call
             self._check_scored()
             start = time.perf_counter()
-            pending, self._pending = self._pending, None
             ring = n == 1 and self.scorer.any_order
-            if not ring or (pending and pending[0].shape[2] > 1):  # several queries: a causal mask by slot order
+            if not ring and self._pending and self._pending[0] == "weights":  # weights are by the slots as held
+                self._settle()
+            pending, self._pending = self._pending, None
+            if not ring or (
+                pending and pending[0] == "queries" and pending[1].shape[2] > 1
+            ):  # a causal mask by slot order
                 self._in_order()
             protect = self.policy.protected(keep)
             make = _ring_update if ring else _decode_update
-            update = make(self.scorer, self.policy, pending is not None, protect, pending and pending[1])
+            update = make(self.scorer, self.policy, pending and pending[0], protect, pending and pending[2])
             args = [self.keys, self.values, self.positions, self.scores, keys, values, mx.array(self.offset, mx.int64)]
             if ring:  # the held arrays are the call's alone now, so its one-slot writes can be in place
                 self.keys = self.values = self.positions = self.scores = None
             try:
-                arrays = update(*args, *(pending[:1] if pending else ()))
+                arrays = update(*args, *(pending[1:2] if pending else ()))
             except Exception:  # bad input: the cache keeps what it held
                 self.keys, self.values, self.positions, self.scores = args[:4]
                 raise
             self._shuffled = self._shuffled or ring
             self.score_seconds += time.perf_counter() - start
             return self._appended(n, *arrays)
-        self._in_order()
         self._settle()
+        self._in_order()
         if keep is not None:
             self._evict(keep)
         if self.padded and not hooks.capturing():
@@ -443,19 +492,40 @@ class ImportanceKVCache(LayerCache):
         self.awaiting = False
         start = time.perf_counter()
         if self.scorer.deferred:  # scored by the next update, in its compiled call (or by _settle)
-            self._pending, self.unscored = (queries, scale), False
+            self._pending, self.unscored = ("queries", queries, scale), False
         else:
             s = self.scorer.observed(self.policy, self.scores, self.keys, queries, scale)
             if s is not None:
                 self.scores, self.unscored = s, False
         self.score_seconds += time.perf_counter() - start
 
+    @property
+    def takes_weights(self) -> bool:
+        """Whether the capture hook may hand this step's attention weights to :meth:`observe_weights`
+        instead of its queries to :meth:`observe` (a method that scores from them, waiting for a step)."""
+        return self.awaiting and self.scorer.from_attention and not self._padded
+
+    def observe_weights(self, weights: mx.array) -> None:
+        """Score the held keys, at the next update, with the softmax weights (B, H_kv, H_q / H_kv, 1, T)
+        of this step's one query on them, in slot order, as :func:`cachelib.mlx.hooks.last_query_weights`
+        computes them: the attention-capture hook hands over those the model's attention computed."""
+        if not self.awaiting:
+            return
+        self.awaiting = False
+        self._pending, self.unscored = ("weights", weights, None), False
+
     def _settle(self) -> None:
-        """Scores the held keys with the queries ``observe`` left pending, outside a decode step's call."""
-        if self._pending is not None:
-            queries, scale = self._pending
-            self._pending = None
-            self.scores = _observe(self.scorer, self.policy, scale)(self.scores, self.keys, queries)
+        """Scores the held keys with what the last step left pending, outside a decode step's call."""
+        if self._pending is None:
+            return
+        source, x, scale = self._pending
+        self._pending = None
+        if source == "weights":  # any slot order: the weights are by the slots as held now
+            newest = self.positions == self.offset - 1
+            self.scores = _weigh(self.scorer, self.policy)(self.scores, x, newest)
+        else:
+            self._in_order()
+            self.scores = _observe(self.scorer, self.policy, scale)(self.scores, self.keys, x)
 
     def by_position(self) -> tuple[mx.array, mx.array, mx.array, mx.array] | None:
         """The held keys, values (B, H, T, D), positions and scores (B, H, T), each (batch, head)'s
