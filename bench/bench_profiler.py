@@ -44,6 +44,8 @@ CONFIGS = {
     "probes off": Probes.none(),
     "default probes": Probes(),
     "default, quality off": Probes(quality=0),  # what the quality probe's own share is
+    "default, quant_error off": Probes(quant_error=0),  # what the quantization error's own share is
+    "default, quality inline": Probes(),  # the quality probe on the step's path, as before its thread
     "memory+ring": Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0),
     "every probe, every step": Probes.every_step(),
 }
@@ -66,14 +68,32 @@ STRATEGIES = [
 ]
 
 
+INLINE = {"default, quality inline"}  # configurations whose quality probe is computed inline
+_inline_threads: set[int] = set()  # the round robin's threads that run those
+_threaded_pool = run_module._quality_pool
+
+
+def _pool_of_this_thread() -> Executor:
+    return _Inline() if threading.get_ident() in _inline_threads else _threaded_pool()
+
+
 def decodes(loaded, strategies: list[str], configs: list[str], tokens: int) -> dict:
-    def decode_with(probes: Probes):
+    run_module._quality_pool = _pool_of_this_thread  # each configuration's own way, side by side
+
+    def decode_with(name: str):
         def decode(done):
-            run_profile(loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=probes, on_step=lambda e: done())
+            if name in INLINE:
+                _inline_threads.add(threading.get_ident())
+            try:
+                run_profile(
+                    loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=CONFIGS[name], on_step=lambda e: done()
+                )
+            finally:
+                _inline_threads.discard(threading.get_ident())  # a later thread may get its number
 
         return decode
 
-    return {name: decode_with(CONFIGS[name]) for name in configs}
+    return {name: decode_with(name) for name in configs}
 
 
 def main() -> None:
@@ -185,8 +205,7 @@ def probe_times(loaded, strategies: list[str], tokens: int, inline: bool) -> dic
         (probe_class, "device_memory", timed("system", probe_class.device_memory)),
         (run_module, "process_rss", timed("system", run_module.process_rss)),
     ]
-    if inline:
-        patches.append((run_module, "_quality_pool", _Inline))
+    patches.append((run_module, "_quality_pool", _Inline if inline else _threaded_pool))
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     try:
         for owner, name, value in patches:
