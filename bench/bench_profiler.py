@@ -190,10 +190,9 @@ def probe_times(loaded, strategies: list[str], tokens: int, inline: bool) -> dic
         return wrapper
 
     probe_class = type(probe_for(loaded))
+    tasks = ("_make_baseline", "_baseline_numbers", "_compared")
     patches = [
-        (run_module, "Baseline", timed("quality", Baseline)),
-        (run_module, "_compared", timed("quality", run_module._compared)),
-        (run_module, "_baseline_numbers", timed("quality", run_module._baseline_numbers)),
+        *((run_module._StepQuality, name, timed("quality", getattr(run_module._StepQuality, name))) for name in tasks),
         (run_module._StepQuality, "results", timed("quality wait", run_module._StepQuality.results, time.perf_counter)),
         (run_module, "step_rows", timed("rows", run_module.step_rows)),
         (probe_class, "pending", timed("pending", probe_class.pending)),

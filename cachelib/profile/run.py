@@ -295,39 +295,53 @@ class _StepQuality:
 
     def __init__(self, pool: Executor):
         self.pool = pool
-        self.baseline: Future | None = None
+        self.baseline: Baseline | None = None  # set by the first task
         self.target: int | None = None
         self.waiting: list[tuple[int, np.ndarray]] = []  # rows that came before the baseline
-        self.futures: dict[int, Future] = {}
+        self.tasks: list[tuple[int | None, Future, Callable, tuple]] = []  # (row, None: the baseline), in order
 
     def add(self, row: int, logits: np.ndarray, target: int | None) -> None:
         """Row ``row``'s logits; the baseline's (row 0) come with the step's ``target``."""
         if row == 0:
             self.target = target
-            self.baseline = self.pool.submit(Baseline, logits)
-            self.futures[0] = self.pool.submit(_baseline_numbers, self.baseline, target)
+            self._submit(None, self._make_baseline, logits)
+            self._submit(0, self._baseline_numbers)
             for r, waiting in self.waiting:
-                self.futures[r] = self.pool.submit(_compared, self.baseline, waiting, target)
+                self._submit(r, self._compared, waiting)
             self.waiting.clear()
-        elif self.baseline is None:
+        elif not self.tasks:
             self.waiting.append((row, logits))
         else:
-            self.futures[row] = self.pool.submit(_compared, self.baseline, logits, self.target)
+            self._submit(row, self._compared, logits)
 
     def results(self) -> dict[int, tuple[float, bool, float | None]]:
         """Row -> (KL, top-1 agreement, the target's log-prob), once every row's are computed."""
         if self.waiting:
             raise RuntimeError("the baseline's logits never came: its rows cannot be compared")
-        return {row: future.result() for row, future in self.futures.items()}
+        # The tasks the thread has not started (a busy machine: it had no core) are taken back, last
+        # first, and computed here instead of waited for; the thread's are then a prefix, in order.
+        start = len(self.tasks)
+        while start and self.tasks[start - 1][1].cancel():
+            start -= 1
+        numbers = {}
+        for i, (row, future, task, args) in enumerate(self.tasks):
+            value = future.result() if i < start else task(*args)
+            if row is not None:
+                numbers[row] = value
+        return numbers
 
+    def _submit(self, row: int | None, task: Callable, *args) -> None:
+        self.tasks.append((row, self.pool.submit(task, *args), task, args))
 
-# Run by the pool's one thread in the order submitted, so the baseline's future is done by then.
-def _baseline_numbers(baseline: Future, target: int | None) -> tuple[float, bool, float | None]:
-    return 0.0, True, baseline.result().logprob(target)
+    # Run in order, by the pool's one thread or by results(): the baseline's task comes first.
+    def _make_baseline(self, logits: np.ndarray) -> None:
+        self.baseline = Baseline(logits)
 
+    def _baseline_numbers(self) -> tuple[float, bool, float | None]:
+        return 0.0, True, self.baseline.logprob(self.target)
 
-def _compared(baseline: Future, logits: np.ndarray, target: int | None) -> tuple[float, bool, float | None]:
-    return compare(baseline.result(), logits, target)
+    def _compared(self, logits: np.ndarray) -> tuple[float, bool, float | None]:
+        return compare(self.baseline, logits, self.target)
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -5,7 +5,7 @@ for bit; a run that fails mid-way still records every step it finished, quality 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -27,6 +27,25 @@ class _Inline(Executor):
     def submit(self, fn, /, *args, **kwargs):
         future = Future()
         future.set_result(fn(*args, **kwargs))
+        return future
+
+
+class _AllInTheThread(ThreadPoolExecutor):
+    """The run's pool, but each task has started in the thread before ``submit`` returns: none is
+    left for the step to take back, so every number is computed off the main thread."""
+
+    def __init__(self):
+        super().__init__(max_workers=1, thread_name_prefix="cachelib-quality")
+
+    def submit(self, fn, /, *args, **kwargs):
+        started = threading.Event()
+
+        def task():
+            started.set()
+            return fn(*args, **kwargs)
+
+        future = super().submit(task)
+        started.wait()
         return future
 
 
@@ -55,14 +74,17 @@ def test_the_threaded_quality_probe_records_the_numbers_computed_inline(
         return run_profile(loaded, STRATEGIES, prompt=PROMPT, max_tokens=10, one_by_one=one_by_one, out=tmp_path / out)
 
     threaded = profile("threaded.csv")
-    assert where and all(name.startswith("cachelib-quality") for name in where)  # it did run off the main thread
-    assert not _quality_threads()  # and the run gave its thread back
+    assert not _quality_threads()  # the run gave its thread back
+    where.clear()
+    monkeypatch.setattr(run_module, "_quality_pool", _AllInTheThread)
+    in_thread = profile("in_thread.csv")
+    assert where and all(name.startswith("cachelib-quality") for name in where)
     where.clear()
     monkeypatch.setattr(run_module, "_quality_pool", _Inline)
     inline = profile("inline.csv")
     assert where == {threading.current_thread().name}
 
-    for got in (threaded, load_profile(threaded.path)):
+    for got in (threaded, load_profile(threaded.path), in_thread):
         a, b = got.frame("steps"), inline.frame("steps")
         assert a[QUALITY].notna().all().all() and len(a) == 10 * len(STRATEGIES)
         for column in QUALITY:  # the same numbers, bit for bit (NaN never appears: checked above)
@@ -84,6 +106,27 @@ def test_rows_that_come_before_the_baseline_are_compared_once_it_comes():
         pool.shutdown()
     base = Baseline(rows[0])
     assert numbers == {0: (0.0, True, base.logprob(7)), **{r: compare(base, rows[r], 7) for r in (1, 2, 3)}}
+
+
+def test_what_a_busy_thread_has_not_started_is_computed_by_the_step_itself():
+    """On a loaded machine the thread may get no core before the step needs its numbers: the step
+    takes back the tasks not started and computes them itself (same numbers) instead of waiting."""
+    rng = np.random.default_rng(7)
+    rows = (rng.standard_normal((3, 4096)) * 4).astype(np.float32)
+    pool = run_module._quality_pool()
+    busy = threading.Event()
+    try:
+        pool.submit(busy.wait, 60)  # the thread's one core is taken: nothing of the step starts
+        quality = run_module._StepQuality(pool)
+        for row in range(3):
+            quality.add(row, rows[row], 5 if row == 0 else None)
+        numbers = quality.results()  # returns without the thread (a wait would last 60 s)
+        assert all(future.cancelled() for _, future, _, _ in quality.tasks)
+    finally:
+        busy.set()
+        pool.shutdown()
+    base = Baseline(rows[0])
+    assert numbers == {0: (0.0, True, base.logprob(5)), 1: compare(base, rows[1], 5), 2: compare(base, rows[2], 5)}
 
 
 def test_a_step_whose_baseline_never_came_is_refused():
