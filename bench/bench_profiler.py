@@ -13,6 +13,12 @@ on a busy machine), and the median over steps of each step's ratio to the same s
 ``probes off``.
 
     python bench/bench_profiler.py [--backend mlx torch] [--tokens 96] [--rounds 1] [--strategies 3 8]
+
+``--probe-times`` adds, per k, the probes' own host time per step, timed around each probe
+function in a run of the default probes (CPU seconds of the thread that runs it; the main thread's
+wait for the quality thread in wall seconds), with the quality probe computed inline (as before
+issue #34's thread) and in its thread: a split that holds on a loaded machine, where the
+interleaved ratios swing by more than the probes cost.
 """
 
 from __future__ import annotations
@@ -20,19 +26,26 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import threading
 import time
+from collections import defaultdict
+from concurrent.futures import Executor, Future
 
 import numpy as np
 from bench_batched import PROMPT, RoundRobin  # one round robin for every interleaved bench
 
 from cachelib.models import load
 from cachelib.profile import Probes, run_profile
+from cachelib.profile import run as run_module
+from cachelib.profile.backends import probe_for
 from cachelib.profile.divergence import Baseline, compare
 
 CONFIGS = {
     "probes off": Probes.none(),
     "default probes": Probes(),
     "default, quality off": Probes(quality=0),  # what the quality probe's own share is
+    "default, quant_error off": Probes(quant_error=0),  # what the quantization error's own share is
+    "default, quality inline": Probes(),  # the quality probe on the step's path, as before its thread
     "memory+ring": Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0),
     "every probe, every step": Probes.every_step(),
 }
@@ -55,14 +68,32 @@ STRATEGIES = [
 ]
 
 
+INLINE = {"default, quality inline"}  # configurations whose quality probe is computed inline
+_inline_threads: set[int] = set()  # the round robin's threads that run those
+_threaded_pool = run_module._quality_pool
+
+
+def _pool_of_this_thread() -> Executor:
+    return _Inline() if threading.get_ident() in _inline_threads else _threaded_pool()
+
+
 def decodes(loaded, strategies: list[str], configs: list[str], tokens: int) -> dict:
-    def decode_with(probes: Probes):
+    run_module._quality_pool = _pool_of_this_thread  # each configuration's own way, side by side
+
+    def decode_with(name: str):
         def decode(done):
-            run_profile(loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=probes, on_step=lambda e: done())
+            if name in INLINE:
+                _inline_threads.add(threading.get_ident())
+            try:
+                run_profile(
+                    loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=CONFIGS[name], on_step=lambda e: done()
+                )
+            finally:
+                _inline_threads.discard(threading.get_ident())  # a later thread may get its number
 
         return decode
 
-    return {name: decode_with(CONFIGS[name]) for name in configs}
+    return {name: decode_with(name) for name in configs}
 
 
 def main() -> None:
@@ -74,6 +105,7 @@ def main() -> None:
         "--strategies", type=int, nargs="+", default=[3, 8], metavar="K", choices=range(1, len(STRATEGIES) + 1)
     )
     ap.add_argument("--configs", nargs="+", default=["probes off", "default probes"], choices=list(CONFIGS))
+    ap.add_argument("--probe-times", action="store_true", help="also time each probe's own host work per step")
     args = ap.parse_args()
     configs = ["probes off"] + [c for c in args.configs if c != "probes off"]  # the reference first
     for backend in args.backend:
@@ -104,6 +136,14 @@ def main() -> None:
                 f"    the quality probe alone: {quality * 1e3:.2f} ms a step with {k} rows (one baseline, {k - 1} "
                 f"comparisons), {quality / statistics.median(wall['probes off']):.1%} of the probes-off step"
             )
+            if args.probe_times:
+                for inline in (True, False):
+                    times = probe_times(loaded, strategies, args.tokens, inline)
+                    how = "inline" if inline else "in its thread"
+                    print(
+                        f"    probes' own host ms a step, quality {how}: "
+                        + ", ".join(f"{k} {v:.2f}" for k, v in times.items())
+                    )
 
 
 def quality_seconds(vocab: int, k: int, repeats: int = 50) -> float:
@@ -120,6 +160,61 @@ def quality_seconds(vocab: int, k: int, repeats: int = 50) -> float:
             compare(baseline, row, 1)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class _Inline(Executor):
+    """Runs each task as it is submitted, in the caller's thread: the quality probe computed inline."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def probe_times(loaded, strategies: list[str], tokens: int, inline: bool) -> dict[str, float]:
+    """Milliseconds per step of each probe's own work in one run of the default probes: CPU time of
+    the thread that does it (``quality`` in the quality thread, or inline), and the main thread's
+    wall time waiting for the quality thread (``quality wait``: what stays on the step's path)."""
+    spent: dict[str, float] = defaultdict(float)
+    lock = threading.Lock()
+
+    def timed(name, fn, clock=time.thread_time):
+        def wrapper(*args, **kwargs):
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with lock:
+                    spent[name] += clock() - start
+
+        return wrapper
+
+    probe_class = type(probe_for(loaded))
+    tasks = ("_make_baseline", "_baseline_numbers", "_compared")
+    patches = [
+        *((run_module._StepQuality, name, timed("quality", getattr(run_module._StepQuality, name))) for name in tasks),
+        (run_module._StepQuality, "results", timed("quality wait", run_module._StepQuality.results, time.perf_counter)),
+        (run_module, "step_rows", timed("rows", run_module.step_rows)),
+        (probe_class, "pending", timed("pending", probe_class.pending)),
+        (probe_class, "masks_before", timed("masks", probe_class.masks_before)),
+        (probe_class, "masks_after", timed("masks", probe_class.masks_after)),
+        (probe_class, "set_track_error", timed("error switches", probe_class.set_track_error)),
+        (probe_class, "views_of", timed("views", probe_class.views_of)),
+        (probe_class, "views", timed("views", probe_class.views)),
+        (probe_class, "device_memory", timed("system", probe_class.device_memory)),
+        (run_module, "process_rss", timed("system", run_module.process_rss)),
+    ]
+    patches.append((run_module, "_quality_pool", _Inline if inline else _threaded_pool))
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
+    try:
+        for owner, name, value in patches:
+            setattr(owner, name, value)
+        run_profile(loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=Probes())
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+    # set_track_error is inside step_rows (switching off): counted in both, as it is in the step
+    return {name: spent[name] * 1e3 / tokens for name in sorted(spent)}
 
 
 def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:

@@ -19,6 +19,7 @@ import os
 import re
 import time
 import uuid
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
@@ -203,6 +204,11 @@ def run_profile(
         writer.flush()
 
     status, reason, completed = "complete", "", 0
+    # The quality probe's float64 arithmetic runs in one background thread while the step goes on
+    # (the next rows' forwards, the cache reads, the row building); its numbers join the step's rows
+    # before any is recorded, so a step is recorded whole or not at all, as before.
+    pool = _quality_pool() if probes.quality else None
+    index = {st.label: i for i, st in enumerate(states)}
     try:
         feed = prompt_ids
         for step in range(max_tokens):
@@ -216,22 +222,33 @@ def run_profile(
                     break
             last = step == max_tokens - 1
             event = StepEvent(step, max_tokens, profile)
-            baseline = None  # the baseline's distribution, computed once per step for every row
-            target = None
+            quality = _StepQuality(pool) if probes.on("quality", step, last) else None
+            target = continuation[step] if continuation is not None else None
+
+            def arrived(st: StrategyState, logits: np.ndarray) -> None:
+                """A row's logits, as soon as its forward gives them (the baseline's first or later)."""
+                nonlocal target
+                i = index[st.label]
+                if i == 0 and target is None:
+                    target = int(np.argmax(logits))
+                if quality is not None:
+                    quality.add(i, logits, target)
+
             at = StepAt(probe, probes, step, last)
-            batched = batch.step(at, lambda st: feed if not free_running or step == 0 else [st.last_token])
-            for i, st in enumerate(states):
+            batched = batch.step(at, lambda st: feed if not free_running or step == 0 else [st.last_token], arrived)
+            taken = []
+            for st in states:
                 if st.label in batched:
-                    logits, rows = batched[st.label]
+                    rows = batched[st.label]
                 else:
                     ids = feed if not free_running or step == 0 else [st.last_token]
-                    logits, rows = _take_step(runner, at, st, ids)
-                if i == 0:
-                    target = continuation[step] if continuation is not None else int(np.argmax(logits))
+                    rows = _take_step(runner, at, st, ids, arrived)
+                taken.append((st, rows))
+            numbers = quality.results() if quality is not None else None
+            for i, (st, rows) in enumerate(taken):
                 step_row = rows["steps"]
-                if probes.on("quality", step, last):
-                    baseline = baseline or Baseline(logits)  # row 0 is the baseline
-                    kl, agree, lp = compare(baseline, logits, target) if i else (0.0, True, baseline.logprob(target))
+                if numbers is not None:
+                    kl, agree, lp = numbers[i]
                     step_row.update(kl=kl, top1_agree=agree, logprob_target=lp)
                 if free_running:
                     st.departed = st.departed or st.tokens != states[0].tokens[: len(st.tokens)]
@@ -258,8 +275,73 @@ def run_profile(
         status, reason = "incomplete", f"error during step {completed}: {type(e).__name__}: {e}"
         _close(profile, writer, status, reason, completed)
         raise
+    finally:
+        if pool is not None:  # a step cut short leaves nothing worth waiting for
+            pool.shutdown(wait=True, cancel_futures=True)
     _close(profile, writer, status, reason, completed)
     return profile
+
+
+def _quality_pool() -> Executor:
+    """The one background thread of a run's quality probe (ordered: one worker)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="cachelib-quality")
+
+
+class _StepQuality:
+    """One step's quality numbers, row by row, computed in the background as the rows' logits come:
+    the baseline's distribution once row 0 (the baseline) is in, then every other row compared
+    against it, in the order they came, with :func:`compare`'s own arithmetic (the numbers are those
+    computed inline, bit for bit). :meth:`results` waits for them; a probe error is raised there."""
+
+    def __init__(self, pool: Executor):
+        self.pool = pool
+        self.baseline: Baseline | None = None  # set by the first task
+        self.target: int | None = None
+        self.waiting: list[tuple[int, np.ndarray]] = []  # rows that came before the baseline
+        self.tasks: list[tuple[int | None, Future, Callable, tuple]] = []  # (row, None: the baseline), in order
+
+    def add(self, row: int, logits: np.ndarray, target: int | None) -> None:
+        """Row ``row``'s logits; the baseline's (row 0) come with the step's ``target``."""
+        if row == 0:
+            self.target = target
+            self._submit(None, self._make_baseline, logits)
+            self._submit(0, self._baseline_numbers)
+            for r, waiting in self.waiting:
+                self._submit(r, self._compared, waiting)
+            self.waiting.clear()
+        elif not self.tasks:
+            self.waiting.append((row, logits))
+        else:
+            self._submit(row, self._compared, logits)
+
+    def results(self) -> dict[int, tuple[float, bool, float | None]]:
+        """Row -> (KL, top-1 agreement, the target's log-prob), once every row's are computed."""
+        if self.waiting:
+            raise RuntimeError("the baseline's logits never came: its rows cannot be compared")
+        # The tasks the thread has not started (a busy machine: it had no core) are taken back, last
+        # first, and computed here instead of waited for; the thread's are then a prefix, in order.
+        start = len(self.tasks)
+        while start and self.tasks[start - 1][1].cancel():
+            start -= 1
+        numbers = {}
+        for i, (row, future, task, args) in enumerate(self.tasks):
+            value = future.result() if i < start else task(*args)
+            if row is not None:
+                numbers[row] = value
+        return numbers
+
+    def _submit(self, row: int | None, task: Callable, *args) -> None:
+        self.tasks.append((row, self.pool.submit(task, *args), task, args))
+
+    # Run in order, by the pool's one thread or by results(): the baseline's task comes first.
+    def _make_baseline(self, logits: np.ndarray) -> None:
+        self.baseline = Baseline(logits)
+
+    def _baseline_numbers(self) -> tuple[float, bool, float | None]:
+        return 0.0, True, self.baseline.logprob(self.target)
+
+    def _compared(self, logits: np.ndarray) -> tuple[float, bool, float | None]:
+        return compare(self.baseline, logits, self.target)
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -354,8 +436,9 @@ class _StrategyBatch:
             "batch_notes": json.dumps(self.notes) if self.notes else "",
         }
 
-    def step(self, at: StepAt, ids_of) -> dict[str, tuple[np.ndarray, dict]]:
-        """One forward for every batched strategy: label -> (logits, rows), as :func:`_take_step`."""
+    def step(self, at: StepAt, ids_of, arrived) -> dict[str, dict]:
+        """One forward for every batched strategy: label -> its rows, as :func:`_take_step`
+        (``arrived(state, logits)`` is called with each row's logits as soon as the forward ends)."""
         if not self.states:
             return {}
         probe = at.probe
@@ -368,17 +451,19 @@ class _StrategyBatch:
         # the probes' pending work (error terms) is computed in the forward's own evaluation
         logits = self.runner.step_rows(self.rows, ids, extra=lambda: probe.pending(caches))
         wall = time.perf_counter() - start  # the one forward every row took
+        for r, st in enumerate(self.states):
+            arrived(st, logits[r])
         views = probe.views_of(caches)  # reads every row's error terms, computed by the forward
         # the process's memory after the one forward is every row's: read it once, not once a row
         system = (*probe.device_memory(), process_rss()) if at.on("system") else None
         return {
-            st.label: (logits[r], step_rows(at, st, before[r], Forward(ids[r], logits[r], wall, views[r], system)))
+            st.label: step_rows(at, st, before[r], Forward(ids[r], logits[r], wall, views[r], system))
             for r, st in enumerate(self.states)
         }
 
 
-def _take_step(runner, at: StepAt, st: StrategyState, ids: list[int]):
-    """One forward of ``st`` alone: (logits, its rows)."""
+def _take_step(runner, at: StepAt, st: StrategyState, ids: list[int], arrived) -> dict:
+    """One forward of ``st`` alone: its rows (``arrived(st, logits)`` as soon as it ends)."""
     probe = at.probe
     before = before_step(at, st, len(ids))
     if at.probes.system:
@@ -387,7 +472,8 @@ def _take_step(runner, at: StepAt, st: StrategyState, ids: list[int]):
     with probe.capture(st.cache):  # importance caches get the step's queries (a no-op otherwise)
         logits = runner.step(st.cache, ids, extra=lambda: probe.pending([st.cache]))
     wall = time.perf_counter() - start
-    return logits, step_rows(at, st, before, Forward(ids, logits, wall, probe.views(st.cache)))
+    arrived(st, logits)
+    return step_rows(at, st, before, Forward(ids, logits, wall, probe.views(st.cache)))
 
 
 def _now() -> str:
