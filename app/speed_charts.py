@@ -89,7 +89,13 @@ def speed_section(planned) -> None:
         key="plan_hardware",
         help="published peaks with their sources; cpu probes this machine",
     )
-    wanted = right.number_input("Min tokens/s per session", min_value=0.0, value=None, key="plan_min_tokens_per_s")
+    wanted = right.number_input(
+        "Min tokens/s per session",
+        min_value=0.0,
+        value=None,
+        key="plan_min_tokens_per_s",
+        help="the most sessions that each decode at least this fast, judged by the low end of the speed interval",
+    )
     if name == NONE:
         st.caption("Pick a device to plan decode tokens/s and the time to first token (`--hardware NAME`).")
         return

@@ -282,7 +282,8 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-tokens-per-s",
         type=float,
         metavar="X",
-        help="also answer: the most sessions that each decode at >= X tokens/s (needs --hardware)",
+        help="also answer: the most sessions that each decode at >= X tokens/s, judged by the low end of the "
+        "speed interval (needs --hardware)",
     )
 
 
@@ -528,7 +529,9 @@ def format_speed(report: SpeedReport, request: PlanRequest) -> str:
     lines += report.speedups
     for spec, (n, fit_n) in report.most_sessions.items():
         cap = "" if fit_n is None else f" (memory fits {fit_n})"
-        lines.append(f"most sessions at >= {request.min_tokens_per_s:g} tokens/s each: {spec}: {n}{cap}")
+        lines.append(
+            f"most sessions at >= {request.min_tokens_per_s:g} tokens/s each (the interval's low end): {spec}: {n}{cap}"
+        )
     if hw.note:
         lines.append(f"note: {hw.note}")
     return "\n".join(lines)

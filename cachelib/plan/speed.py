@@ -626,11 +626,13 @@ class SpeedModel:
 
     def most_sessions(self, spec: Spec | str, min_tokens_per_s: float, limit: int) -> int:
         """The most sessions (at most ``limit``, what memory fits) each decoding at
-        ``min_tokens_per_s`` or faster; 0 when not even one does."""
+        ``min_tokens_per_s`` or faster at the slow end of the quoted interval (a threshold is met
+        by the interval's bound, not its middle, as the quality thresholds are); 0 when not even
+        one does."""
         lo, hi = 0, limit
         while lo < hi:  # per-session speed falls as sessions grow
             mid = (lo + hi + 1) // 2
-            if self.speed(spec, mid).tokens_per_s.value >= min_tokens_per_s:
+            if self.speed(spec, mid).tokens_per_s.low >= min_tokens_per_s:
                 lo = mid
             else:
                 hi = mid - 1
