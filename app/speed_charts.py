@@ -79,6 +79,16 @@ def speed_frontier_figure(
     return fig
 
 
+def speed_values() -> dict:
+    """The speed section's fields as the plan's request takes them: ``plan_hardware`` (None for no
+    speed) and ``plan_min_tokens_per_s``."""
+    name = st.session_state.get("plan_hardware", NONE)
+    return {
+        "plan_hardware": None if name == NONE else name,
+        "plan_min_tokens_per_s": st.session_state.get("plan_min_tokens_per_s"),
+    }
+
+
 def speed_section(planned) -> None:
     """The page's speed fields, table and frontier for ``planned`` (the page's Planned plan)."""
     st.subheader("Speed")
@@ -102,7 +112,7 @@ def speed_section(planned) -> None:
     arch, fits = planned.arch, planned.fits
     try:
         request = replace(planned.result.request, hardware=name, min_tokens_per_s=wanted)
-        report = speed_report(arch, request, fits)
+        report = speed_report(arch, request, fits, flash_attn=request.flash_attn != "off")
         points = speed_frontier(SpeedModel(arch, request, name), fits)
     except ValueError as e:
         st.error(str(e))

@@ -19,6 +19,7 @@ from app.keys import Keys
 from app.panels import PLOTLY_CONFIG
 from app.plain import md
 from app.retrieval_charts import retrieval_heatmap, retrieval_heatmap_info
+from app.speed_charts import speed_section, speed_values
 from app.widgets import int_field
 from cachelib.cli.plan import SESSIONS_TEXT
 from cachelib.core.units import DTYPE_BYTES, human_gib
@@ -40,6 +41,7 @@ from cachelib.plan.answer import Answer, build_answer, default_strategies
 from cachelib.plan.device import WEIGHT_FORMATS
 from cachelib.plan.request import DEVICES, SOLVE, request_defaults
 from cachelib.plan.runtimes import RUNTIMES, describe_layout, resolve_runtime, runtime_names
+from cachelib.plan.speed import speed_report
 from cachelib.profile.evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence
 from cachelib.spec import STRATEGIES
 
@@ -202,6 +204,8 @@ def request_of(v: dict[str, Any]) -> tuple[str, Arch, PlanRequest]:
         min_agreement=v["plan_min_agreement"],
         suggest=bool(v["plan_suggest"]),
         most_sessions=bool(v["plan_most_sessions"]),
+        hardware=v.get("plan_hardware"),
+        min_tokens_per_s=v.get("plan_min_tokens_per_s") if v.get("plan_hardware") else None,
     )
     return model, arch, request
 
@@ -216,7 +220,13 @@ def compute(v: dict[str, Any]) -> Planned:
     result = _plan_request(arch, request, key, evidence.points)
     extra = [_shown(p) for c, p in zip(chosen, paths) if c != COMMITTED]
     command = shlex.join(request.to_argv(model, extra, default_evidence=COMMITTED in chosen))
-    return Planned(result, dict(v), evidence, command, build_answer(result, model), model)
+    speed = None
+    if request.hardware is not None:
+        try:
+            speed = speed_report(arch, request, result.fits, flash_attn=request.flash_attn != "off")
+        except ValueError:  # the speed section says why, under its own fields
+            speed = None
+    return Planned(result, dict(v), evidence, command, build_answer(result, model, speed), model)
 
 
 def _shown(path: Path) -> str:
@@ -576,6 +586,7 @@ def evidence(p: Planned) -> None:
 
 st.title("Planner")
 values, problems = inputs()
+values.update(speed_values())  # the speed section's fields (below) join the answer and the command
 planned = None
 if problems:  # each shows under its field: one line, and nothing is planned with what the field showed before
     planned = st.session_state.get(Keys.PLANNER_LAST)
@@ -607,6 +618,4 @@ st.dataframe(
 counted(planned)
 charts(planned)
 evidence(planned)
-from app.speed_charts import speed_section  # noqa: E402  # the speed section (issue 31), after the rest
-
 speed_section(planned)

@@ -377,7 +377,10 @@ def _run(args: argparse.Namespace) -> None:
     too_long = arch.context_warning(request.context)
     if too_long:
         print(f"warning: {too_long}", file=sys.stderr)
-    answer = build_answer(result, args.model)
+    speed = None
+    if request.hardware is not None:
+        speed = speed_report(arch, request, fits, flash_attn=request.flash_attn != "off")
+    answer = build_answer(result, args.model, speed)
     print(answer.text())  # the answer first: the runtime's command, sessions, memory, quality
     if args.explain:
         print("how: " + "\n     ".join(answer.steps))
@@ -422,7 +425,7 @@ def _run(args: argparse.Namespace) -> None:
             )
     if request.hardware is not None:
         print()
-        print(format_speed(speed_report(arch, request, fits, flash_attn=request.flash_attn != "off"), request))
+        print(format_speed(speed, request))
     if args.layers:
         for spec in request.strategies:
             print()

@@ -235,10 +235,32 @@ def _memory_line(fit: Fit) -> str:
     return f"memory per device: {human_gib(m.total)}{budget} for one session ({terms})"
 
 
-def build_answer(result: PlanResult, model: str | None = None) -> Answer:  # noqa: F821
+def _speed_line(spec: str, report, request) -> str | None:
+    """``spec``'s decode speed from ``report`` (a :class:`~cachelib.plan.speed.SpeedReport`) in one
+    line: tokens/s per session with the interval, all sessions', the time to first token and, with
+    a speed threshold, the most sessions whose interval's low end meets it."""
+    s = next((s for s in report.speeds if s.spec == spec), None)
+    if s is None:
+        return None
+    tps = s.tokens_per_s
+    line = (
+        f"speed on {s.hardware}: {tps.value:.1f} tokens/s per session ({tps.low:.1f}-{tps.high:.1f}) at "
+        f"{s.sessions} session{'s' if s.sessions != 1 else ''}, {s.aggregate_tokens_per_s.value:,.0f} in all"
+    )
+    if s.ttft_s is not None:
+        line += f"; time to first token {s.ttft_s.value:.2f} s ({s.ttft_s.low:.2f}-{s.ttft_s.high:.2f})"
+    if spec in report.most_sessions:
+        n = report.most_sessions[spec][0]
+        line += f"; at >= {request.min_tokens_per_s:g} tokens/s each (the interval's low end): {n} sessions"
+    return line
+
+
+def build_answer(result: PlanResult, model: str | None = None, speed=None) -> Answer:  # noqa: F821
     """The answer block of ``result``: the recommended strategy as its runtime's command, the
-    sessions it serves, one device's memory and its quality; a solve's alternatives side by side;
-    what qualifies only as cachelib's caches in your code; the steps and uncovered commands."""
+    sessions it serves, its speed (with ``speed``, the plan's
+    :class:`~cachelib.plan.speed.SpeedReport`), one device's memory and its quality; a solve's
+    alternatives side by side; what qualifies only as cachelib's caches in your code; the steps
+    and uncovered commands."""
     r = result.request
     rec = result.choice
     ref = model_ref(result.arch, model)
@@ -291,5 +313,6 @@ def build_answer(result: PlanResult, model: str | None = None) -> Answer:  # noq
     quality = quality_line(f, r.max_kl, r.min_agreement, rec.verdicts.get(f.spec))
     if r.kv_format and f.quality is None:
         quality = f"KV format {r.kv_format}: not measured (no evidence of it covers this context)"
-    facts = (_sessions_line(f, r), _memory_line(f), "quality: " + quality, why)
+    fast = _speed_line(f.spec, speed, r) if speed is not None else None
+    facts = (_sessions_line(f, r), *([fast] if fast else []), _memory_line(f), "quality: " + quality, why)
     return Answer(title, command, facts, tuple(side), tuple(in_code), rec.steps, rec.commands)

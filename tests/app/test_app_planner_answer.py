@@ -139,3 +139,22 @@ def test_fifteen_strategies_are_charted_through_the_strategies_shown_picker(prof
     at.multiselect(key="plan_shown").set_value([*picked, "quantized:bits=4"]).run()
     drawn = {t["name"] for f in plotly_figures(at) for t in f["data"] if t.get("mode") == "lines"}
     assert "quantized:bits=4" in drawn
+
+
+def test_a_device_picked_puts_the_speed_in_the_answer_as_the_cli_prints_it(profiles_dir, capsys):
+    at = planner()
+    at.selectbox(key="plan_hardware").set_value("m3-max").run()
+    at.number_input(key="plan_min_tokens_per_s").set_value(20.0).run()
+    assert not at.exception and not at.error
+    command = plan_command(at)
+    assert "--hardware m3-max --min-tokens-per-s 20" in command
+    shown = page_answer(at)
+    assert shown == cli_answer(command, capsys)
+    speed = next(line for line in shown if line.startswith("speed on m3-max: "))
+    assert "tokens/s per session" in speed and "(the interval's low end)" in speed
+    # the answer's figures are the speed table's, for the answer's strategy and sessions
+    strategy = shown[0].removeprefix("answer: ").split(" ")[0]
+    row = next(r for r in at.dataframe if "tokens/s per session" in r.value.columns).value
+    row = row[row.strategy == strategy].iloc[0]
+    assert f"{row['tokens/s per session']:.1f} tokens/s per session ({row['interval']})" in speed
+    assert f"at {row['sessions']} session" in speed
