@@ -270,7 +270,11 @@ def probe_cpu(*, refresh: bool = False) -> Hardware:
 # ---------------------------------------------------------------------------------------------
 # this CPU's attention, as a kernel
 
-ATTENTION_PROBE_BYTES = 512 * 2**20  # the most K/V one probe holds; past it the last rate per key extends
+ATTENTION_PROBE_BYTES = 512 * 2**20  # the most K/V one probe holds over its layers
+# The most K/V of one layer probed: a longer one (far past the caches, K/V streamed) takes the per-key
+# rate of the longest that fits, which keeps a plan's probe to seconds (MLX's float16 attention on the
+# CPU takes ~0.5 s a layer at 4,096 keys of Llama-3.1-8B's shape).
+ATTENTION_PROBE_LAYER_BYTES = 64 * 2**20
 
 
 def _attention_mlx(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch):
@@ -330,11 +334,12 @@ class AttentionProbe:
     """Seconds one layer's single-query attention takes on this CPU at ``length`` keys, for one
     model's shape (``heads`` query heads against ``kv_heads`` of ``head_dim``) on ``backend``,
     measured as a kernel: the backend's attention (:func:`_attention_mlx`, :func:`_attention_torch`)
-    timed bare over ``layers`` layers' K/V in turn (a step's attention does not find the last
-    layer's K/V in the CPU's caches; at most :data:`ATTENTION_PROBE_BYTES` of it), divided by
-    their number. Each (bits, group size, length) is measured once, when first asked for, or
-    given in ``points`` (``{(bits, group_size, length): seconds}``). A length whose K/V passes
-    the limit takes the per-key rate of the longest one that fits."""
+    timed bare over ``layers`` layers' K/V in turn (a step's attention finds in the CPU's caches
+    what is left of its model's K/V, not one layer's over and over; at most
+    :data:`ATTENTION_PROBE_BYTES` of it), divided by their number. Each (bits, group size, length)
+    is measured once, when first asked for, or given in ``points`` (``{(bits, group_size,
+    length): seconds}``). A length whose one layer's K/V passes
+    :data:`ATTENTION_PROBE_LAYER_BYTES` takes the per-key rate of the longest (halved) that fits."""
 
     def __init__(
         self,
@@ -365,7 +370,7 @@ class AttentionProbe:
         run = make(self.heads, self.kv_heads, self.head_dim, length, copies, bits, group_size, self.dtype, 1)
         run()  # first call: allocation, kernel selection
         times, end = [], time.perf_counter() + self.budget
-        while time.perf_counter() < end or len(times) < 5:
+        while time.perf_counter() < end or len(times) < 3:
             t = time.perf_counter()
             run()
             times.append((time.perf_counter() - t) / copies)
@@ -375,7 +380,7 @@ class AttentionProbe:
         """Seconds of one layer's single-query attention at ``length`` keys (batch 1)."""
         length = max(1, int(length))
         fits = length
-        while fits > 1 and self._bytes(fits, bits) > ATTENTION_PROBE_BYTES:
+        while fits > 1 and self._bytes(fits, bits) > ATTENTION_PROBE_LAYER_BYTES:
             fits //= 2
         key = (bits, group_size, fits)
         if key not in self.points:

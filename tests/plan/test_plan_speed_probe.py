@@ -77,7 +77,7 @@ def test_the_probe_charges_every_layer_at_its_own_length():
 
 
 def test_a_length_past_the_probes_memory_takes_the_longest_rate(monkeypatch):
-    monkeypatch.setattr(hw_mod, "ATTENTION_PROBE_BYTES", 2 * 3 * 64 * 4 * 1000)  # 1,000 keys of float32
+    monkeypatch.setattr(hw_mod, "ATTENTION_PROBE_LAYER_BYTES", 2 * 3 * 64 * 4 * 1000)  # 1,000 keys of float32
     p = AttentionProbe("torch", 9, 3, 64, 30, points={(None, 64, 512): 1e-4})
     assert p.seconds(2048) == pytest.approx(4e-4)  # halved to 512 keys, which fit, then scaled by length
     assert p.seconds(512) == 1e-4
