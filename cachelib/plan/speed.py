@@ -15,6 +15,14 @@ The fractions ``f_bw`` / ``f_c`` and the per-step overhead are the runtime's on 
 device, fitted on published measurements (:data:`~cachelib.plan.hardware.CALIBRATION`), or on
 this machine by ``bench/bench_speed.py`` (saved beside the CPU probe).
 
+On this machine's CPU a decode step's attention is not a kernel streaming K/V at the bandwidth
+(MLX's dense attention goes through BLAS GEMMs, threaded or not by the length; its quantized one
+through its own one-thread kernels; torch's through SDPA), so a fit of the bench charges it by
+:class:`~cachelib.plan.hardware.AttentionProbe`: the backend's own attention of one layer's shape,
+timed bare at run time at each layer's length, times one constant (``attention_scale``) fitted at
+the calibration contexts; the bytes then count the weights (and a cache decoded whole before
+attention) only. Published fits never probe.
+
 Strategies as the runtime runs them (each rule's source beside it):
 
 - a ring (``rotating``) or window reads only the slots it holds: its used bytes stop growing at
