@@ -260,7 +260,13 @@ def main() -> None:
             )
             layers = sum(1 for k in arch.layer_kinds if k != "recurrent")
             probe_at = AttentionProbe(
-                backend, arch.num_heads, arch.kv_heads, arch.head_dim, layers, seconds=args.attention_seconds
+                backend,
+                arch.num_heads,
+                arch.kv_heads,
+                arch.head_dim,
+                layers,
+                seconds=args.attention_seconds,
+                run_seconds=1.0,
             )
             samples: dict = {}
             measured = {}

@@ -351,11 +351,12 @@ class AttentionProbe:
         dtype: str = "float32",
         points: Mapping | None = None,
         seconds: float = 0.15,
+        run_seconds: float = 0.3,
     ):
         if backend not in ("mlx", "torch"):
             raise ValueError(f"no attention probe for backend {backend!r}; allowed: mlx, torch")
         self.backend, self.heads, self.kv_heads, self.head_dim = backend, heads, kv_heads, head_dim
-        self.layers, self.dtype, self.budget = max(1, layers), dtype, seconds
+        self.layers, self.dtype, self.budget, self.run_seconds = max(1, layers), dtype, seconds, run_seconds
         self.points: dict = dict(points or {})
 
     def _bytes(self, length: int, bits: int | None) -> float:
@@ -364,11 +365,20 @@ class AttentionProbe:
         return 2 * self.kv_heads * length * self.head_dim * per
 
     def measure(self, length: int, bits: int | None = None, group_size: int = 64) -> float:
-        """Median seconds of one layer's attention at ``length`` keys, measured now (not kept)."""
+        """Median seconds of one layer's attention at ``length`` keys, measured now (not kept): at
+        least 3 runs and ``seconds`` of them, each over as many layers' K/V as memory and
+        ``run_seconds`` a run allow (a slow kernel, MLX's float16 on the CPU, over fewer)."""
         copies = max(1, min(self.layers, int(ATTENTION_PROBE_BYTES // max(self._bytes(length, bits), 1))))
         make = _attention_mlx if self.backend == "mlx" else _attention_torch
-        run = make(self.heads, self.kv_heads, self.head_dim, length, copies, bits, group_size, self.dtype, 1)
+        shape = (self.heads, self.kv_heads, self.head_dim, length)
+        run = make(*shape, 1, bits, group_size, self.dtype, 1)
         run()  # first call: allocation, kernel selection
+        t = time.perf_counter()
+        run()
+        copies = max(1, min(copies, int(self.run_seconds / max(time.perf_counter() - t, 1e-9))))
+        if copies > 1:
+            run = make(*shape, copies, bits, group_size, self.dtype, 1)
+            run()
         times, end = [], time.perf_counter() + self.budget
         while time.perf_counter() < end or len(times) < 3:
             t = time.perf_counter()
