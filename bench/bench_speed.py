@@ -163,9 +163,11 @@ def run_group(
     settle_forward(ids[:, :8])
     probes, attn = [], {k: [] for k in (attention[1] if attention else [])}
     for i in range(steps):
-        probes.append(measure_cpu(0.2))
+        # The attention probe first: right after numpy's copy/matmul probe (its own OpenBLAS threads
+        # still spinning) MLX's long attention products ran 2-4x slower (measured at load 8).
         for bits, group, n in attn:
             attn[(bits, group, n)].append(attention[0].measure(n, bits, group))
+        probes.append(measure_cpu(0.2))
         settle_forward(ids[:, 8 + i : 9 + i])
         for c in contexts if i % 2 == 0 else contexts[::-1]:
             forward, times = runs[c][1], runs[c][4]
