@@ -163,8 +163,8 @@ def run_group(
     settle_forward(ids[:, :8])
     probes, attn = [], {k: [] for k in (attention[1] if attention else [])}
     for i in range(steps):
-        # The attention probe first: right after numpy's copy/matmul probe (its own OpenBLAS threads
-        # still spinning) MLX's long attention products ran 2-4x slower (measured at load 8).
+        # The attention probe first, after the last round's steps in the same runtime (numpy's probe
+        # runs its own OpenBLAS: no evidence either way at load 8, where A/B runs differed 1.6x both ways).
         for bits, group, n in attn:
             attn[(bits, group, n)].append(attention[0].measure(n, bits, group))
         probes.append(measure_cpu(0.2))
