@@ -33,8 +33,8 @@ import numpy as np
 
 from cachelib.models import load
 from cachelib.plan import PlanRequest, arch_from_model_info
-from cachelib.plan.hardware import PROBE_CACHE, cpu_hardware, measure_cpu, probe_cpu
-from cachelib.plan.speed import Efficiency, SpeedModel, fit_pairs, runtime_key
+from cachelib.plan.hardware import PROBE_CACHE, AttentionProbe, cpu_hardware, measure_cpu, probe_cpu
+from cachelib.plan.speed import Efficiency, SpeedModel, _held, fit_pairs, runtime_key
 from cachelib.spec import parse_spec
 
 STRATEGIES = ("standard", "rotating:max_size=512,keep=4", "quantized:bits=8", "quantized:bits=4")
@@ -112,15 +112,17 @@ def run_group(
     direct: dict[int, bool],
     seed: int = 0,
     prefill_repeats: int = 1,
+    attention: tuple[AttentionProbe, list[tuple[int | None, int, int]]] | None = None,
 ):
     """Real runs of one strategy and batch at each context, their decode steps interleaved.
 
     Each context's cache is prefilled through the model (timed, a probe just before; ``prefill_repeats``
     times, interleaved over the contexts, median) or filled directly; then ``steps`` rounds each time one
     decode step of every context in turn (after an untimed step of the same cache), with a probe per
-    round, so the machine's load hits every context alike. Returns, per context,
-    (prefill seconds or None, its probe, median decode step seconds), and the rounds' median
-    probe (bytes/s, FLOP/s)."""
+    round, so the machine's load hits every context alike. ``attention``: an attention probe and the
+    (bits, group size, length) it measures each round beside the bandwidth/compute probe. Returns,
+    per context, (prefill seconds or None, its probe, median decode step seconds), the rounds'
+    median probe (bytes/s, FLOP/s) and each attention length's seconds, one a round."""
     if backend == "mlx":
         from cachelib.mlx.factory import make_cache
     else:
@@ -159,8 +161,12 @@ def run_group(
     settle = make_cache(loaded.model, parse_spec("standard"))
     settle_forward = _forward(loaded, backend, settle)
     settle_forward(ids[:, :8])
-    probes = []
+    probes, attn = [], {k: [] for k in (attention[1] if attention else [])}
     for i in range(steps):
+        # The attention probe first, after the last round's steps in the same runtime (numpy's probe
+        # runs its own OpenBLAS: no evidence either way at load 8, where A/B runs differed 1.6x both ways).
+        for bits, group, n in attn:
+            attn[(bits, group, n)].append(attention[0].measure(n, bits, group))
         probes.append(measure_cpu(0.2))
         settle_forward(ids[:, 8 + i : 9 + i])
         for c in contexts if i % 2 == 0 else contexts[::-1]:
@@ -174,7 +180,7 @@ def run_group(
     probe = tuple(statistics.median(p[k] for p in probes) for k in (0, 1))
     out = {c: (r[2], r[3], statistics.median(r[4])) for c, r in runs.items()}
     del runs
-    return out, probe
+    return out, probe, attn
 
 
 def main() -> None:
@@ -204,6 +210,9 @@ def main() -> None:
     ap.add_argument(
         "--prefill-repeats", type=int, default=3, help="times each prefill is run (fresh caches, interleaved)"
     )
+    ap.add_argument(
+        "--attention-seconds", type=float, default=0.05, help="time each attention probe length takes a round"
+    )
     ap.add_argument("--save", action="store_true", help=f"keep each backend's standard fit in {PROBE_CACHE}")
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -217,36 +226,15 @@ def main() -> None:
     )
     print("the machine is shared with other jobs: timings are noisy\n")
     saved: dict[str, dict] = {}
-    summary = []
+    summary, summary_before = [], []
     for backend in args.backend:
         loaded = load("smollm2", backend)
         arch = _with_params(loaded, backend, arch_from_model_info(loaded.info))
         weights = int(arch.config.get("measured_weight_bytes") or 0) or None
         run_group(loaded, backend, arch, "standard", 1, [64], 64, 2, {64: False})  # warm-up
         for spec in args.strategies:
-            measured = {}
-            for b in batches:
-                cs = [c for c in contexts if b == 1 or c <= args.max_batch_context]
-                direct = {
-                    c: c > args.max_prefill or b > 1 and not args.prefill_batches or spec not in args.prefill_strategies
-                    for c in cs
-                }
-                got, probe = run_group(
-                    loaded,
-                    backend,
-                    arch,
-                    spec,
-                    b,
-                    cs,
-                    args.chunk,
-                    args.steps,
-                    direct,
-                    prefill_repeats=args.prefill_repeats,
-                )
-                for c, (pre, p_pre, step) in got.items():
-                    measured[(b, c)] = (pre, step, p_pre, probe)
 
-            def model_for(b, c, probe, eff):
+            def model_for(b, c, probe, eff, attention=None):
                 r = PlanRequest(
                     [spec],
                     context=c,
@@ -257,82 +245,160 @@ def main() -> None:
                     weights_bytes=weights,
                     device="cpu",
                 )
-                return SpeedModel(arch, r, cpu_hardware(*probe, "probed before the case"), eff=eff)
+                hw = cpu_hardware(*probe, "probed before the case")
+                return SpeedModel(arch, r, hw, eff=eff, attention=attention)
 
+            # The attention probe: this CPU's attention kernel at every length a context's layers hold,
+            # measured each round beside the decode steps (a kernel timed bare, not a step).
+            m0 = model_for(1, contexts[0], (1e9, 1e9), Efficiency(1.0, 1.0, 0.0, 0.0, "-"))
+            bits, group = m0._probe_bits(parse_spec(spec))
+            lengths = sorted(
+                {
+                    n
+                    for c in contexts
+                    for n in _held(arch, parse_spec(spec), backend, "float32", m0.deployment, args.chunk, c)[1]
+                    if n
+                }
+            )
+            layers = sum(1 for k in arch.layer_kinds if k != "recurrent")
+            probe_at = AttentionProbe(
+                backend,
+                arch.num_heads,
+                arch.kv_heads,
+                arch.head_dim,
+                layers,
+                seconds=args.attention_seconds,
+                run_seconds=1.0,
+            )
+            samples: dict = {}
+            measured = {}
+            for b in batches:
+                cs = [c for c in contexts if b == 1 or c <= args.max_batch_context]
+                direct = {
+                    c: c > args.max_prefill or b > 1 and not args.prefill_batches or spec not in args.prefill_strategies
+                    for c in cs
+                }
+                got, probe, attn = run_group(
+                    loaded,
+                    backend,
+                    arch,
+                    spec,
+                    b,
+                    cs,
+                    args.chunk,
+                    args.steps,
+                    direct,
+                    prefill_repeats=args.prefill_repeats,
+                    attention=(probe_at, [(bits, group, n) for n in lengths]),
+                )
+                for k, v in attn.items():
+                    samples.setdefault(k, []).extend(v)
+                for c, (pre, p_pre, step) in got.items():
+                    measured[(b, c)] = (pre, step, p_pre, probe)
+
+            attention = AttentionProbe(
+                backend,
+                arch.num_heads,
+                arch.kv_heads,
+                arch.head_dim,
+                layers,
+                points={k: statistics.median(v) for k, v in samples.items()},
+            )
+            print(
+                f"{backend} {spec}: attention probe, one layer (median of {args.steps} rounds): "
+                + ", ".join(
+                    f"{n}: {attention.points[(bits, group, n)] * 1e6:.0f} us "
+                    f"({attention.points[(bits, group, n)] / n * 1e9:.1f} ns a key)"
+                    for n in lengths
+                )
+            )
             # Fit on the calibration contexts against the whole peaks probed at the time, then predict every case.
             one = Efficiency(1.0, 1.0, 0.0, 0.0, "whole peaks")
-            dec = []
-            for (b, c), (p, s, p_pre, p_dec) in measured.items():
-                if c not in calib:
-                    continue
-                cost = model_for(b, c, p_dec, one).decode(spec, b)[1]
-                dec.append((cost.bytes / p_dec[0], cost.pairs, cost.rows, s))
-            eff = fit_pairs(dec, f"{backend} {spec} on this CPU, contexts {sorted(calib)}")
-            # f_c: the fraction of the probe's matmul rate at which the predicted calibration prefills
-            # take as long as measured, the decode fit's attention and overhead terms kept (a bisection:
-            # the prefill time falls as f_c grows). Relative to numpy's matmul, f_c may pass 1.
-            pre_cases = [(b, c, p, p_pre) for (b, c), (p, s, p_pre, p_dec) in measured.items() if c in calib and p]
-            lo, hi = 1e-3, 1e3
-            for _ in range(40 if pre_cases else 0):
-                mid = (lo * hi) ** 0.5
-                e = replace(eff, compute_fraction=mid)
-                t = sum(model_for(b, c, pp, e).prefill(spec, rows=b) for b, c, _, pp in pre_cases)
-                lo, hi = (mid, hi) if t > sum(p for _, _, p, _ in pre_cases) else (lo, mid)
-            eff = replace(eff, compute_fraction=(lo * hi) ** 0.5 if pre_cases else 1.0)
+
+            def fitted(probed: bool) -> Efficiency:
+                """The decode terms fitted on the calibration contexts (attention charged by the probe,
+                or a constant per pair), then f_c: the fraction of the probe's matmul rate at which the
+                predicted calibration prefills take as long as measured, the decode terms kept (a
+                bisection: the prefill time falls as f_c grows; relative to numpy's matmul it may pass 1)."""
+                att = attention if probed else None
+                dec = []
+                for (b, c), (p, s, p_pre, p_dec) in measured.items():
+                    if c in calib:
+                        cost = model_for(b, c, p_dec, one, att).decode(spec, b)[1]
+                        x = cost.bytes_besides_attention if probed else cost.bytes
+                        dec.append((x / p_dec[0], cost.probed_attention_s if probed else cost.pairs, cost.rows, s))
+                eff = fit_pairs(dec, f"{backend} {spec} on this CPU, contexts {sorted(calib)}", probed=probed)
+                pre_cases = [(b, c, p, pp) for (b, c), (p, s, pp, _) in measured.items() if c in calib and p]
+                lo, hi = 1e-3, 1e3
+                for _ in range(40 if pre_cases else 0):
+                    mid = (lo * hi) ** 0.5
+                    e = replace(eff, compute_fraction=mid)
+                    t = sum(model_for(b, c, pp, e, att).prefill(spec, rows=b) for b, c, _, pp in pre_cases)
+                    lo, hi = (mid, hi) if t > sum(p for _, _, p, _ in pre_cases) else (lo, mid)
+                return replace(eff, compute_fraction=(lo * hi) ** 0.5 if pre_cases else 1.0)
+
+            eff, before = fitted(True), fitted(False)
             if spec == "standard":
                 saved[runtime_key(None, backend)] = eff.__dict__
             print(
                 f"{backend} {spec}: fitted f_bw {eff.bandwidth_fraction:.2f}, f_c {eff.compute_fraction:.2f}, "
-                f"overhead {eff.overhead_s * 1e3:.2f} ms, {eff.pair_s * 1e9:.2f} ns per attention pair, "
-                f"{eff.row_s * 1e3:.2f} ms per session row"
+                f"overhead {eff.overhead_s * 1e3:.2f} ms, attention x{eff.attention_scale:.2f} the probe's, "
+                f"{eff.row_s * 1e3:.2f} ms per session row (before, a constant per pair: "
+                f"{before.pair_s * 1e9:.2f} ns per attention pair, f_bw {before.bandwidth_fraction:.2f})"
             )
             print(
                 f"  {'batch':>5} {'context':>7} {'set':>5} {'GB/s':>5} {'GF/s':>5} {'step ms pred':>12} {'meas':>8} "
-                f"{'err':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7}"
+                f"{'err':>7} {'before':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7}"
             )
-            preds = {}
+            preds, preds_before = {}, {}
             for (b, c), (p, s, p_pre, p_dec) in measured.items():
-                t = model_for(b, c, p_dec, eff).decode(spec, b)[0]
-                tp = model_for(b, c, p_pre, eff).prefill(spec, rows=b) if p is not None else None
-                preds[(b, c)] = t
+                t = model_for(b, c, p_dec, eff, attention).decode(spec, b)[0]
+                t0 = model_for(b, c, p_dec, before).decode(spec, b)[0]
+                tp = model_for(b, c, p_pre, eff, attention).prefill(spec, rows=b) if p is not None else None
+                preds[(b, c)], preds_before[(b, c)] = t, t0
                 which = "calib" if c in calib else "check"
                 e_s = t / s - 1
                 e_p = None if p is None else tp / p - 1
                 pcol = f"{tp:>14.3f} {p:>8.3f} {e_p:>+7.1%}" if p is not None else f"{'(filled directly)':>31}"
                 print(
                     f"  {b:>5} {c:>7} {which:>5} {p_dec[0] / 1e9:>5.2f} {p_dec[1] / 1e9:>5.1f} {t * 1e3:>12.2f} "
-                    f"{s * 1e3:>8.2f} {e_s:>+7.1%} {pcol}",
+                    f"{s * 1e3:>8.2f} {e_s:>+7.1%} {t0 / s - 1:>+7.1%} {pcol}",
                     flush=True,
                 )
                 if which == "check":
                     summary.append((backend, spec, b, c, e_s, e_p))
+                    summary_before.append((backend, spec, b, c, t0 / s - 1, None))
             for b in batches:
                 cs = sorted(c for bb, c in measured if bb == b)
                 if len(cs) >= 2 and cs[-1] not in calib:
                     lo, hi = cs[0], cs[-1]
                     ms = measured[(b, hi)][1] / measured[(b, lo)][1]
                     ps = preds[(b, hi)] / preds[(b, lo)]
+                    ps0 = preds_before[(b, hi)] / preds_before[(b, lo)]
                     print(
                         f"  batch {b}: slowdown {lo}->{hi}: predicted x{ps:.2f}, measured x{ms:.2f} "
-                        f"({ps / ms - 1:+.1%})"
+                        f"({ps / ms - 1:+.1%}; before x{ps0:.2f}, {ps0 / ms - 1:+.1%})"
                     )
                     summary.append((backend, spec, b, f"slowdown {lo}->{hi}", ps / ms - 1, None))
+                    summary_before.append((backend, spec, b, f"slowdown {lo}->{hi}", ps0 / ms - 1, None))
             print(flush=True)
         del loaded
-    print("checked cases (not in the fit):")
-    ok = {"decode": [0, 0], "slowdown": [0, 0], "prefill": [0, 0]}
-    for backend, spec, b, c, e_s, e_p in summary:
-        if isinstance(c, str):
-            ok["slowdown"][0] += abs(e_s) <= SLOWDOWN_TARGET
-            ok["slowdown"][1] += 1
-            continue
-        ok["decode"][0] += abs(e_s) <= DECODE_TARGET
-        ok["decode"][1] += 1
-        if e_p is not None:
-            ok["prefill"][0] += abs(e_p) <= PREFILL_TARGET
-            ok["prefill"][1] += 1
-    for k, (n, of) in ok.items():
-        print(f"  {k}: {n}/{of} within target")
+    for name, cases in (("a constant cost per pair, before", summary_before), ("attention probed", summary)):
+        print(f"checked cases (not in the fit), {name}:")
+        ok = {"decode": [0, 0], "slowdown": [0, 0], "prefill": [0, 0]}
+        for backend, spec, b, c, e_s, e_p in cases:
+            if isinstance(c, str):
+                ok["slowdown"][0] += abs(e_s) <= SLOWDOWN_TARGET
+                ok["slowdown"][1] += 1
+                continue
+            ok["decode"][0] += abs(e_s) <= DECODE_TARGET
+            ok["decode"][1] += 1
+            if e_p is not None:
+                ok["prefill"][0] += abs(e_p) <= PREFILL_TARGET
+                ok["prefill"][1] += 1
+        for k, (n, of) in ok.items():
+            if of:
+                print(f"  {k}: {n}/{of} within target")
     if args.save:
         got = json.loads(PROBE_CACHE.read_text()) if PROBE_CACHE.exists() else {}
         got.setdefault("calibration", {}).update(saved)

@@ -5,6 +5,9 @@
   sparsity (NVIDIA's headline tensor figures are sparse: the dense figure is half of them).
 - :func:`probe_cpu`: this machine's CPU, measured at run time by a short copy (bandwidth) and a
   float32 matmul (compute) probe, cached in memory and in ``~/.cache/cachelib/cpu_probe.json``.
+- :class:`AttentionProbe`: what a decode step's attention costs on this CPU at a length of
+  context, measured at run time as a kernel: the backend's own single-query attention of one
+  layer's shape, timed bare over as many layers' K/V as the model has.
 - :data:`CALIBRATION`: published decode measurements the runtimes' achievable fractions are
   fitted on, each runtime on its own (llama.cpp's llama-bench ``tg128``, vLLM's
   ``benchmark_latency.py``, mlx-lm's ``mlx_lm.benchmark``). The measurements the model is checked
@@ -262,6 +265,137 @@ def probe_cpu(*, refresh: bool = False) -> Hardware:
     source = f"probed {got['measured']}: 64 MiB copy, 512^3 float32 matmul ({PROBE_CACHE})"
     _PROBED = cpu_hardware(got["bandwidth"], got["flops_float32"], source)
     return _PROBED
+
+
+# ---------------------------------------------------------------------------------------------
+# this CPU's attention, as a kernel
+
+ATTENTION_PROBE_BYTES = 512 * 2**20  # the most K/V one probe holds over its layers
+# The most K/V of one layer probed: a longer one (far past the caches, K/V streamed) takes the per-key
+# rate of the longest that fits, which keeps a plan's probe to seconds (MLX's float16 attention on the
+# CPU takes ~0.5 s a layer at 4,096 keys of Llama-3.1-8B's shape).
+ATTENTION_PROBE_LAYER_BYTES = 64 * 2**20
+
+
+def _attention_mlx(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch):
+    """A function running the attention MLX runs for one decode step over ``copies`` layers' K/V:
+    ``mx.fast.scaled_dot_product_attention`` (dense), or mlx-lm's quantized attention over packed
+    codes, scales and biases (``quantized_scaled_dot_product_attention``, as for mlx-lm's
+    ``QuantizedKVCache`` and cachelib's quantized caches with equal key and value bits)."""
+    import mlx.core as mx
+
+    dt = getattr(mx, dtype)
+    key = mx.random.key(0)
+    q = mx.random.normal((batch, heads, 1, head_dim), key=key).astype(dt)
+    kv = []
+    for i in range(copies):
+        k, v = (
+            mx.random.normal((batch, kv_heads, length, head_dim), key=mx.random.key(2 * i + j + 1)).astype(dt)
+            for j in (0, 1)
+        )
+        if bits is not None:
+            k, v = tuple(mx.quantize(k, group_size, bits)), tuple(mx.quantize(v, group_size, bits))
+        kv.append((k, v))
+    mx.eval(q, kv)
+    scale = head_dim**-0.5
+    if bits is None:
+        attend = lambda k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=None)  # noqa: E731
+    else:
+        from mlx_lm.models.base import quantized_scaled_dot_product_attention as qsdpa
+
+        attend = lambda k, v: qsdpa(q, k, v, scale=scale, mask=None, group_size=group_size, bits=bits)  # noqa: E731
+    return lambda: mx.eval([attend(k, v) for k, v in kv])
+
+
+def _attention_torch(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch):
+    """A function running torch's ``scaled_dot_product_attention`` of one query against ``length``
+    keys (grouped heads shared, as transformers' sdpa attention asks for without a mask) over
+    ``copies`` layers' K/V; a quantized cache hands attention its K/V decoded, so ``bits`` is unused."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, heads, 1, head_dim, generator=g).to(dt)
+    kv = [
+        tuple(torch.randn(batch, kv_heads, length, head_dim, generator=g).to(dt) for _ in (0, 1)) for _ in range(copies)
+    ]
+    gqa = heads != kv_heads
+
+    def run():
+        with torch.inference_mode():
+            for k, v in kv:
+                F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+
+    return run
+
+
+class AttentionProbe:
+    """Seconds one layer's single-query attention takes on this CPU at ``length`` keys, for one
+    model's shape (``heads`` query heads against ``kv_heads`` of ``head_dim``) on ``backend``,
+    measured as a kernel: the backend's attention (:func:`_attention_mlx`, :func:`_attention_torch`)
+    timed bare over ``layers`` layers' K/V in turn (a step's attention finds in the CPU's caches
+    what is left of its model's K/V, not one layer's over and over; at most
+    :data:`ATTENTION_PROBE_BYTES` of it), divided by their number. Each (bits, group size, length)
+    is measured once, when first asked for, or given in ``points`` (``{(bits, group_size,
+    length): seconds}``). A length whose one layer's K/V passes
+    :data:`ATTENTION_PROBE_LAYER_BYTES` takes the per-key rate of the longest (halved) that fits."""
+
+    def __init__(
+        self,
+        backend: str,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        layers: int,
+        dtype: str = "float32",
+        points: Mapping | None = None,
+        seconds: float = 0.15,
+        run_seconds: float = 0.3,
+    ):
+        if backend not in ("mlx", "torch"):
+            raise ValueError(f"no attention probe for backend {backend!r}; allowed: mlx, torch")
+        self.backend, self.heads, self.kv_heads, self.head_dim = backend, heads, kv_heads, head_dim
+        self.layers, self.dtype, self.budget, self.run_seconds = max(1, layers), dtype, seconds, run_seconds
+        self.points: dict = dict(points or {})
+
+    def _bytes(self, length: int, bits: int | None) -> float:
+        per = 4 if self.dtype == "float32" else 2
+        per = bits / 8 + 4 / 64 * per if bits is not None else per  # codes + a scale and a bias per group
+        return 2 * self.kv_heads * length * self.head_dim * per
+
+    def measure(self, length: int, bits: int | None = None, group_size: int = 64) -> float:
+        """Median seconds of one layer's attention at ``length`` keys, measured now (not kept): at
+        least 3 runs and ``seconds`` of them, each over as many layers' K/V as memory and
+        ``run_seconds`` a run allow (a slow kernel, MLX's float16 on the CPU, over fewer)."""
+        copies = max(1, min(self.layers, int(ATTENTION_PROBE_BYTES // max(self._bytes(length, bits), 1))))
+        make = _attention_mlx if self.backend == "mlx" else _attention_torch
+        shape = (self.heads, self.kv_heads, self.head_dim, length)
+        run = make(*shape, 1, bits, group_size, self.dtype, 1)
+        run()  # first call: allocation, kernel selection
+        t = time.perf_counter()
+        run()
+        copies = max(1, min(copies, int(self.run_seconds / max(time.perf_counter() - t, 1e-9))))
+        if copies > 1:
+            run = make(*shape, copies, bits, group_size, self.dtype, 1)
+            run()
+        times, end = [], time.perf_counter() + self.budget
+        while time.perf_counter() < end or len(times) < 3:
+            t = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t) / copies)
+        return sorted(times)[len(times) // 2]
+
+    def seconds(self, length: int, bits: int | None = None, group_size: int = 64) -> float:
+        """Seconds of one layer's single-query attention at ``length`` keys (batch 1)."""
+        length = max(1, int(length))
+        fits = length
+        while fits > 1 and self._bytes(fits, bits) > ATTENTION_PROBE_LAYER_BYTES:
+            fits //= 2
+        key = (bits, group_size, fits)
+        if key not in self.points:
+            self.points[key] = self.measure(fits, bits, group_size)
+        return self.points[key] * length / fits
 
 
 # ---------------------------------------------------------------------------------------------

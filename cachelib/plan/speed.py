@@ -15,6 +15,14 @@ The fractions ``f_bw`` / ``f_c`` and the per-step overhead are the runtime's on 
 device, fitted on published measurements (:data:`~cachelib.plan.hardware.CALIBRATION`), or on
 this machine by ``bench/bench_speed.py`` (saved beside the CPU probe).
 
+On this machine's CPU a decode step's attention is not a kernel streaming K/V at the bandwidth
+(MLX's dense attention goes through BLAS GEMMs, threaded or not by the length; its quantized one
+through its own one-thread kernels; torch's through SDPA), so a fit of the bench charges it by
+:class:`~cachelib.plan.hardware.AttentionProbe`: the backend's own attention of one layer's shape,
+timed bare at run time at each layer's length, times one constant (``attention_scale``) fitted at
+the calibration contexts; the bytes then count the weights (and a cache decoded whole before
+attention) only. Published fits never probe.
+
 Strategies as the runtime runs them (each rule's source beside it):
 
 - a ring (``rotating``) or window reads only the slots it holds: its used bytes stop growing at
@@ -45,7 +53,17 @@ from ..spec import Spec, parse_spec
 from .accounting import account
 from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
-from .hardware import CALIBRATION, LLAMA_2_7B, PROBE_CACHE, QWEN2_5_72B, QWEN3_4B, Hardware, Measurement, hardware
+from .hardware import (
+    CALIBRATION,
+    LLAMA_2_7B,
+    PROBE_CACHE,
+    QWEN2_5_72B,
+    QWEN3_4B,
+    AttentionProbe,
+    Hardware,
+    Measurement,
+    hardware,
+)
 from .presets import preset
 from .runtimes import formats_of, own_loop
 
@@ -75,6 +93,11 @@ class Efficiency:
     # token costs the work of its own vector through every layer (measured: a batch of 4 is not
     # 4 rows for the price of the weights' bytes). 0 where not fitted.
     row_s: float = 0.0
+    # Multiplies the attention probe's seconds (:class:`~cachelib.plan.hardware.AttentionProbe`:
+    # this CPU's attention kernel timed bare at each layer's length) where a decode step's attention
+    # is charged by it instead of by its K/V bytes and a constant cost per pair. 0: not probed (every
+    # published fit: GPU and Apple plans never probe).
+    attention_scale: float = 0.0
 
 
 class StepCost(NamedTuple):
@@ -88,10 +111,20 @@ class StepCost(NamedTuple):
     decoded_bytes: int = 0  # K/V decoded to the dtype for attention: written and read back
     pairs: float = 0.0  # heads x queries x visible keys, summed over layers and rows
     rows: float = 0.0  # sessions decoding one token each (a decode step); 0 for a prefill chunk
+    attention_flops: float = 0.0  # of ``flops``: QK^T and PV
+    probed_attention_s: float = 0.0  # the attention probe's seconds for this step's layers and rows; 0: not probed
 
     @property
     def bytes(self) -> int:
         return self.weight_bytes + self.kv_bytes + self.score_bytes + self.decoded_bytes
+
+    @property
+    def bytes_besides_attention(self) -> int:
+        """What the step moves outside a probed attention: the weights, and a cache decoded whole
+        before attention its codes read and its decode written (attention's read of it, of a cache
+        it reads as held, and of the scores it materialises are the probe's)."""
+        decode = self.kv_bytes + self.decoded_bytes // 2 if self.decoded_bytes else 0
+        return self.weight_bytes + decode
 
 
 def runtime_key(runtime: str | None, backend: str) -> str:
@@ -195,6 +228,7 @@ def step_cost(
         decoded,
         pairs,
         float(rows) if tokens == 1 else 0.0,
+        attn_flops,
     )
 
 
@@ -204,6 +238,12 @@ def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str,
     Materialised attention scores are written by one kernel and read by the next (the softmax
     between two matmuls), so their traffic adds to the step rather than hiding under its FLOPs."""
     bw = eff.bandwidth_fraction * hw.bandwidth
+    if cost.probed_attention_s and eff.attention_scale:  # the attention as the probe timed it
+        t = cost.bytes_besides_attention / bw
+        peak = hw.compute(compute_dtype)
+        if peak:
+            t = max(t, (cost.flops - cost.attention_flops) / (eff.compute_fraction * peak))
+        return t + eff.attention_scale * cost.probed_attention_s + cost.rows * eff.row_s + eff.overhead_s
     t = (cost.bytes - cost.score_bytes) / bw
     peak = hw.compute(compute_dtype)
     if peak:
@@ -289,31 +329,45 @@ def _deployment(runtime: str | None, kv_format: str | None = None, backend: str 
     return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format, tp=tp)
 
 
-def fit_pairs(decode: list[tuple[float, float, float, float]], source: str) -> Efficiency:
+def fit_pairs(decode: list[tuple[float, float, float, float]], source: str, *, probed: bool = False) -> Efficiency:
     """Bandwidth fraction, seconds per attention pair, per session row and per step from measured
     decode steps given as (bytes / peak bandwidth, attention pairs, rows, measured seconds): least
     squares on ``seconds = x / f_bw + pairs x pair_s + rows x row_s + overhead``, terms that fit
     below 0 dropped. Needs steps at two contexts and two batch sizes (a row's cost from the step's).
     On one strategy a K/V byte goes with an attention pair, so the split between ``f_bw``, pairs and
-    the overhead is not unique; the steps it predicts are."""
+    the overhead is not unique; the steps it predicts are.
+
+    ``probed``: the second column is the attention probe's seconds for the step
+    (:attr:`StepCost.probed_attention_s`, ``x`` then the bytes besides attention), and its
+    coefficient is :attr:`Efficiency.attention_scale`: how much longer the step's attention takes
+    than the bare kernel, one constant for every length."""
     import numpy as np
 
     x = np.array([[d[0], d[1], 1.0, d[2]] for d in decode])
     y = np.array([d[3] for d in decode])
     varied = len({d[2] for d in decode}) > 1  # one batch size cannot tell a row's cost from the step's
-    for cols in ([0, 1, 2, 3], [0, 1, 3], [0, 1, 2], [0, 1], [0, 2], [0]):
+    # Probed, the bytes left are the weights': the same every step, so the per-step constant is theirs.
+    first = ([0, 1, 3], [0, 1, 2, 3]) if probed else ([0, 1, 2, 3], [0, 1, 3])
+    for cols in (*first, [0, 1, 2], [0, 1], [0, 2], [0]):
         if 3 in cols and not varied:
             continue
         coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
         if (coef >= 0).all() and coef[0] > 0:
             break
     got = dict(zip(cols, coef))
+    attn = float(got.get(1, 0.0))
     eff = Efficiency(
-        1 / got[0], 1.0, float(got.get(2, 0.0)), MIN_SPREAD, source, float(got.get(1, 0.0)), float(got.get(3, 0.0))
+        1 / got[0],
+        1.0,
+        float(got.get(2, 0.0)),
+        MIN_SPREAD,
+        source,
+        0.0 if probed else attn,
+        float(got.get(3, 0.0)),
+        attn if probed else 0.0,
     )
     res = [
-        abs((a / eff.bandwidth_fraction + p * eff.pair_s + r * eff.row_s + eff.overhead_s) / t - 1)
-        for a, p, r, t in decode
+        abs((a / eff.bandwidth_fraction + p * attn + r * eff.row_s + eff.overhead_s) / t - 1) for a, p, r, t in decode
     ]
     return replace(eff, spread=max([MIN_SPREAD, *res]))
 
@@ -479,11 +533,19 @@ def _inverse(t: Interval, k: float = 1.0) -> Interval:
     return Interval(k / t.value, k / t.high, k / max(t.low, 1e-12))
 
 
+@lru_cache(maxsize=16)
+def _attention_probe(backend: str, heads: int, kv_heads: int, head_dim: int, layers: int, dtype: str):
+    """One probe per model shape for the process: each length is measured once."""
+    return AttentionProbe(backend, heads, kv_heads, head_dim, layers, dtype)
+
+
 class SpeedModel:
     """The speed side of one :class:`~cachelib.plan.request.PlanRequest` for one architecture on
     one device (a :class:`~cachelib.plan.hardware.Hardware` or its name; ``cpu`` probes this
     machine); ``flash_attn`` is llama.cpp's ``-fa`` (on where its default ``auto`` finds
-    support); ``eff`` overrides the runtime's calibrated fractions."""
+    support); ``eff`` overrides the runtime's calibrated fractions. On the CPU, with a fit that
+    charges attention by its probe (``attention_scale``), ``attention`` gives the probe (default:
+    one measured now for this model's shape, each length when first needed)."""
 
     def __init__(
         self,
@@ -493,8 +555,10 @@ class SpeedModel:
         *,
         flash_attn: bool = True,
         eff: Efficiency | None = None,
+        attention: AttentionProbe | None = None,
     ):
         self.arch, self.r = arch, request
+        self.attention = attention
         self.hw = hardware_name if isinstance(hardware_name, Hardware) else hardware(hardware_name)
         self.dtype = compute_dtype(request)
         check_hardware(self.hw, self.dtype)
@@ -557,6 +621,11 @@ class SpeedModel:
             tp=self.r.tp,
             decoded_itemsize=self._decoded_itemsize(spec),
         )
+        probe = self._probe()
+        if probe is not None:
+            bits, group = self._probe_bits(spec)
+            per_row = sum(probe.seconds(n, bits, group) for n in held[1] if n)
+            cost = cost._replace(probed_attention_s=per_row * sessions)
         t = step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
         peak = self.hw.compute(self.dtype)
         bound = (
@@ -567,6 +636,26 @@ class SpeedModel:
             else "bandwidth"
         )
         return t, cost, bound
+
+    def _probe(self) -> AttentionProbe | None:
+        """The attention probe where this step's attention is charged by it (the CPU only)."""
+        if self.hw.kind != "cpu" or not (self.eff.attention_scale or self.attention is not None):
+            return None
+        if self.attention is None:
+            a = self.arch
+            layers = sum(1 for k in a.layer_kinds if k != "recurrent")
+            dim = (a.key_dim + a.value_dim) // 2
+            self.attention = _attention_probe(self.r.backend, a.num_heads, a.kv_heads, dim, layers, self.r.dtype)
+        return self.attention
+
+    def _probe_bits(self, spec: Spec) -> tuple[int | None, int]:
+        """(bits, group size) of the K/V attention reads as codes: MLX runs mlx-lm's quantized
+        attention where keys and values share their bits; otherwise it, and torch, attend over
+        the K/V decoded to the dtype (None)."""
+        group = int(spec.values.get("group_size") or 64)
+        if self.r.backend == "mlx" and spec.key_bits is not None and spec.key_bits == spec.value_bits:
+            return spec.key_bits, group
+        return None, group
 
     def prefill(self, spec: Spec | str, prompt: int | None = None, rows: int = 1) -> float | None:
         """Seconds to feed a prompt of ``prompt`` tokens (default the request's) in the request's
