@@ -74,3 +74,21 @@ def batch_buffer_limit(available: int) -> int:
     """The most a strategy batch's key/value buffers may hold, all layers together, on a device
     with ``available`` bytes free (:func:`available_memory`): a quarter of it, at least 1 GiB."""
     return max(BATCH_BUFFER_FLOOR, int(available * BATCH_BUFFER_SHARE))
+
+
+def check_buffer_bytes(value, where: str) -> int | None:
+    """A strategy batch's ``buffer_bytes`` argument: an integer >= 0 (0: no buffers) or None (the
+    limit :func:`settle_buffer_limit` measures); else a ValueError naming ``where``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{where}: buffer_bytes must be an integer >= 0 or None, got {value!r}")
+    return value
+
+
+def settle_buffer_limit(limit: int | None, need: int, device: str) -> tuple[int | None, bool]:
+    """A strategy batch's buffer limit once its buffers ask for ``need`` bytes, and whether they
+    may hold them: a ``limit`` given or measured before stands; None (the floor) stands while
+    ``need`` is within :data:`BATCH_BUFFER_FLOOR`; past it the limit is measured, once, from what
+    ``device`` has available now (:func:`batch_buffer_limit`)."""
+    if limit is None and need > BATCH_BUFFER_FLOOR:
+        limit = batch_buffer_limit(available_memory(device))
+    return limit, need <= (BATCH_BUFFER_FLOOR if limit is None else limit)

@@ -89,20 +89,10 @@ class _Expected:
 
     def __init__(self, buffer_bytes: int | None = None):
         self.by_kind: dict[tuple, tuple[int, list[int]]] = {}
-        self.buffer_limit = buffer_bytes  # None until measured (see limit)
+        self.buffer_limit = buffer_bytes  # None until measured (memory.settle_buffer_limit)
         self.buffered = 0  # bytes held by every layer's buffers
         self.unbuffered = False  # set for good once the buffers would pass the limit
         self._slots: tuple[tuple[int, ...], mx.array] | None = None
-
-    def limit(self, need: int) -> int:
-        """The buffers' byte limit: as given, else the floor while ``need`` is within it, else
-        measured once from the memory available now (kept for the batch's life)."""
-        if self.buffer_limit is None:
-            if need <= memory.BATCH_BUFFER_FLOOR:
-                return memory.BATCH_BUFFER_FLOOR
-            # MLX allocates from the machine's memory (unified with the GPU's on Apple silicon)
-            self.buffer_limit = memory.batch_buffer_limit(memory.available_memory("cpu"))
-        return self.buffer_limit
 
     def slots(self, starts: tuple[int, ...]) -> mx.array:
         """``starts`` as a (B, 1, 1, 1) index array, shared by the layers of one step."""
@@ -212,7 +202,9 @@ class RowsCache(LayerCache):
         size = b * h * slots * (keys.shape[3] * keys.dtype.size + values.shape[3] * values.dtype.size)
         held = 0 if buf is None else sum(x.nbytes for x in self._buffers)
         need = shared.buffered - held + size
-        if need > shared.limit(need):
+        # MLX allocates from the machine's memory (unified with the GPU's on Apple silicon)
+        shared.buffer_limit, allowed = memory.settle_buffer_limit(shared.buffer_limit, need, "cpu")
+        if not allowed:
             shared.unbuffered = True
             shared.buffered -= held
             self._buffers = [None, None]
@@ -313,10 +305,7 @@ def make_rows_cache(caches: Sequence[Sequence[LayerCache]], buffer_bytes: int | 
     layer copies its rows into a padded batch each step; None: the limit
     :func:`~cachelib.core.memory.batch_buffer_limit` gives for the memory available when the
     buffers first need more than its floor)."""
-    if buffer_bytes is not None and (
-        isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0
-    ):
-        raise ValueError(f"make_rows_cache: buffer_bytes must be an integer >= 0 or None, got {buffer_bytes!r}")
+    memory.check_buffer_bytes(buffer_bytes, "make_rows_cache")
     if not caches:
         raise ValueError("make_rows_cache: give at least one whole-model cache (one per row)")
     layers = {len(c) for c in caches}

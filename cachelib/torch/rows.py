@@ -101,10 +101,7 @@ class RowsCache(_tf.Cache):
         every layer copies every row whole into one shared buffer, each step; None: the limit
         :func:`~cachelib.core.memory.batch_buffer_limit` gives for the memory available when the
         buffers first need more than its floor)."""
-        if buffer_bytes is not None and (
-            isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0
-        ):
-            raise ValueError(f"RowsCache: buffer_bytes must be an integer >= 0 or None, got {buffer_bytes!r}")
+        memory.check_buffer_bytes(buffer_bytes, "RowsCache")
         if not rows:
             raise ValueError("RowsCache: give at least one row cache")
         for i, row in enumerate(rows):
@@ -115,7 +112,9 @@ class RowsCache(_tf.Cache):
         # layer -> (key count per row the mask was made for, slots per row it shows)
         self._lengths: dict[int, tuple[list[int], list[int]]] = {}
         self._buffers: list[torch.Tensor | None] = [None, None]  # keys and values shared by the layers (_batched)
-        self.buffer_limit = buffer_bytes  # None until measured (see _limit); 0 once the buffers are dropped
+        self.buffer_limit = (
+            buffer_bytes  # None until measured (memory.settle_buffer_limit); 0 once the buffers are dropped
+        )
         self._layers: dict[int, _LayerBuffers] = {}  # per layer, its own buffers (_write)
         self._buffered = 0  # bytes of every layer's buffers
 
@@ -216,7 +215,8 @@ class RowsCache(_tf.Cache):
         size = b * h * slots * (keys.shape[3] * keys.element_size() + values.shape[3] * values.element_size())
         held = 0 if buf is None else buf.nbytes
         need = self._buffered - held + size
-        if need > self._limit(need, keys.device):
+        self.buffer_limit, allowed = memory.settle_buffer_limit(self.buffer_limit, need, str(keys.device))
+        if not allowed:
             self.buffer_limit = 0
             self._layers.clear()
             self._buffered = 0
@@ -226,15 +226,6 @@ class RowsCache(_tf.Cache):
         buf.grow(keys, values, slots)
         self._buffered += size - held
         return buf
-
-    def _limit(self, need: int, device) -> int:
-        """The buffers' byte limit: as given, else the floor while ``need`` is within it, else
-        measured once from the memory available now (kept for the batch's life)."""
-        if self.buffer_limit is None:
-            if need <= memory.BATCH_BUFFER_FLOOR:
-                return memory.BATCH_BUFFER_FLOOR
-            self.buffer_limit = memory.batch_buffer_limit(memory.available_memory(str(device)))
-        return self.buffer_limit
 
     def _write(self, buf: "_LayerBuffers", key_states, value_states, layer_idx: int, promised):
         """Update every row, writing into the layer's buffers only the slots each changed."""
