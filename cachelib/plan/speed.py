@@ -238,16 +238,17 @@ def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str,
     Materialised attention scores are written by one kernel and read by the next (the softmax
     between two matmuls), so their traffic adds to the step rather than hiding under its FLOPs."""
     bw = eff.bandwidth_fraction * hw.bandwidth
-    if cost.probed_attention_s and eff.attention_scale:  # the attention as the probe timed it
-        t = cost.bytes_besides_attention / bw
-        peak = hw.compute(compute_dtype)
-        if peak:
-            t = max(t, (cost.flops - cost.attention_flops) / (eff.compute_fraction * peak))
-        return t + eff.attention_scale * cost.probed_attention_s + cost.rows * eff.row_s + eff.overhead_s
-    t = (cost.bytes - cost.score_bytes) / bw
+    probed = cost.probed_attention_s and eff.attention_scale  # the attention as the probe timed it
+    if probed:  # the probe's time stands for the attention's bytes and FLOPs
+        streamed, flops = cost.bytes_besides_attention, cost.flops - cost.attention_flops
+    else:
+        streamed, flops = cost.bytes - cost.score_bytes, cost.flops
+    t = streamed / bw
     peak = hw.compute(compute_dtype)
     if peak:
-        t = max(t, cost.flops / (eff.compute_fraction * peak))
+        t = max(t, flops / (eff.compute_fraction * peak))
+    if probed:
+        return t + eff.attention_scale * cost.probed_attention_s + cost.rows * eff.row_s + eff.overhead_s
     t += cost.score_bytes / bw
     if tp > 1 and cost.comm_bytes:
         if hw.link_bandwidth is None:
