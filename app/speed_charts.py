@@ -112,7 +112,9 @@ def speed_section(planned) -> None:
     arch, fits = planned.arch, planned.fits
     try:
         request = replace(planned.result.request, hardware=name, min_tokens_per_s=wanted)
-        report = speed_report(arch, request, fits, flash_attn=request.flash_attn != "off")
+        report = planned.speed  # the plan's own, computed with the answer from these fields
+        if report is None or request != planned.result.request:  # none (its error, said here) or an older plan's
+            report = speed_report(arch, request, fits, flash_attn=request.flash_attn != "off")
         points = speed_frontier(SpeedModel(arch, request, name), fits)
     except ValueError as e:
         st.error(str(e))

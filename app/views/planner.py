@@ -41,7 +41,7 @@ from cachelib.plan.answer import Answer, build_answer, default_strategies
 from cachelib.plan.device import WEIGHT_FORMATS
 from cachelib.plan.request import DEVICES, SOLVE, request_defaults
 from cachelib.plan.runtimes import RUNTIMES, describe_layout, resolve_runtime, runtime_names
-from cachelib.plan.speed import speed_report
+from cachelib.plan.speed import SpeedReport, speed_report
 from cachelib.profile.evidence import DEFAULT_EVIDENCE, EvidenceSet, load_evidence
 from cachelib.spec import STRATEGIES
 
@@ -162,6 +162,7 @@ class Planned(NamedTuple):
     command: str  # the python -m cachelib plan command that prints the same plan
     answer: Answer  # the block the CLI opens with
     model: str
+    speed: SpeedReport | None = None  # with a device picked (and its figures for the dtype): the speed side
 
     @property
     def arch(self) -> Arch:
@@ -226,7 +227,7 @@ def compute(v: dict[str, Any]) -> Planned:
             speed = speed_report(arch, request, result.fits, flash_attn=request.flash_attn != "off")
         except ValueError:  # the speed section says why, under its own fields
             speed = None
-    return Planned(result, dict(v), evidence, command, build_answer(result, model, speed), model)
+    return Planned(result, dict(v), evidence, command, build_answer(result, model, speed), model, speed)
 
 
 def _shown(path: Path) -> str:
