@@ -1,6 +1,7 @@
 """Predicted against measured decode step time and prefill time on this machine's CPU: the
 planner's speed model (:mod:`cachelib.plan.speed`) with this machine's probed bandwidth and
-compute (:func:`cachelib.plan.hardware.measure_cpu`) against real decodes of the bundled
+compute (:func:`cachelib.plan.hardware.measure_cpu`: the compute through each backend's own
+matmul) against real decodes of the bundled
 SmolLM2-135M on both backends (float32 on the CPU, weights dequantized).
 
 For each backend, strategy and batch, a cache is built at every context: up to
@@ -141,7 +142,7 @@ def run_group(
             if direct[c]:
                 _fill_direct(backend, cache, arch, batch, c, chunk, seed)
             else:
-                probe = measure_cpu(0.3)
+                probe = measure_cpu(0.3, backend)
                 start = time.perf_counter()
                 for a in range(0, c, chunk):
                     forward(ids[:, a : min(a + chunk, c)])
@@ -149,7 +150,7 @@ def run_group(
             caches[c] = (cache, forward)
     runs = {}
     for c in contexts:
-        prefill, probe = None, measure_cpu(0.3)
+        prefill, probe = None, measure_cpu(0.3, backend)
         if prefills.get(c):
             prefill = statistics.median(t for t, _ in prefills[c])
             probe = tuple(statistics.median(p[k] for _, p in prefills[c]) for k in (0, 1))
@@ -167,7 +168,7 @@ def run_group(
         # runs its own OpenBLAS: no evidence either way at load 8, where A/B runs differed 1.6x both ways).
         for bits, group, n in attn:
             attn[(bits, group, n)].append(attention[0].measure(n, bits, group))
-        probes.append(measure_cpu(0.2))
+        probes.append(measure_cpu(0.2, backend))
         settle_forward(ids[:, 8 + i : 9 + i])
         for c in contexts if i % 2 == 0 else contexts[::-1]:
             forward, times = runs[c][1], runs[c][4]
@@ -219,10 +220,13 @@ def main() -> None:
     calib = {int(c) for c in args.calibrate.split(",")}
     batches = [int(b) for b in args.batches.split(",")]
     hw = probe_cpu(refresh=True)
+    own = {b: probe_cpu(backend=b).flops["float32"] for b in args.backend}
     print(
         f"this CPU: {hw.note}; probed {hw.bandwidth / 1e9:.2f} GB/s copy bandwidth, "
-        f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; a prefill is predicted with the median of "
-        "the probes taken just before each of its repeats, decode steps with the median of one probe per round"
+        f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul through numpy, "
+        + ", ".join(f"{fl / 1e9:.2f} through {b}" for b, fl in own.items())
+        + "; a prefill is predicted with the median of the backend's own probes taken just before each of its "
+        "repeats, decode steps with the median of one probe per round"
     )
     print("the machine is shared with other jobs: timings are noisy\n")
     saved: dict[str, dict] = {}
@@ -339,7 +343,7 @@ def main() -> None:
 
             eff, before = fitted(True), fitted(False)
             if spec == "standard":
-                saved[runtime_key(None, backend)] = eff.__dict__
+                saved[runtime_key(None, backend)] = {**eff.__dict__, "compute_probe": backend}
             print(
                 f"{backend} {spec}: fitted f_bw {eff.bandwidth_fraction:.2f}, f_c {eff.compute_fraction:.2f}, "
                 f"overhead {eff.overhead_s * 1e3:.2f} ms, attention x{eff.attention_scale:.2f} the probe's, "

@@ -4,7 +4,8 @@
   and Apple silicon, each figure with the vendor page it comes from. Dense means without 2:4
   sparsity (NVIDIA's headline tensor figures are sparse: the dense figure is half of them).
 - :func:`probe_cpu`: this machine's CPU, measured at run time by a short copy (bandwidth) and a
-  float32 matmul (compute) probe, cached in memory and in ``~/.cache/cachelib/cpu_probe.json``.
+  float32 matmul (compute, through the backend's own library) probe, cached in memory and in
+  ``~/.cache/cachelib/cpu_probe.json``.
 - :class:`AttentionProbe`: what a decode step's attention costs on this CPU at a length of
   context, measured at run time as a kernel: the backend's own single-query attention of one
   layer's shape, timed bare over as many layers' K/V as the model has.
@@ -176,10 +177,11 @@ def hardware_names() -> list[str]:
     return [*HARDWARE, CPU]
 
 
-def hardware(name: str) -> Hardware:
-    """A device by name (``cpu`` probes this machine); ValueError naming the allowed names."""
+def hardware(name: str, backend: str | None = None) -> Hardware:
+    """A device by name (``cpu`` probes this machine, its FLOP/s ``backend``'s own matmul's: None,
+    numpy's); ValueError naming the allowed names."""
     if name == CPU:
-        return probe_cpu()
+        return probe_cpu(backend=backend)
     if name not in HARDWARE:
         raise ValueError(f"unknown hardware {name!r}; allowed: {', '.join(hardware_names())}")
     return HARDWARE[name]
@@ -189,7 +191,8 @@ def hardware(name: str) -> Hardware:
 # this machine's CPU
 
 
-_PROBED: Hardware | None = None
+_PROBED: dict[str, Hardware] = {}  # compute probe -> this CPU, probed in this process
+_REPROBE = [False]  # plan --reprobe: measure again, ignoring the caches
 PROBE_CACHE = cache_dir() / "cpu_probe.json"
 
 
@@ -203,11 +206,45 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure_cpu(seconds: float = 0.6) -> tuple[float, float]:
+COMPUTE_PROBES = ("numpy", "mlx", "torch")  # whose matmul the compute probe times
+
+
+def _matmul(probe: str, n: int = 512):
+    """A function multiplying two ``n`` x ``n`` float32 matrices as ``probe`` does it: numpy (its own
+    OpenBLAS), MLX (``mx.eval(a @ a)``: the BLAS MLX's CPU backend calls, Debian's OpenBLAS here) or
+    torch (its own MKL, under its OpenMP threads)."""
+    if probe == "mlx":
+        import mlx.core as mx
+
+        a = mx.ones((n, n), dtype=mx.float32)
+        mx.eval(a)
+        return lambda: mx.eval(a @ a)
+    if probe == "torch":
+        import torch
+
+        a = torch.ones(n, n, dtype=torch.float32)
+
+        def run():
+            with torch.inference_mode():
+                a @ a
+
+        return run
+    if probe != "numpy":
+        raise ValueError(f"no compute probe {probe!r}; allowed: {', '.join(COMPUTE_PROBES)}")
+    import numpy as np
+
+    a = np.ones((n, n), dtype=np.float32)
+    return lambda: a @ a
+
+
+def measure_cpu(seconds: float = 0.6, backend: str | None = None) -> tuple[float, float]:
     """(bytes/s, float32 FLOP/s) of this machine now: the medians of repeated 64 MiB copies
     (bytes read + written, both arrays touched first) and 512^3 float32 matmuls, each run for
     about ``seconds / 2`` (at least 5 times). Medians, not bests: on a shared machine a run
-    sees the load it sees, and so does the work it predicts."""
+    sees the load it sees, and so does the work it predicts. The matmul is ``backend``'s own
+    (``mlx``, ``torch``; None: numpy's): each library multiplies through its own BLAS and threads
+    (measured: at load 8 numpy's two-thread OpenBLAS read 5-17 GFLOP/s where MLX's read 22-57, and
+    idle numpy's read ~155), so the rate a backend's prefill is predicted from is its own."""
     import numpy as np
 
     src = np.ones(8 * 2**20, dtype=np.float64)  # 64 MiB, past the caches
@@ -222,8 +259,9 @@ def measure_cpu(seconds: float = 0.6) -> tuple[float, float]:
         return sorted(rates)[len(rates) // 2]
 
     bw = median_rate(lambda: np.copyto(dst, src), 2 * src.nbytes)
-    a = np.ones((512, 512), dtype=np.float32)
-    fl = median_rate(lambda: a @ a, 2 * 512**3)
+    matmul = _matmul(backend or "numpy")
+    matmul()  # first call: allocation, BLAS threads started
+    fl = median_rate(matmul, 2 * 512**3)
     return bw, fl
 
 
@@ -241,30 +279,63 @@ def cpu_hardware(bandwidth: float, flops: float, source: str) -> Hardware:
     )
 
 
-def probe_cpu(*, refresh: bool = False) -> Hardware:
-    """This machine's CPU as a :class:`Hardware`, its figures measured (:func:`measure_cpu`) once
-    and cached in :data:`PROBE_CACHE` under the CPU's model name and core count."""
-    global _PROBED
-    key = f"{_cpu_model()} x{os.cpu_count()}"
-    if _PROBED is not None and not refresh:
-        return _PROBED
-    cached = {}
+def cpu_identity() -> str:
+    """This CPU as the probes' caches key it: its model name and core count."""
+    return f"{_cpu_model()} x{os.cpu_count()}"
+
+
+def _read_probe_cache() -> dict:
+    """:data:`PROBE_CACHE` as a dict; {} where it is missing, unreadable or not a JSON object (it
+    is then probed again and written over)."""
     try:
-        cached = json.loads(PROBE_CACHE.read_text())
+        got = json.loads(PROBE_CACHE.read_text())
     except (OSError, ValueError):
-        pass
-    if refresh or key not in cached:
-        bw, fl = measure_cpu()
-        cached[key] = {"bandwidth": bw, "flops_float32": fl, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        try:
-            PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            PROBE_CACHE.write_text(json.dumps(cached, indent=1))
-        except OSError:
-            pass  # a read-only home: the probe is simply not kept
-    got = cached[key]
-    source = f"probed {got['measured']}: 64 MiB copy, 512^3 float32 matmul ({PROBE_CACHE})"
-    _PROBED = cpu_hardware(got["bandwidth"], got["flops_float32"], source)
-    return _PROBED
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _write_probe_cache(cached: dict) -> None:
+    try:
+        PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        PROBE_CACHE.write_text(json.dumps(cached, indent=1))
+    except OSError:
+        pass  # a read-only home: the probe is simply not kept
+
+
+def probe_cpu(*, refresh: bool = False, backend: str | None = None) -> Hardware:
+    """This machine's CPU as a :class:`Hardware`, its figures measured (:func:`measure_cpu`) once
+    and cached in :data:`PROBE_CACHE` under the CPU's model name and core count; its FLOP/s are
+    ``backend``'s own matmul's (None: numpy's), each kept under its own name."""
+    key, name = cpu_identity(), backend or "numpy"
+    if name in _PROBED and not refresh and not _REPROBE[0]:
+        return _PROBED[name]
+    cached = _read_probe_cache()
+    entry = cached.get(key)
+    field_ = "flops_float32" if backend is None else f"flops_float32_{backend}"
+    if refresh or _REPROBE[0] or not isinstance(entry, dict) or not _numbers(entry, "bandwidth", field_):
+        bw, fl = measure_cpu(backend=backend)
+        entry = entry if isinstance(entry, dict) and not refresh and not _REPROBE[0] else {}
+        if not _numbers(entry, "bandwidth"):
+            entry["bandwidth"] = bw
+        entry[field_] = fl
+        entry["measured"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        cached[key] = entry
+        _write_probe_cache(cached)
+    source = f"probed {entry['measured']}: 64 MiB copy, 512^3 float32 matmul through {name} ({PROBE_CACHE})"
+    _PROBED[name] = cpu_hardware(entry["bandwidth"], entry[field_], source)
+    return _PROBED[name]
+
+
+def _numbers(entry: dict, *fields: str) -> bool:
+    return all(isinstance(entry.get(f), (int, float)) and entry[f] > 0 for f in fields)
+
+
+def reprobe(on: bool = True) -> None:
+    """Measure this CPU again on the next ask (``plan --reprobe``): its bandwidth and matmul
+    (:func:`probe_cpu`) and the attention (:class:`AttentionProbe` with a cache file), each kept
+    afresh; ``on=False`` goes back to reading the caches."""
+    _REPROBE[0] = on
+    _PROBED.clear()
 
 
 # ---------------------------------------------------------------------------------------------

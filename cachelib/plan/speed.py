@@ -50,13 +50,13 @@ from typing import NamedTuple
 from ..core.formats import FORMATS
 from ..core.units import check_dtype
 from ..spec import Spec, parse_spec
+from . import hardware as hardware_module
 from .accounting import account
 from .arch import Arch, arch_from_config
 from .device import _embedding_params, scores_materialised
 from .hardware import (
     CALIBRATION,
     LLAMA_2_7B,
-    PROBE_CACHE,
     QWEN2_5_72B,
     QWEN3_4B,
     AttentionProbe,
@@ -429,20 +429,24 @@ BORROW = {
 }
 
 
-def saved_cpu_efficiency(key: str) -> Efficiency | None:
-    """This machine's fit for ``key`` as ``bench/bench_speed.py --save`` left it, if any."""
+def saved_cpu_efficiency(key: str, compute_probe: str | None = None) -> Efficiency | None:
+    """This machine's fit for ``key`` as ``bench/bench_speed.py --save`` left it, if any: only a fit
+    whose compute fraction is of the same matmul probe (``compute_probe``: the backend's own; an
+    older fit, of numpy's, is not used), and none from an unreadable file."""
     try:
-        got = json.loads(PROBE_CACHE.read_text()).get("calibration", {}).get(key)
-    except (OSError, ValueError):
+        got = dict(json.loads(hardware_module.PROBE_CACHE.read_text())["calibration"][key])
+        if got.pop("compute_probe", None) != compute_probe:
+            return None
+        return Efficiency(**got)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return None if got is None else Efficiency(**got)
 
 
 def efficiency(runtime: str | None, backend: str, hw: Hardware) -> Efficiency:
     """The fractions ``runtime`` (None: cachelib's own loop on ``backend``) reaches on ``hw``."""
     key = runtime_key(runtime, backend)
     if hw.kind == "cpu":
-        saved = saved_cpu_efficiency(key)
+        saved = saved_cpu_efficiency(key, backend)
         if saved is not None:
             return saved
         return Efficiency(
@@ -560,7 +564,7 @@ class SpeedModel:
     ):
         self.arch, self.r = arch, request
         self.attention = attention
-        self.hw = hardware_name if isinstance(hardware_name, Hardware) else hardware(hardware_name)
+        self.hw = hardware_name if isinstance(hardware_name, Hardware) else hardware(hardware_name, request.backend)
         self.dtype = compute_dtype(request)
         check_hardware(self.hw, self.dtype)
         check_dtype(request.dtype)
