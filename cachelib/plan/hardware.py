@@ -307,7 +307,7 @@ def probe_cpu(*, refresh: bool = False, backend: str | None = None) -> Hardware:
     and cached in :data:`PROBE_CACHE` under the CPU's model name and core count; its FLOP/s are
     ``backend``'s own matmul's (None: numpy's), each kept under its own name."""
     key, name = cpu_identity(), backend or "numpy"
-    if name in _PROBED and not refresh and not _REPROBE[0]:
+    if name in _PROBED and not refresh:
         return _PROBED[name]
     cached = _read_probe_cache()
     entry = cached.get(key)
@@ -328,6 +328,18 @@ def probe_cpu(*, refresh: bool = False, backend: str | None = None) -> Hardware:
 
 def _numbers(entry: dict, *fields: str) -> bool:
     return all(isinstance(entry.get(f), (int, float)) and entry[f] > 0 for f in fields)
+
+
+def _versions(packages: tuple[str, ...]) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for p in packages:
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            out[p] = "-"
+    return out
 
 
 def reprobe(on: bool = True) -> None:
@@ -410,7 +422,10 @@ class AttentionProbe:
     :data:`ATTENTION_PROBE_BYTES` of it), divided by their number. Each (bits, group size, length)
     is measured once, when first asked for, or given in ``points`` (``{(bits, group_size,
     length): seconds}``). A length whose one layer's K/V passes
-    :data:`ATTENTION_PROBE_LAYER_BYTES` takes the per-key rate of the longest (halved) that fits."""
+    :data:`ATTENTION_PROBE_LAYER_BYTES` takes the per-key rate of the longest (halved) that fits.
+    With ``cache`` (a JSON file: the plan gives :data:`PROBE_CACHE`), each point is kept there under
+    :meth:`cache_key` when measured and read back by the next probe of the same key: a plan at
+    ``--hardware cpu`` probes each length once per machine, libraries and threads, not per run."""
 
     def __init__(
         self,
@@ -423,12 +438,69 @@ class AttentionProbe:
         points: Mapping | None = None,
         seconds: float = 0.15,
         run_seconds: float = 0.3,
+        cache: Path | None = None,
     ):
         if backend not in ("mlx", "torch"):
             raise ValueError(f"no attention probe for backend {backend!r}; allowed: mlx, torch")
         self.backend, self.heads, self.kv_heads, self.head_dim = backend, heads, kv_heads, head_dim
         self.layers, self.dtype, self.budget, self.run_seconds = max(1, layers), dtype, seconds, run_seconds
-        self.points: dict = dict(points or {})
+        self.cache = cache
+        self.points: dict = {**(self._cached() if cache is not None else {}), **dict(points or {})}
+
+    def cache_key(self) -> str:
+        """What a measured point depends on, as the cache file keys it: the backend and its libraries'
+        versions, the dtype, the model's attention shape and layers, this CPU and the threads its BLAS
+        and OpenMP run, and how the probe measures. A point measured under any other is measured again."""
+        return json.dumps(
+            {
+                "backend": self.backend,
+                "versions": _versions(("mlx", "mlx-lm") if self.backend == "mlx" else ("torch",)),
+                "dtype": self.dtype,
+                "shape": [self.heads, self.kv_heads, self.head_dim, self.layers],
+                "cpu": cpu_identity(),
+                "threads": [os.environ.get(v, "") for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")],
+                "probe": [ATTENTION_PROBE_BYTES, ATTENTION_PROBE_LAYER_BYTES, self.budget, self.run_seconds],
+            },
+            sort_keys=True,
+        )
+
+    def _cached(self) -> dict:
+        """The points kept for :meth:`cache_key` in :attr:`cache` (none under ``plan --reprobe``, and
+        none from an unreadable file or entry: those are measured again and written over)."""
+        if _REPROBE[0]:
+            return {}
+        try:
+            got = json.loads(self.cache.read_text())["attention"][self.cache_key()]
+            out = {}
+            for k, v in got.items():
+                bits, group, length = json.loads(k)
+                if isinstance(v, (int, float)) and v > 0:
+                    out[(None if bits is None else int(bits), int(group), int(length))] = float(v)
+            return out
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def _keep(self, key: tuple, seconds: float) -> None:
+        """Add one measured point to :attr:`cache` (the rest of the file as it is; an unreadable one
+        started afresh)."""
+        try:
+            got = json.loads(self.cache.read_text())
+        except (OSError, ValueError):
+            got = {}
+        if not isinstance(got, dict):
+            got = {}
+        attention = got.get("attention")
+        if not isinstance(attention, dict):
+            attention = got["attention"] = {}
+        mine = attention.get(self.cache_key())
+        if not isinstance(mine, dict):
+            mine = attention[self.cache_key()] = {}
+        mine[json.dumps(list(key))] = seconds
+        try:
+            self.cache.parent.mkdir(parents=True, exist_ok=True)
+            self.cache.write_text(json.dumps(got, indent=1))
+        except OSError:
+            pass  # a read-only home: the point is simply not kept
 
     def _bytes(self, length: int, bits: int | None) -> float:
         per = 4 if self.dtype == "float32" else 2
@@ -466,6 +538,8 @@ class AttentionProbe:
         key = (bits, group_size, fits)
         if key not in self.points:
             self.points[key] = self.measure(fits, bits, group_size)
+            if self.cache is not None:
+                self._keep(key, self.points[key])
         return self.points[key] * length / fits
 
 

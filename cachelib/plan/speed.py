@@ -539,9 +539,10 @@ def _inverse(t: Interval, k: float = 1.0) -> Interval:
 
 
 @lru_cache(maxsize=16)
-def _attention_probe(backend: str, heads: int, kv_heads: int, head_dim: int, layers: int, dtype: str):
-    """One probe per model shape for the process: each length is measured once."""
-    return AttentionProbe(backend, heads, kv_heads, head_dim, layers, dtype)
+def _attention_probe(backend: str, heads: int, kv_heads: int, head_dim: int, layers: int, dtype: str, cache):
+    """One probe per model shape for the process, its points kept in ``cache`` (the CPU probe's file):
+    each length is measured once per machine and libraries."""
+    return AttentionProbe(backend, heads, kv_heads, head_dim, layers, dtype, cache=cache)
 
 
 class SpeedModel:
@@ -650,7 +651,9 @@ class SpeedModel:
             a = self.arch
             layers = sum(1 for k in a.layer_kinds if k != "recurrent")
             dim = (a.key_dim + a.value_dim) // 2
-            self.attention = _attention_probe(self.r.backend, a.num_heads, a.kv_heads, dim, layers, self.r.dtype)
+            self.attention = _attention_probe(
+                self.r.backend, a.num_heads, a.kv_heads, dim, layers, self.r.dtype, hardware_module.PROBE_CACHE
+            )
         return self.attention
 
     def _probe_bits(self, spec: Spec) -> tuple[int | None, int]:
