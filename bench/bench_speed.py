@@ -352,7 +352,7 @@ def main() -> None:
             )
             print(
                 f"  {'batch':>5} {'context':>7} {'set':>5} {'GB/s':>5} {'GF/s':>5} {'step ms pred':>12} {'meas':>8} "
-                f"{'err':>7} {'before':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7}"
+                f"{'err':>7} {'before':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7} {'before':>7} {'its GF/s':>8}"
             )
             preds, preds_before = {}, {}
             for (b, c), (p, s, p_pre, p_dec) in measured.items():
@@ -363,7 +363,10 @@ def main() -> None:
                 which = "calib" if c in calib else "check"
                 e_s = t / s - 1
                 e_p = None if p is None else tp / p - 1
-                pcol = f"{tp:>14.3f} {p:>8.3f} {e_p:>+7.1%}" if p is not None else f"{'(filled directly)':>31}"
+                pcol = f"{'(filled directly)':>31}"
+                if p is not None:  # and the prefill of the fit whose attention is a constant per pair (FLOPs)
+                    tp0 = model_for(b, c, p_pre, before).prefill(spec, rows=b)
+                    pcol = f"{tp:>14.3f} {p:>8.3f} {e_p:>+7.1%} {tp0 / p - 1:>+7.1%} {p_pre[1] / 1e9:>8.1f}"
                 print(
                     f"  {b:>5} {c:>7} {which:>5} {p_dec[0] / 1e9:>5.2f} {p_dec[1] / 1e9:>5.1f} {t * 1e3:>12.2f} "
                     f"{s * 1e3:>8.2f} {e_s:>+7.1%} {t0 / s - 1:>+7.1%} {pcol}",
@@ -371,7 +374,7 @@ def main() -> None:
                 )
                 if which == "check":
                     summary.append((backend, spec, b, c, e_s, e_p))
-                    summary_before.append((backend, spec, b, c, t0 / s - 1, None))
+                    summary_before.append((backend, spec, b, c, t0 / s - 1, None if p is None else tp0 / p - 1))
             for b in batches:
                 cs = sorted(c for bb, c in measured if bb == b)
                 if len(cs) >= 2 and cs[-1] not in calib:

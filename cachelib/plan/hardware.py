@@ -360,16 +360,18 @@ ATTENTION_PROBE_BYTES = 512 * 2**20  # the most K/V one probe holds over its lay
 ATTENTION_PROBE_LAYER_BYTES = 64 * 2**20
 
 
-def _attention_mlx(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch):
-    """A function running the attention MLX runs for one decode step over ``copies`` layers' K/V:
-    ``mx.fast.scaled_dot_product_attention`` (dense), or mlx-lm's quantized attention over packed
-    codes, scales and biases (``quantized_scaled_dot_product_attention``, as for mlx-lm's
+def _attention_mlx(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch, queries=1):
+    """A function running the attention MLX runs for one decode step (``queries`` 1) or one prefill
+    chunk of ``queries`` tokens ending at ``length`` (causal, as mlx-lm masks a chunk) over ``copies``
+    layers' K/V: ``mx.fast.scaled_dot_product_attention`` (dense), or mlx-lm's quantized attention
+    over packed codes, scales and biases (``quantized_scaled_dot_product_attention``, as for mlx-lm's
     ``QuantizedKVCache`` and cachelib's quantized caches with equal key and value bits)."""
     import mlx.core as mx
 
     dt = getattr(mx, dtype)
     key = mx.random.key(0)
-    q = mx.random.normal((batch, heads, 1, head_dim), key=key).astype(dt)
+    q = mx.random.normal((batch, heads, queries, head_dim), key=key).astype(dt)
+    mask = "causal" if queries > 1 else None
     kv = []
     for i in range(copies):
         k, v = (
@@ -382,24 +384,28 @@ def _attention_mlx(heads, kv_heads, head_dim, length, copies, bits, group_size, 
     mx.eval(q, kv)
     scale = head_dim**-0.5
     if bits is None:
-        attend = lambda k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=None)  # noqa: E731
+        attend = lambda k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)  # noqa: E731
     else:
         from mlx_lm.models.base import quantized_scaled_dot_product_attention as qsdpa
 
-        attend = lambda k, v: qsdpa(q, k, v, scale=scale, mask=None, group_size=group_size, bits=bits)  # noqa: E731
+        attend = lambda k, v: qsdpa(q, k, v, scale=scale, mask=mask, group_size=group_size, bits=bits)  # noqa: E731
     return lambda: mx.eval([attend(k, v) for k, v in kv])
 
 
-def _attention_torch(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch):
-    """A function running torch's ``scaled_dot_product_attention`` of one query against ``length``
-    keys (grouped heads shared, as transformers' sdpa attention asks for without a mask) over
-    ``copies`` layers' K/V; a quantized cache hands attention its K/V decoded, so ``bits`` is unused."""
+def _attention_torch(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch, queries=1):
+    """A function running torch's ``scaled_dot_product_attention`` of ``queries`` queries (the last of
+    ``length`` positions, causal: a boolean mask, as transformers passes a chunk's) against ``length``
+    keys (grouped heads shared, as transformers' sdpa attention asks for) over ``copies`` layers'
+    K/V; a quantized cache hands attention its K/V decoded, so ``bits`` is unused."""
     import torch
     import torch.nn.functional as F
 
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(batch, heads, 1, head_dim, generator=g).to(dt)
+    q = torch.randn(batch, heads, queries, head_dim, generator=g).to(dt)
+    mask = None
+    if queries > 1:
+        mask = torch.arange(length)[None, :] <= torch.arange(length - queries, length)[:, None]
     kv = [
         tuple(torch.randn(batch, kv_heads, length, head_dim, generator=g).to(dt) for _ in (0, 1)) for _ in range(copies)
     ]
@@ -408,7 +414,7 @@ def _attention_torch(heads, kv_heads, head_dim, length, copies, bits, group_size
     def run():
         with torch.inference_mode():
             for k, v in kv:
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
     return run
 
@@ -473,9 +479,9 @@ class AttentionProbe:
             got = json.loads(self.cache.read_text())["attention"][self.cache_key()]
             out = {}
             for k, v in got.items():
-                bits, group, length = json.loads(k)
-                if isinstance(v, (int, float)) and v > 0:
-                    out[(None if bits is None else int(bits), int(group), int(length))] = float(v)
+                bits, group, *lengths = json.loads(k)  # length, and a chunk's queries
+                if isinstance(v, (int, float)) and v > 0 and len(lengths) in (1, 2):
+                    out[(None if bits is None else int(bits), int(group), *map(int, lengths))] = float(v)
             return out
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}
@@ -502,25 +508,28 @@ class AttentionProbe:
         except OSError:
             pass  # a read-only home: the point is simply not kept
 
-    def _bytes(self, length: int, bits: int | None) -> float:
+    def _bytes(self, length: int, bits: int | None, queries: int = 1) -> float:
+        """One layer's K/V at ``length`` keys, and a chunk's float32 scores where ``queries`` > 1."""
         per = 4 if self.dtype == "float32" else 2
         per = bits / 8 + 4 / 64 * per if bits is not None else per  # codes + a scale and a bias per group
-        return 2 * self.kv_heads * length * self.head_dim * per
+        scores = 4 * self.heads * queries * length if queries > 1 else 0
+        return 2 * self.kv_heads * length * self.head_dim * per + scores
 
-    def measure(self, length: int, bits: int | None = None, group_size: int = 64) -> float:
-        """Median seconds of one layer's attention at ``length`` keys, measured now (not kept): at
+    def measure(self, length: int, bits: int | None = None, group_size: int = 64, queries: int = 1) -> float:
+        """Median seconds of one layer's attention of ``queries`` queries (1: a decode step; more: a
+        causal prefill chunk ending at ``length``) at ``length`` keys, measured now (not kept): at
         least 3 runs and ``seconds`` of them, each over as many layers' K/V as memory and
         ``run_seconds`` a run allow (a slow kernel, MLX's float16 on the CPU, over fewer)."""
-        copies = max(1, min(self.layers, int(ATTENTION_PROBE_BYTES // max(self._bytes(length, bits), 1))))
+        copies = max(1, min(self.layers, int(ATTENTION_PROBE_BYTES // max(self._bytes(length, bits, queries), 1))))
         make = _attention_mlx if self.backend == "mlx" else _attention_torch
         shape = (self.heads, self.kv_heads, self.head_dim, length)
-        run = make(*shape, 1, bits, group_size, self.dtype, 1)
+        run = make(*shape, 1, bits, group_size, self.dtype, 1, queries)
         run()  # first call: allocation, kernel selection
         t = time.perf_counter()
         run()
         copies = max(1, min(copies, int(self.run_seconds / max(time.perf_counter() - t, 1e-9))))
         if copies > 1:
-            run = make(*shape, copies, bits, group_size, self.dtype, 1)
+            run = make(*shape, copies, bits, group_size, self.dtype, 1, queries)
             run()
         times, end = [], time.perf_counter() + self.budget
         while time.perf_counter() < end or len(times) < 3:
@@ -529,18 +538,25 @@ class AttentionProbe:
             times.append((time.perf_counter() - t) / copies)
         return sorted(times)[len(times) // 2]
 
-    def seconds(self, length: int, bits: int | None = None, group_size: int = 64) -> float:
-        """Seconds of one layer's single-query attention at ``length`` keys (batch 1)."""
-        length = max(1, int(length))
-        fits = length
-        while fits > 1 and self._bytes(fits, bits) > ATTENTION_PROBE_LAYER_BYTES:
-            fits //= 2
-        key = (bits, group_size, fits)
+    def seconds(self, length: int, bits: int | None = None, group_size: int = 64, queries: int = 1) -> float:
+        """Seconds of one layer's attention at ``length`` keys (batch 1): of one query (a decode step),
+        or of a causal chunk of ``queries`` tokens ending at ``length``. A chunk whose scores and K/V
+        pass :data:`ATTENTION_PROBE_LAYER_BYTES` is measured with its keys halved down to its queries,
+        then both halved (a chunk of as many queries as keys), and scaled by the query-key pairs: the
+        scores are computed whole, masked or not, where they are materialised."""
+        length, queries = max(1, int(length)), max(1, min(int(queries), int(length)))
+        fits, q = length, queries
+        while fits > 1 and self._bytes(fits, bits, q) > ATTENTION_PROBE_LAYER_BYTES:
+            if fits > q:
+                fits = max(q, fits // 2)
+            else:
+                q = fits = fits // 2
+        key = (bits, group_size, fits) if queries == 1 else (bits, group_size, fits, q)
         if key not in self.points:
-            self.points[key] = self.measure(fits, bits, group_size)
+            self.points[key] = self.measure(fits, bits, group_size, q)
             if self.cache is not None:
                 self._keep(key, self.points[key])
-        return self.points[key] * length / fits
+        return self.points[key] * length * queries / (fits * q)
 
 
 # ---------------------------------------------------------------------------------------------
