@@ -54,7 +54,7 @@ from typing import NamedTuple
 from ..core.formats import FORMATS
 from ..core.units import check_dtype
 from ..spec import Spec, parse_spec
-from . import hardware as hardware_module
+from . import cpu_probe
 from .arch import Arch
 from .device import scores_materialised
 from .hardware import (  # the published data as this module gave it before the split
@@ -320,7 +320,7 @@ class SpeedModel:
             layers = sum(1 for k in a.layer_kinds if k != "recurrent")
             dim = (a.key_dim + a.value_dim) // 2
             self.attention = _attention_probe(
-                self.r.backend, a.num_heads, a.kv_heads, dim, layers, self.r.dtype, hardware_module.PROBE_CACHE
+                self.r.backend, a.num_heads, a.kv_heads, dim, layers, self.r.dtype, cpu_probe.PROBE_CACHE
             )
         return self.attention
 

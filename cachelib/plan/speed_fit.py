@@ -13,7 +13,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from ..spec import parse_spec
-from . import hardware as hardware_module
+from . import cpu_probe
 from .arch import Arch, arch_from_config
 from .device import scores_materialised
 from .hardware import CALIBRATION, LLAMA_2_7B, QWEN2_5_72B, QWEN3_4B, Hardware, Measurement, hardware
@@ -205,7 +205,7 @@ def saved_cpu_efficiency(key: str, compute_probe: str | None = None) -> Efficien
     whose compute fraction is of the same matmul probe (``compute_probe``: the backend's own; an
     older fit, of numpy's, is not used), and none from an unreadable file."""
     try:
-        got = dict(json.loads(hardware_module.PROBE_CACHE.read_text())["calibration"][key])
+        got = dict(json.loads(cpu_probe.PROBE_CACHE.read_text())["calibration"][key])
         if got.pop("compute_probe", None) != compute_probe:
             return None
         return Efficiency(**got)

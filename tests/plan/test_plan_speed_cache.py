@@ -11,7 +11,7 @@ import pytest
 
 from cachelib.cli import main
 from cachelib.plan import PlanRequest, preset
-from cachelib.plan import hardware as hw_mod
+from cachelib.plan import cpu_probe as hw_mod
 from cachelib.plan import speed as speed_mod
 from cachelib.plan.hardware import AttentionProbe
 
@@ -38,9 +38,9 @@ def counted(tmp_path, monkeypatch):
     monkeypatch.setattr(hw_mod, "PROBE_CACHE", path)
     calls = {"attention": 0, "cpu": 0}
 
-    def measure(self, length, bits=None, group_size=64):
+    def measure(self, length, bits=None, group_size=64, queries=1):
         calls["attention"] += 1
-        return 1e-6 * length
+        return 1e-6 * length * queries
 
     def measure_cpu(seconds=0.6, backend=None):
         calls["cpu"] += 1

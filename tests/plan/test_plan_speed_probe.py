@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from cachelib.plan import PlanRequest, preset
-from cachelib.plan import hardware as hw_mod
+from cachelib.plan import cpu_probe as hw_mod
 from cachelib.plan.hardware import HARDWARE, AttentionProbe, cpu_hardware
 from cachelib.plan.speed import Efficiency, SpeedModel, efficiency, fit_pairs, published_efficiency
 
