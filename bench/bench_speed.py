@@ -1,6 +1,7 @@
 """Predicted against measured decode step time and prefill time on this machine's CPU: the
 planner's speed model (:mod:`cachelib.plan.speed`) with this machine's probed bandwidth and
-compute (:func:`cachelib.plan.hardware.measure_cpu`) against real decodes of the bundled
+compute (:func:`cachelib.plan.hardware.measure_cpu`: the compute through each backend's own
+matmul) against real decodes of the bundled
 SmolLM2-135M on both backends (float32 on the CPU, weights dequantized).
 
 For each backend, strategy and batch, a cache is built at every context: up to
@@ -141,7 +142,7 @@ def run_group(
             if direct[c]:
                 _fill_direct(backend, cache, arch, batch, c, chunk, seed)
             else:
-                probe = measure_cpu(0.3)
+                probe = measure_cpu(0.3, backend)
                 start = time.perf_counter()
                 for a in range(0, c, chunk):
                     forward(ids[:, a : min(a + chunk, c)])
@@ -149,7 +150,7 @@ def run_group(
             caches[c] = (cache, forward)
     runs = {}
     for c in contexts:
-        prefill, probe = None, measure_cpu(0.3)
+        prefill, probe = None, measure_cpu(0.3, backend)
         if prefills.get(c):
             prefill = statistics.median(t for t, _ in prefills[c])
             probe = tuple(statistics.median(p[k] for _, p in prefills[c]) for k in (0, 1))
@@ -167,7 +168,7 @@ def run_group(
         # runs its own OpenBLAS: no evidence either way at load 8, where A/B runs differed 1.6x both ways).
         for bits, group, n in attn:
             attn[(bits, group, n)].append(attention[0].measure(n, bits, group))
-        probes.append(measure_cpu(0.2))
+        probes.append(measure_cpu(0.2, backend))
         settle_forward(ids[:, 8 + i : 9 + i])
         for c in contexts if i % 2 == 0 else contexts[::-1]:
             forward, times = runs[c][1], runs[c][4]
@@ -219,10 +220,13 @@ def main() -> None:
     calib = {int(c) for c in args.calibrate.split(",")}
     batches = [int(b) for b in args.batches.split(",")]
     hw = probe_cpu(refresh=True)
+    own = {b: probe_cpu(backend=b).flops["float32"] for b in args.backend}
     print(
         f"this CPU: {hw.note}; probed {hw.bandwidth / 1e9:.2f} GB/s copy bandwidth, "
-        f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul; a prefill is predicted with the median of "
-        "the probes taken just before each of its repeats, decode steps with the median of one probe per round"
+        f"{hw.flops['float32'] / 1e9:.2f} GFLOP/s float32 matmul through numpy, "
+        + ", ".join(f"{fl / 1e9:.2f} through {b}" for b, fl in own.items())
+        + "; a prefill is predicted with the median of the backend's own probes taken just before each of its "
+        "repeats, decode steps with the median of one probe per round"
     )
     print("the machine is shared with other jobs: timings are noisy\n")
     saved: dict[str, dict] = {}
@@ -339,7 +343,7 @@ def main() -> None:
 
             eff, before = fitted(True), fitted(False)
             if spec == "standard":
-                saved[runtime_key(None, backend)] = eff.__dict__
+                saved[runtime_key(None, backend)] = {**eff.__dict__, "compute_probe": backend}
             print(
                 f"{backend} {spec}: fitted f_bw {eff.bandwidth_fraction:.2f}, f_c {eff.compute_fraction:.2f}, "
                 f"overhead {eff.overhead_s * 1e3:.2f} ms, attention x{eff.attention_scale:.2f} the probe's, "
@@ -348,7 +352,7 @@ def main() -> None:
             )
             print(
                 f"  {'batch':>5} {'context':>7} {'set':>5} {'GB/s':>5} {'GF/s':>5} {'step ms pred':>12} {'meas':>8} "
-                f"{'err':>7} {'before':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7}"
+                f"{'err':>7} {'before':>7} {'prefill s pred':>14} {'meas':>8} {'err':>7} {'before':>7} {'its GF/s':>8}"
             )
             preds, preds_before = {}, {}
             for (b, c), (p, s, p_pre, p_dec) in measured.items():
@@ -359,7 +363,10 @@ def main() -> None:
                 which = "calib" if c in calib else "check"
                 e_s = t / s - 1
                 e_p = None if p is None else tp / p - 1
-                pcol = f"{tp:>14.3f} {p:>8.3f} {e_p:>+7.1%}" if p is not None else f"{'(filled directly)':>31}"
+                pcol = f"{'(filled directly)':>31}"
+                if p is not None:  # and the prefill of the fit whose attention is a constant per pair (FLOPs)
+                    tp0 = model_for(b, c, p_pre, before).prefill(spec, rows=b)
+                    pcol = f"{tp:>14.3f} {p:>8.3f} {e_p:>+7.1%} {tp0 / p - 1:>+7.1%} {p_pre[1] / 1e9:>8.1f}"
                 print(
                     f"  {b:>5} {c:>7} {which:>5} {p_dec[0] / 1e9:>5.2f} {p_dec[1] / 1e9:>5.1f} {t * 1e3:>12.2f} "
                     f"{s * 1e3:>8.2f} {e_s:>+7.1%} {t0 / s - 1:>+7.1%} {pcol}",
@@ -367,7 +374,7 @@ def main() -> None:
                 )
                 if which == "check":
                     summary.append((backend, spec, b, c, e_s, e_p))
-                    summary_before.append((backend, spec, b, c, t0 / s - 1, None))
+                    summary_before.append((backend, spec, b, c, t0 / s - 1, None if p is None else tp0 / p - 1))
             for b in batches:
                 cs = sorted(c for bb, c in measured if bb == b)
                 if len(cs) >= 2 and cs[-1] not in calib:

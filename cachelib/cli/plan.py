@@ -285,6 +285,12 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
         help="also answer: the most sessions that each decode at >= X tokens/s, judged by the low end of the "
         "speed interval (needs --hardware)",
     )
+    parser.add_argument(
+        "--reprobe",
+        action="store_true",
+        help="with --hardware cpu: measure this CPU's bandwidth, matmul and attention again instead of reading "
+        "them from the cache (~/.cache/cachelib/cpu_probe.json), and keep the new figures",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -368,6 +374,10 @@ def _run(args: argparse.Namespace) -> None:
         check_plan_csv(args.csv)
     arch = resolve_model(args.model)
     request = request_from_args(args, arch)
+    if getattr(args, "reprobe", False):
+        from ..plan.hardware import reprobe
+
+        reprobe()
     sources = evidence_sources(args)
     evidence = load_evidence(sources) if sources else None
     for warning in evidence.warnings if evidence else ():

@@ -3,11 +3,11 @@
 - :data:`HARDWARE`: published peak memory bandwidth and dense FLOPs per compute dtype of GPUs
   and Apple silicon, each figure with the vendor page it comes from. Dense means without 2:4
   sparsity (NVIDIA's headline tensor figures are sparse: the dense figure is half of them).
-- :func:`probe_cpu`: this machine's CPU, measured at run time by a short copy (bandwidth) and a
-  float32 matmul (compute) probe, cached in memory and in ``~/.cache/cachelib/cpu_probe.json``.
-- :class:`AttentionProbe`: what a decode step's attention costs on this CPU at a length of
-  context, measured at run time as a kernel: the backend's own single-query attention of one
-  layer's shape, timed bare over as many layers' K/V as the model has.
+- :func:`probe_cpu` and :class:`AttentionProbe` (in :mod:`cachelib.plan.cpu_probe`, importable from
+  here): this machine's CPU, measured at run time by a short copy (bandwidth) and a float32 matmul
+  (compute, through the backend's own library), and what its attention costs at a length of
+  context (the backend's own attention of one layer's shape timed bare), both cached in
+  ``~/.cache/cachelib/cpu_probe.json``.
 - :data:`CALIBRATION`: published decode measurements the runtimes' achievable fractions are
   fitted on, each runtime on its own (llama.cpp's llama-bench ``tg128``, vLLM's
   ``benchmark_latency.py``, mlx-lm's ``mlx_lm.benchmark``). The measurements the model is checked
@@ -18,15 +18,8 @@ Nothing here computes a step's time: that is :mod:`cachelib.plan.speed`.
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Mapping
-
-from ..core.home import cache_dir
 
 T = 1e12  # TFLOP/s
 GBS = 1e9  # GB/s (vendors' GB are 10^9 bytes)
@@ -176,226 +169,16 @@ def hardware_names() -> list[str]:
     return [*HARDWARE, CPU]
 
 
-def hardware(name: str) -> Hardware:
-    """A device by name (``cpu`` probes this machine); ValueError naming the allowed names."""
+def hardware(name: str, backend: str | None = None) -> Hardware:
+    """A device by name (``cpu`` probes this machine, its FLOP/s ``backend``'s own matmul's: None,
+    numpy's); ValueError naming the allowed names."""
     if name == CPU:
-        return probe_cpu()
+        from .cpu_probe import probe_cpu
+
+        return probe_cpu(backend=backend)
     if name not in HARDWARE:
         raise ValueError(f"unknown hardware {name!r}; allowed: {', '.join(hardware_names())}")
     return HARDWARE[name]
-
-
-# ---------------------------------------------------------------------------------------------
-# this machine's CPU
-
-
-_PROBED: Hardware | None = None
-PROBE_CACHE = cache_dir() / "cpu_probe.json"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def measure_cpu(seconds: float = 0.6) -> tuple[float, float]:
-    """(bytes/s, float32 FLOP/s) of this machine now: the medians of repeated 64 MiB copies
-    (bytes read + written, both arrays touched first) and 512^3 float32 matmuls, each run for
-    about ``seconds / 2`` (at least 5 times). Medians, not bests: on a shared machine a run
-    sees the load it sees, and so does the work it predicts."""
-    import numpy as np
-
-    src = np.ones(8 * 2**20, dtype=np.float64)  # 64 MiB, past the caches
-    dst = np.zeros_like(src)
-
-    def median_rate(work, amount: float) -> float:
-        rates, end = [], time.perf_counter() + seconds / 2
-        while time.perf_counter() < end or len(rates) < 5:
-            t = time.perf_counter()
-            work()
-            rates.append(amount / max(time.perf_counter() - t, 1e-9))
-        return sorted(rates)[len(rates) // 2]
-
-    bw = median_rate(lambda: np.copyto(dst, src), 2 * src.nbytes)
-    a = np.ones((512, 512), dtype=np.float32)
-    fl = median_rate(lambda: a @ a, 2 * 512**3)
-    return bw, fl
-
-
-def cpu_hardware(bandwidth: float, flops: float, source: str) -> Hardware:
-    """This CPU as a :class:`Hardware` with the given figures (float16 at the float32 rate)."""
-    return Hardware(
-        CPU,
-        "cpu",
-        bandwidth,
-        {"float32": flops, "float16": flops},
-        0,
-        None,
-        (source,),
-        f"{_cpu_model()} x{os.cpu_count()}; float16 taken at the float32 rate",
-    )
-
-
-def probe_cpu(*, refresh: bool = False) -> Hardware:
-    """This machine's CPU as a :class:`Hardware`, its figures measured (:func:`measure_cpu`) once
-    and cached in :data:`PROBE_CACHE` under the CPU's model name and core count."""
-    global _PROBED
-    key = f"{_cpu_model()} x{os.cpu_count()}"
-    if _PROBED is not None and not refresh:
-        return _PROBED
-    cached = {}
-    try:
-        cached = json.loads(PROBE_CACHE.read_text())
-    except (OSError, ValueError):
-        pass
-    if refresh or key not in cached:
-        bw, fl = measure_cpu()
-        cached[key] = {"bandwidth": bw, "flops_float32": fl, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        try:
-            PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            PROBE_CACHE.write_text(json.dumps(cached, indent=1))
-        except OSError:
-            pass  # a read-only home: the probe is simply not kept
-    got = cached[key]
-    source = f"probed {got['measured']}: 64 MiB copy, 512^3 float32 matmul ({PROBE_CACHE})"
-    _PROBED = cpu_hardware(got["bandwidth"], got["flops_float32"], source)
-    return _PROBED
-
-
-# ---------------------------------------------------------------------------------------------
-# this CPU's attention, as a kernel
-
-ATTENTION_PROBE_BYTES = 512 * 2**20  # the most K/V one probe holds over its layers
-# The most K/V of one layer probed: a longer one (far past the caches, K/V streamed) takes the per-key
-# rate of the longest that fits, which keeps a plan's probe to seconds (MLX's float16 attention on the
-# CPU takes ~0.5 s a layer at 4,096 keys of Llama-3.1-8B's shape).
-ATTENTION_PROBE_LAYER_BYTES = 64 * 2**20
-
-
-def _attention_mlx(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch):
-    """A function running the attention MLX runs for one decode step over ``copies`` layers' K/V:
-    ``mx.fast.scaled_dot_product_attention`` (dense), or mlx-lm's quantized attention over packed
-    codes, scales and biases (``quantized_scaled_dot_product_attention``, as for mlx-lm's
-    ``QuantizedKVCache`` and cachelib's quantized caches with equal key and value bits)."""
-    import mlx.core as mx
-
-    dt = getattr(mx, dtype)
-    key = mx.random.key(0)
-    q = mx.random.normal((batch, heads, 1, head_dim), key=key).astype(dt)
-    kv = []
-    for i in range(copies):
-        k, v = (
-            mx.random.normal((batch, kv_heads, length, head_dim), key=mx.random.key(2 * i + j + 1)).astype(dt)
-            for j in (0, 1)
-        )
-        if bits is not None:
-            k, v = tuple(mx.quantize(k, group_size, bits)), tuple(mx.quantize(v, group_size, bits))
-        kv.append((k, v))
-    mx.eval(q, kv)
-    scale = head_dim**-0.5
-    if bits is None:
-        attend = lambda k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=None)  # noqa: E731
-    else:
-        from mlx_lm.models.base import quantized_scaled_dot_product_attention as qsdpa
-
-        attend = lambda k, v: qsdpa(q, k, v, scale=scale, mask=None, group_size=group_size, bits=bits)  # noqa: E731
-    return lambda: mx.eval([attend(k, v) for k, v in kv])
-
-
-def _attention_torch(heads, kv_heads, head_dim, length, copies, bits, group_size, dtype, batch):
-    """A function running torch's ``scaled_dot_product_attention`` of one query against ``length``
-    keys (grouped heads shared, as transformers' sdpa attention asks for without a mask) over
-    ``copies`` layers' K/V; a quantized cache hands attention its K/V decoded, so ``bits`` is unused."""
-    import torch
-    import torch.nn.functional as F
-
-    dt = getattr(torch, dtype)
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(batch, heads, 1, head_dim, generator=g).to(dt)
-    kv = [
-        tuple(torch.randn(batch, kv_heads, length, head_dim, generator=g).to(dt) for _ in (0, 1)) for _ in range(copies)
-    ]
-    gqa = heads != kv_heads
-
-    def run():
-        with torch.inference_mode():
-            for k, v in kv:
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-
-    return run
-
-
-class AttentionProbe:
-    """Seconds one layer's single-query attention takes on this CPU at ``length`` keys, for one
-    model's shape (``heads`` query heads against ``kv_heads`` of ``head_dim``) on ``backend``,
-    measured as a kernel: the backend's attention (:func:`_attention_mlx`, :func:`_attention_torch`)
-    timed bare over ``layers`` layers' K/V in turn (a step's attention finds in the CPU's caches
-    what is left of its model's K/V, not one layer's over and over; at most
-    :data:`ATTENTION_PROBE_BYTES` of it), divided by their number. Each (bits, group size, length)
-    is measured once, when first asked for, or given in ``points`` (``{(bits, group_size,
-    length): seconds}``). A length whose one layer's K/V passes
-    :data:`ATTENTION_PROBE_LAYER_BYTES` takes the per-key rate of the longest (halved) that fits."""
-
-    def __init__(
-        self,
-        backend: str,
-        heads: int,
-        kv_heads: int,
-        head_dim: int,
-        layers: int,
-        dtype: str = "float32",
-        points: Mapping | None = None,
-        seconds: float = 0.15,
-        run_seconds: float = 0.3,
-    ):
-        if backend not in ("mlx", "torch"):
-            raise ValueError(f"no attention probe for backend {backend!r}; allowed: mlx, torch")
-        self.backend, self.heads, self.kv_heads, self.head_dim = backend, heads, kv_heads, head_dim
-        self.layers, self.dtype, self.budget, self.run_seconds = max(1, layers), dtype, seconds, run_seconds
-        self.points: dict = dict(points or {})
-
-    def _bytes(self, length: int, bits: int | None) -> float:
-        per = 4 if self.dtype == "float32" else 2
-        per = bits / 8 + 4 / 64 * per if bits is not None else per  # codes + a scale and a bias per group
-        return 2 * self.kv_heads * length * self.head_dim * per
-
-    def measure(self, length: int, bits: int | None = None, group_size: int = 64) -> float:
-        """Median seconds of one layer's attention at ``length`` keys, measured now (not kept): at
-        least 3 runs and ``seconds`` of them, each over as many layers' K/V as memory and
-        ``run_seconds`` a run allow (a slow kernel, MLX's float16 on the CPU, over fewer)."""
-        copies = max(1, min(self.layers, int(ATTENTION_PROBE_BYTES // max(self._bytes(length, bits), 1))))
-        make = _attention_mlx if self.backend == "mlx" else _attention_torch
-        shape = (self.heads, self.kv_heads, self.head_dim, length)
-        run = make(*shape, 1, bits, group_size, self.dtype, 1)
-        run()  # first call: allocation, kernel selection
-        t = time.perf_counter()
-        run()
-        copies = max(1, min(copies, int(self.run_seconds / max(time.perf_counter() - t, 1e-9))))
-        if copies > 1:
-            run = make(*shape, copies, bits, group_size, self.dtype, 1)
-            run()
-        times, end = [], time.perf_counter() + self.budget
-        while time.perf_counter() < end or len(times) < 3:
-            t = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t) / copies)
-        return sorted(times)[len(times) // 2]
-
-    def seconds(self, length: int, bits: int | None = None, group_size: int = 64) -> float:
-        """Seconds of one layer's single-query attention at ``length`` keys (batch 1)."""
-        length = max(1, int(length))
-        fits = length
-        while fits > 1 and self._bytes(fits, bits) > ATTENTION_PROBE_LAYER_BYTES:
-            fits //= 2
-        key = (bits, group_size, fits)
-        if key not in self.points:
-            self.points[key] = self.measure(fits, bits, group_size)
-        return self.points[key] * length / fits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,3 +334,18 @@ QWEN2_5_72B = {
     "torch_dtype": "bfloat16",
     "tie_word_embeddings": False,
 }
+
+
+# This CPU's probes live in cpu_probe; importable from here as before.
+from .cpu_probe import (  # noqa: E402, F401
+    ATTENTION_PROBE_BYTES,
+    ATTENTION_PROBE_LAYER_BYTES,
+    COMPUTE_PROBES,
+    PROBE_CACHE,
+    AttentionProbe,
+    cpu_hardware,
+    cpu_identity,
+    measure_cpu,
+    probe_cpu,
+    reprobe,
+)

@@ -23,6 +23,11 @@ timed bare at run time at each layer's length, times one constant (``attention_s
 the calibration contexts; the bytes then count the weights (and a cache decoded whole before
 attention) only. Published fits never probe.
 
+The model is in three modules: the step (:mod:`cachelib.plan.speed_step`: :func:`step_cost`,
+:func:`step_time`, :class:`Efficiency`), its calibration (:mod:`cachelib.plan.speed_fit`: published
+and this machine's fits, :func:`efficiency`) and the plan's speed here (:class:`SpeedModel`,
+:func:`speed_report`); every name of the first two is importable from here too.
+
 Strategies as the runtime runs them (each rule's source beside it):
 
 - a ring (``rotating``) or window reads only the slots it holds: its used bytes stop growing at
@@ -42,7 +47,6 @@ Strategies as the runtime runs them (each rule's source beside it):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
@@ -50,10 +54,10 @@ from typing import NamedTuple
 from ..core.formats import FORMATS
 from ..core.units import check_dtype
 from ..spec import Spec, parse_spec
-from .accounting import account
-from .arch import Arch, arch_from_config
-from .device import _embedding_params, scores_materialised
-from .hardware import (
+from . import cpu_probe
+from .arch import Arch
+from .device import scores_materialised
+from .hardware import (  # the published data as this module gave it before the split
     CALIBRATION,
     LLAMA_2_7B,
     PROBE_CACHE,
@@ -64,409 +68,77 @@ from .hardware import (
     Measurement,
     hardware,
 )
-from .presets import preset
 from .runtimes import formats_of, own_loop
+from .speed_fit import (
+    BORROW,
+    _deployment,
+    efficiency,
+    fit,
+    fit_pairs,
+    measurement_arch,
+    measurement_cost,
+    measurement_tokens_per_s,
+    measurement_weights,
+    published_efficiency,
+    saved_cpu_efficiency,
+)
+from .speed_step import (
+    BORROWED_SPREAD,
+    MIN_SPREAD,
+    PUBLISHED_SPREAD,
+    Efficiency,
+    StepCost,
+    _active_params,
+    _held,
+    _prompt_held,
+    runtime_key,
+    step_cost,
+    step_time,
+)
 
-MIN_SPREAD = 0.10  # the narrowest interval quoted: +-10% of the step time
-# A fit on published measurements quotes at least +-20%: its calibration residuals understate it (2-4
-# runs per runtime, fitted almost exactly), and the held-out published measurements of
-# tests/plan/test_plan_speed.py miss by up to 19% (llama.cpp), 15% (vLLM), 11% (mlx-lm).
-PUBLISHED_SPREAD = 0.20
-BORROWED_SPREAD = 0.30  # a runtime whose fractions come from another runtime's measurements
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """What a runtime reaches on a kind of device: fractions of peak bandwidth and compute, a
-    per-step overhead (seconds), the relative half-width of the interval, and where they come
-    from."""
-
-    bandwidth_fraction: float
-    compute_fraction: float
-    overhead_s: float
-    spread: float
-    source: str
-    # Seconds per (head x visible key) of a decode step's attention computed as matvec + softmax
-    # (the CPU backends): not a fused kernel streaming K/V at the bandwidth. 0 where it is fused.
-    pair_s: float = 0.0
-    # Seconds per session row of a decode step beyond its bytes: on the CPU backends each row's
-    # token costs the work of its own vector through every layer (measured: a batch of 4 is not
-    # 4 rows for the price of the weights' bytes). 0 where not fitted.
-    row_s: float = 0.0
-    # Multiplies the attention probe's seconds (:class:`~cachelib.plan.hardware.AttentionProbe`:
-    # this CPU's attention kernel timed bare at each layer's length) where a decode step's attention
-    # is charged by it instead of by its K/V bytes and a constant cost per pair. 0: not probed (every
-    # published fit: GPU and Apple plans never probe).
-    attention_scale: float = 0.0
-
-
-class StepCost(NamedTuple):
-    """What one step moves and computes on one device."""
-
-    weight_bytes: int
-    kv_bytes: int  # K/V read, in the storage format (codes + scales + biases where quantized)
-    score_bytes: int  # attention scores materialised: written and read back
-    flops: float
-    comm_bytes: int  # tensor-parallel all-reduce payload per device
-    decoded_bytes: int = 0  # K/V decoded to the dtype for attention: written and read back
-    pairs: float = 0.0  # heads x queries x visible keys, summed over layers and rows
-    rows: float = 0.0  # sessions decoding one token each (a decode step); 0 for a prefill chunk
-    attention_flops: float = 0.0  # of ``flops``: QK^T and PV
-    probed_attention_s: float = 0.0  # the attention probe's seconds for this step's layers and rows; 0: not probed
-
-    @property
-    def bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.score_bytes + self.decoded_bytes
-
-    @property
-    def bytes_besides_attention(self) -> int:
-        """What the step moves outside a probed attention: the weights, and a cache decoded whole
-        before attention its codes read and its decode written (attention's read of it, of a cache
-        it reads as held, and of the scores it materialises are the probe's)."""
-        decode = self.kv_bytes + self.decoded_bytes // 2 if self.decoded_bytes else 0
-        return self.weight_bytes + decode
-
-
-def runtime_key(runtime: str | None, backend: str) -> str:
-    """The name calibrations are kept under: the runtime, else cachelib's loop on its backend."""
-    return f"cachelib-{backend}" if own_loop(runtime) else runtime
-
-
-# ---------------------------------------------------------------------------------------------
-# the step
-
-
-@lru_cache(maxsize=4096)
-def _held(
-    arch: Arch, spec: Spec, backend: str, dtype: str, deployment, prefill_chunk: int | None, context: int
-) -> tuple[int, tuple[int, ...]]:
-    """(K/V bytes one session's cache holds, tokens held per attention layer) right after the
-    decode step that brings it to ``context`` tokens (the prompt fed before it, then that step)."""
-    prefill = context - 1 if context > 1 else None
-    acc = account(
-        arch,
-        spec,
-        backend,
-        context=context,
-        prefill=prefill,
-        prefill_chunk=prefill_chunk,
-        batch=1,
-        dtype=dtype,
-        deployment=deployment,
-    )
-    return acc.bytes_used, tuple(la.tokens_held for la in acc.layers if la.layer_type != "recurrent")
-
-
-def _prompt_held(arch, spec, backend, dtype, deployment, chunk, context) -> tuple[int, tuple[int, ...]]:
-    acc = account(
-        arch,
-        spec,
-        backend,
-        context=context,
-        prefill=context,
-        prefill_chunk=chunk,
-        batch=1,
-        dtype=dtype,
-        deployment=deployment,
-    )
-    return acc.bytes_used, tuple(la.tokens_held for la in acc.layers if la.layer_type != "recurrent")
-
-
-def _active_params(arch: Arch, tp: int) -> tuple[float, float]:
-    """(parameters a token multiplies through on one device, of which the LM head's)."""
-    embed, tied = _embedding_params(arch)
-    params = (arch.num_params or 0) - (0 if tied else embed)  # the input embedding is a lookup
-    return params / tp, embed / tp
-
-
-def step_cost(
-    arch: Arch,
-    spec: Spec,
-    *,
-    rows: int,
-    tokens: int,
-    held: tuple[int, tuple[int, ...]],
-    weights_bytes: int,
-    quantized: bool,
-    materialised: bool,
-    all_logits: bool,
-    tp: int = 1,
-    decoded_itemsize: int = 0,
-) -> StepCost:
-    """One forward of ``rows`` sessions x ``tokens`` new tokens over caches that hold ``held``
-    (bytes per session, tokens per attention layer) after it, on one device of ``tp``;
-    ``decoded_itemsize``: the quantized K/V is decoded whole at this itemsize for attention."""
-    kv_per_row, layer_tokens = held
-    embed, tied = _embedding_params(arch)
-    read_weights = weights_bytes if tied or not arch.num_params else weights_bytes * (1 - embed / arch.num_params)
-    params, head = _active_params(arch, tp)
-    if not all_logits and tokens > 1:  # the runtime computes the last position's logits only
-        params_flops = 2 * rows * ((params - head) * tokens + head)
-    else:
-        params_flops = 2 * rows * tokens * params
-    heads = arch.num_heads / tp
-    dim = (arch.key_dim + arch.value_dim) / 2
-    visible = 0.0  # query-key pairs summed over layers, per row
-    for held_tokens in layer_tokens:
-        before = max(0, held_tokens - tokens)
-        visible += tokens * held_tokens if materialised or tokens == 1 else tokens * before + tokens * (tokens + 1) / 2
-    attn_flops = 4 * heads * dim * visible * rows
-    deq_flops = 2 * rows * sum(layer_tokens) * arch.kv_heads / tp * (arch.key_dim + arch.value_dim) if quantized else 0
-    score_bytes = int(4 * 4 * heads * visible * rows) if materialised else 0  # float32 scores and probs, out and in
-    # 2 all-reduces per layer of the 16-bit hidden states
-    comm = 2 * arch.num_layers * rows * tokens * arch.hidden_size * 2 if tp > 1 else 0
-    elements = rows * sum(layer_tokens) * arch.kv_heads / tp * (arch.key_dim + arch.value_dim)
-    decoded = int(2 * elements * decoded_itemsize)
-    # The per-pair cost is single-query attention's (a decode step); a chunk's is matmul FLOPs.
-    pairs = heads * visible * rows if tokens == 1 else 0.0
-    return StepCost(
-        int(read_weights),
-        kv_per_row * rows,
-        score_bytes,
-        params_flops + attn_flops + deq_flops,
-        comm,
-        decoded,
-        pairs,
-        float(rows) if tokens == 1 else 0.0,
-        attn_flops,
-    )
-
-
-def step_time(cost: StepCost, hw: Hardware, eff: Efficiency, compute_dtype: str, tp: int = 1) -> float:
-    """Seconds for one step: the slower of moving its bytes and doing its FLOPs at the
-    runtime's fractions of the device's peaks, plus the per-step overhead and the all-reduces.
-    Materialised attention scores are written by one kernel and read by the next (the softmax
-    between two matmuls), so their traffic adds to the step rather than hiding under its FLOPs."""
-    bw = eff.bandwidth_fraction * hw.bandwidth
-    probed = cost.probed_attention_s and eff.attention_scale  # the attention as the probe timed it
-    if probed:  # the probe's time stands for the attention's bytes and FLOPs
-        streamed, flops = cost.bytes_besides_attention, cost.flops - cost.attention_flops
-    else:
-        streamed, flops = cost.bytes - cost.score_bytes, cost.flops
-    t = streamed / bw
-    peak = hw.compute(compute_dtype)
-    if peak:
-        t = max(t, flops / (eff.compute_fraction * peak))
-    if probed:
-        return t + eff.attention_scale * cost.probed_attention_s + cost.rows * eff.row_s + eff.overhead_s
-    t += cost.score_bytes / bw
-    if tp > 1 and cost.comm_bytes:
-        if hw.link_bandwidth is None:
-            raise ValueError(f"{hw.name} has no published link bandwidth for tensor parallelism")
-        t += 2 * (tp - 1) / tp * cost.comm_bytes / hw.link_bandwidth  # ring all-reduce
-    return t + cost.pairs * eff.pair_s + cost.rows * eff.row_s + eff.overhead_s
-
-
-# ---------------------------------------------------------------------------------------------
-# calibration
-
-
-def measurement_arch(m: Measurement) -> Arch:
-    if m.model == "llama-2-7b":
-        return arch_from_config(LLAMA_2_7B, "Llama-2-7B", num_params=6_738_415_616, params_note="llama-bench: 6.74 B")
-    if m.model in ("qwen3-4b", "qwen2.5-72b"):  # parameters counted from the config: 4.02 B and 72.7 B
-        return arch_from_config(QWEN3_4B if m.model == "qwen3-4b" else QWEN2_5_72B, m.model)
-    return preset(m.model)
-
-
-def measurement_weights(m: Measurement, arch: Arch) -> int:
-    """The bytes of weights the measured runtime holds: ``weight_bits`` per parameter where given
-    (MLX's codes + scales + biases, bf16's 16), else the size the runtime printed (``weights_gib``)."""
-    if m.weight_bits is not None:
-        return int(arch.num_params * m.weight_bits / 8)
-    return int(m.weights_gib * 2**30)
-
-
-def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, StepCost]:
-    """The step a published measurement times: tg128 decodes 128 tokens after ``depth`` (the
-    middle step stands for them); pp512 prefills 512 tokens after ``depth`` in one forward."""
-    arch = measurement_arch(m)
-    d = _deployment(m.runtime, m.kv_format, tp=m.tp)
-    spec = parse_spec("standard")
-    weights = measurement_weights(m, arch) // m.tp  # one device's share
-    mat = scores_materialised(d.backend, m.runtime, spec)[0] if m.runtime != "llama.cpp" else not m.flash_attn
-    if prefill:
-        n = int(m.test.removeprefix("pp"))
-        held = _prompt_held(arch, spec, d.backend, "float16", d, n, m.depth + n)
-        return arch, step_cost(
-            arch,
-            spec,
-            rows=m.batch,
-            tokens=n,
-            held=held,
-            weights_bytes=weights,
-            quantized=False,
-            materialised=mat,
-            all_logits=False,
-            tp=m.tp,
-        )
-    n = int(m.test.removeprefix("tg"))
-    held = _held(arch, spec, d.backend, "float16", d, None, m.depth + n // 2)
-    return arch, step_cost(
-        arch,
-        spec,
-        rows=m.batch,
-        tokens=1,
-        held=held,
-        weights_bytes=weights,
-        quantized=False,
-        materialised=mat,
-        all_logits=False,
-        tp=m.tp,
-    )
-
-
-def measurement_tokens_per_s(m: Measurement, eff: Efficiency | None = None) -> float:
-    """The decode tokens/s per session the model predicts for a published measurement, at the
-    fractions its runtime reaches on its device (``eff`` overrides them)."""
-    hw = hardware(m.hardware)
-    eff = eff or efficiency(m.runtime, "torch", hw)
-    return 1 / step_time(measurement_cost(m)[1], hw, eff, "float16", m.tp)
-
-
-def _deployment(runtime: str | None, kv_format: str | None = None, backend: str = "mlx", tp: int = 1):
-    from .runtimes import Deployment
-
-    return Deployment.make(runtime, None if runtime else backend, kv_format=kv_format, tp=tp)
-
-
-def fit_pairs(decode: list[tuple[float, float, float, float]], source: str, *, probed: bool = False) -> Efficiency:
-    """Bandwidth fraction, seconds per attention pair, per session row and per step from measured
-    decode steps given as (bytes / peak bandwidth, attention pairs, rows, measured seconds): least
-    squares on ``seconds = x / f_bw + pairs x pair_s + rows x row_s + overhead``, terms that fit
-    below 0 dropped. Needs steps at two contexts and two batch sizes (a row's cost from the step's).
-    On one strategy a K/V byte goes with an attention pair, so the split between ``f_bw``, pairs and
-    the overhead is not unique; the steps it predicts are.
-
-    ``probed``: the second column is the attention probe's seconds for the step
-    (:attr:`StepCost.probed_attention_s`, ``x`` then the bytes besides attention), and its
-    coefficient is :attr:`Efficiency.attention_scale`: how much longer the step's attention takes
-    than the bare kernel, one constant for every length."""
-    import numpy as np
-
-    x = np.array([[d[0], d[1], 1.0, d[2]] for d in decode])
-    y = np.array([d[3] for d in decode])
-    varied = len({d[2] for d in decode}) > 1  # one batch size cannot tell a row's cost from the step's
-    # Probed, the bytes left are the weights': the same every step, so the per-step constant is theirs.
-    first = ([0, 1, 3], [0, 1, 2, 3]) if probed else ([0, 1, 2, 3], [0, 1, 3])
-    for cols in (*first, [0, 1, 2], [0, 1], [0, 2], [0]):
-        if 3 in cols and not varied:
-            continue
-        coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
-        if (coef >= 0).all() and coef[0] > 0:
-            break
-    got = dict(zip(cols, coef))
-    attn = float(got.get(1, 0.0))
-    eff = Efficiency(
-        1 / got[0],
-        1.0,
-        float(got.get(2, 0.0)),
-        MIN_SPREAD,
-        source,
-        0.0 if probed else attn,
-        float(got.get(3, 0.0)),
-        attn if probed else 0.0,
-    )
-    res = [
-        abs((a / eff.bandwidth_fraction + p * attn + r * eff.row_s + eff.overhead_s) / t - 1) for a, p, r, t in decode
-    ]
-    return replace(eff, spread=max([MIN_SPREAD, *res]))
-
-
-def fit(decode: list[tuple[float, float]], prefill: list[tuple[float, float, float]], source: str) -> Efficiency:
-    """Fractions and overhead from measured steps: ``decode`` as (bytes / peak bandwidth,
-    measured seconds), fitted by least squares to ``seconds = x / f_bw + overhead`` (overhead
-    >= 0); ``prefill`` as (FLOPs / peak compute, measured seconds, overhead-free bytes time),
-    giving ``f_c``. The spread is the largest relative residual, at least :data:`MIN_SPREAD`."""
-    xs, ys = [d[0] for d in decode], [d[1] for d in decode]
-    if len(decode) >= 2 and max(xs) > min(xs) * 1.05:
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        over = my - slope * mx
-        if over < 0 or slope <= 0:
-            slope, over = sum(ys) / sum(xs), 0.0
-    else:
-        slope, over = sum(ys) / sum(xs), 0.0
-    f_bw = 1 / slope
-    f_c = 1.0
-    if prefill:
-        f_c = min(1.0, sum(p[0] for p in prefill) / sum(max(p[1] - over, 1e-9) for p in prefill))
-    res = [abs((x / f_bw + over) / y - 1) for x, y in decode]
-    return Efficiency(f_bw, f_c, over, max([MIN_SPREAD, *res]), source)
-
-
-@lru_cache(maxsize=None)
-def published_efficiency(runtime: str, kind: str) -> Efficiency | None:
-    """The fit on :data:`~cachelib.plan.hardware.CALIBRATION` for ``runtime`` on ``kind``."""
-    dec, pre = [], []
-    for m in CALIBRATION:
-        if m.runtime != runtime or hardware(m.hardware).kind != kind:
-            continue
-        hw = hardware(m.hardware)
-        if m.test.startswith("tg"):
-            dec.append((measurement_cost(m)[1].bytes / hw.bandwidth, 1 / m.tokens_per_s))
-    for m in CALIBRATION:
-        hw = hardware(m.hardware)
-        if m.runtime == runtime and hw.kind == kind and m.test.startswith("pp") and hw.compute("float16"):
-            cost = measurement_cost(m, prefill=True)[1]
-            pre.append((cost.flops / hw.compute("float16"), int(m.test[2:]) / m.tokens_per_s, 0.0))
-    if not dec:
-        return None
-    srcs = sorted({m.source for m in CALIBRATION if m.runtime == runtime and hardware(m.hardware).kind == kind})
-    eff = fit(dec, pre, f"fitted on {len(dec) + len(pre)} published measurements ({', '.join(srcs)})")
-    return replace(eff, spread=max(eff.spread, PUBLISHED_SPREAD))
-
-
-# Runtimes without published measurements fitted here borrow another's fit, said so, with a wider
-# interval: on CUDA from vLLM (PyTorch modules, cuBLAS GEMMs and a Python step loop, as transformers'
-# and cachelib's torch loops have; MLX's CUDA backend is closer to that than to ggml's kernels), on
-# Apple silicon from mlx-lm (cachelib's MLX loop runs the same MLX kernels: quantized_matmul, SDPA).
-BORROW = {
-    ("transformers", "cuda"): ("vllm", "cuda"),
-    ("cachelib-torch", "cuda"): ("vllm", "cuda"),
-    ("cachelib-mlx", "cuda"): ("vllm", "cuda"),
-    ("cachelib-mlx", "apple"): ("mlx-lm", "apple"),
-}
-
-
-def saved_cpu_efficiency(key: str) -> Efficiency | None:
-    """This machine's fit for ``key`` as ``bench/bench_speed.py --save`` left it, if any."""
-    try:
-        got = json.loads(PROBE_CACHE.read_text()).get("calibration", {}).get(key)
-    except (OSError, ValueError):
-        return None
-    return None if got is None else Efficiency(**got)
-
-
-def efficiency(runtime: str | None, backend: str, hw: Hardware) -> Efficiency:
-    """The fractions ``runtime`` (None: cachelib's own loop on ``backend``) reaches on ``hw``."""
-    key = runtime_key(runtime, backend)
-    if hw.kind == "cpu":
-        saved = saved_cpu_efficiency(key)
-        if saved is not None:
-            return saved
-        return Efficiency(
-            1.0,
-            1.0,
-            0.0,
-            0.5,
-            "not calibrated on this CPU: peaks taken whole, +-50% (python bench/bench_speed.py --save calibrates it)",
-        )
-    own = published_efficiency(key, hw.kind)
-    if own is not None:
-        return own
-    other = BORROW.get((key, hw.kind))
-    if other is not None:
-        base = published_efficiency(*other)
-        return replace(
-            base,
-            spread=max(base.spread, BORROWED_SPREAD),
-            source=f"borrowed from {other[0]} on {other[1]} ({base.source}); no {key} measurement fitted",
-        )
-    raise ValueError(
-        f"no calibration of {key} on {hw.kind} devices; calibrated: "
-        + ", ".join(f"{r} on {k}" for r, k in sorted({*BORROW, *BORROW.values()}))
-    )
+# The step (speed_step) and the calibration (speed_fit) are importable from here, as before the split.
+__all__ = [
+    "CALIBRATION",
+    "LLAMA_2_7B",
+    "PROBE_CACHE",
+    "QWEN2_5_72B",
+    "QWEN3_4B",
+    "Measurement",
+    "BORROW",
+    "BORROWED_SPREAD",
+    "MIN_SPREAD",
+    "PUBLISHED_SPREAD",
+    "Efficiency",
+    "FrontierPoint",
+    "Interval",
+    "Speed",
+    "SpeedModel",
+    "SpeedReport",
+    "StepCost",
+    "_active_params",
+    "_deployment",
+    "_held",
+    "_prompt_held",
+    "check_hardware",
+    "compute_dtype",
+    "efficiency",
+    "fit",
+    "fit_pairs",
+    "kv_format_comparison",
+    "measurement_arch",
+    "measurement_cost",
+    "measurement_tokens_per_s",
+    "measurement_weights",
+    "plan_speeds",
+    "published_efficiency",
+    "runtime_key",
+    "saved_cpu_efficiency",
+    "speed_frontier",
+    "speed_report",
+    "speedup_text",
+    "step_cost",
+    "step_time",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,9 +207,10 @@ def _inverse(t: Interval, k: float = 1.0) -> Interval:
 
 
 @lru_cache(maxsize=16)
-def _attention_probe(backend: str, heads: int, kv_heads: int, head_dim: int, layers: int, dtype: str):
-    """One probe per model shape for the process: each length is measured once."""
-    return AttentionProbe(backend, heads, kv_heads, head_dim, layers, dtype)
+def _attention_probe(backend: str, heads: int, kv_heads: int, head_dim: int, layers: int, dtype: str, cache):
+    """One probe per model shape for the process, its points kept in ``cache`` (the CPU probe's file):
+    each length is measured once per machine and libraries."""
+    return AttentionProbe(backend, heads, kv_heads, head_dim, layers, dtype, cache=cache)
 
 
 class SpeedModel:
@@ -560,7 +233,7 @@ class SpeedModel:
     ):
         self.arch, self.r = arch, request
         self.attention = attention
-        self.hw = hardware_name if isinstance(hardware_name, Hardware) else hardware(hardware_name)
+        self.hw = hardware_name if isinstance(hardware_name, Hardware) else hardware(hardware_name, request.backend)
         self.dtype = compute_dtype(request)
         check_hardware(self.hw, self.dtype)
         check_dtype(request.dtype)
@@ -646,7 +319,9 @@ class SpeedModel:
             a = self.arch
             layers = sum(1 for k in a.layer_kinds if k != "recurrent")
             dim = (a.key_dim + a.value_dim) // 2
-            self.attention = _attention_probe(self.r.backend, a.num_heads, a.kv_heads, dim, layers, self.r.dtype)
+            self.attention = _attention_probe(
+                self.r.backend, a.num_heads, a.kv_heads, dim, layers, self.r.dtype, cpu_probe.PROBE_CACHE
+            )
         return self.attention
 
     def _probe_bits(self, spec: Spec) -> tuple[int | None, int]:
@@ -660,13 +335,24 @@ class SpeedModel:
 
     def prefill(self, spec: Spec | str, prompt: int | None = None, rows: int = 1) -> float | None:
         """Seconds to feed a prompt of ``prompt`` tokens (default the request's) in the request's
-        chunks: the time to first token; None where the hardware publishes no FLOPs."""
+        chunks: the time to first token; None where the hardware publishes no FLOPs.
+
+        Where the attention probe charges the decode steps (the CPU) and the runtime materialises a
+        chunk's scores (MLX on the CPU: matmul, mask, softmax, matmul, not a kernel at the FLOP
+        rate), a chunk's attention is the probe's causal attention of the chunk's queries over each
+        layer's keys, as the kernel takes it bare (the decode's ``attention_scale`` is fitted on
+        single-query steps, where it also carries what a step does around the kernel); the rest of
+        the chunk is its weights' FLOPs at the compute fraction. Measured (MLX, SmolLM2 float32,
+        512-token chunks, load 5): that attention is 30-47% of the prefill, its FLOPs 6-20%."""
         if not self.hw.compute(self.dtype):
             return None
         spec = parse_spec(spec)
         prompt = prompt or (self.r.prefill if self.r.prefill else self.r.context)
         chunk = self.r.chunk or prompt
         quantized, mat = self._flags(spec)
+        probe = self._probe() if mat else None
+        eff = replace(self.eff, attention_scale=1.0) if probe is not None else self.eff
+        bits, group = self._probe_bits(spec)
         total, done = 0.0, 0
         while done < prompt:
             n = min(chunk, prompt - done)
@@ -684,7 +370,10 @@ class SpeedModel:
                 tp=self.r.tp,
                 decoded_itemsize=self._decoded_itemsize(spec),
             )
-            total += step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
+            if probe is not None:
+                per_row = sum(probe.seconds(h, bits, group, queries=n) for h in held[1] if h)
+                cost = cost._replace(probed_attention_s=per_row * rows)
+            total += step_time(cost, self.hw, eff, self.dtype, self.r.tp)
             done += n
         return total
 

@@ -4,10 +4,12 @@ by one constant fitted on the calibration contexts; published (GPU, Apple) plans
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cachelib.plan import PlanRequest, preset
-from cachelib.plan import hardware as hw_mod
+from cachelib.plan import cpu_probe as hw_mod
 from cachelib.plan.hardware import HARDWARE, AttentionProbe, cpu_hardware
 from cachelib.plan.speed import Efficiency, SpeedModel, efficiency, fit_pairs, published_efficiency
 
@@ -109,3 +111,58 @@ def test_the_probe_measures_each_backends_attention_once():
             assert p.seconds(256, bits) > 0 and len(p.points) <= 4
     with pytest.raises(ValueError, match="allowed: mlx, torch"):
         AttentionProbe("cuda", 9, 3, 64, 2)
+
+
+def test_a_prefill_chunk_of_mlx_on_the_cpu_is_charged_its_probed_attention():
+    """MLX on the CPU materialises a chunk's scores: the chunk's attention is the probe's causal
+    attention of its queries over each layer's keys (the bare kernel, scale 1), the rest its weights'
+    FLOPs; torch's SDPA (no scores array) keeps the FLOPs."""
+    chunk_s = {(None, 64, 128, 128): 20e-3, (None, 64, 256, 128): 50e-3}  # one layer, a 128-token chunk
+    probe = AttentionProbe("mlx", ARCH.num_heads, ARCH.kv_heads, ARCH.head_dim, ARCH.num_layers, points=chunk_s)
+    eff = Efficiency(0.5, 0.25, 0.0, 0.1, "made up", attention_scale=0.7)
+    r = PlanRequest(["standard"], context=256, batch=1, backend="mlx", dtype="float32", device="cpu", prefill_chunk=128)
+    m = SpeedModel(ARCH, r, cpu_hardware(BW, FLOPS, "-"), eff=eff, attention=probe)
+    no_attention = SpeedModel(ARCH, r, cpu_hardware(BW, FLOPS, "-"), eff=replace(eff, attention_scale=0.0))
+    got = m.prefill("standard", prompt=256)
+    free = AttentionProbe("mlx", 9, 3, 64, 30, points={k: 1e-15 for k in chunk_s})  # an attention that costs nothing
+    rest = SpeedModel(ARCH, r, cpu_hardware(BW, FLOPS, "-"), eff=eff, attention=free).prefill("standard", prompt=256)
+    attention = ARCH.num_layers * (20e-3 + 50e-3)
+    assert got == pytest.approx(rest + attention, rel=1e-6)
+    flops_model = no_attention.prefill("standard", prompt=256)  # the attention as FLOPs and scores' bytes
+    assert rest < flops_model < got  # the probed attention (2.1 s) is far above its FLOPs' share
+    # scaled by the probe's seconds, not by the decode's fitted scale
+    doubled = AttentionProbe("mlx", 9, 3, 64, 30, points={k: 2 * v for k, v in chunk_s.items()})
+    m2 = SpeedModel(ARCH, r, cpu_hardware(BW, FLOPS, "-"), eff=eff, attention=doubled)
+    assert m2.prefill("standard", prompt=256) - got == pytest.approx(attention, rel=1e-6)
+    # torch: no scores array, the chunk's attention stays FLOPs (the probe is not asked)
+    rt = PlanRequest(
+        ["standard"], context=256, batch=1, backend="torch", dtype="float32", device="cpu", prefill_chunk=128
+    )
+
+    class Refuses(AttentionProbe):
+        def measure(self, *a, **k):
+            raise AssertionError("torch's chunk attention is not probed")
+
+    refuses = Refuses("torch", 9, 3, 64, 30)
+    hw = cpu_hardware(BW, FLOPS, "-")
+    assert SpeedModel(ARCH, rt, hw, eff=eff, attention=refuses).prefill("standard") == pytest.approx(
+        SpeedModel(ARCH, rt, hw, eff=eff).prefill("standard")
+    )
+
+
+def test_a_chunk_past_the_probes_memory_is_measured_smaller_and_scaled_by_pairs(monkeypatch):
+    monkeypatch.setattr(hw_mod, "ATTENTION_PROBE_LAYER_BYTES", 4 * 2**20)
+    asked = []
+
+    class Counts(AttentionProbe):
+        def measure(self, length, bits=None, group_size=64, queries=1):
+            asked.append((length, queries))
+            return 1e-9 * length * queries
+
+    p = Counts("mlx", 32, 8, 128, 32)
+    s = p.seconds(32768, queries=2048)  # keys halved to the chunk's 2,048, then both halved
+    ((length, queries),) = asked
+    assert length == queries and p._bytes(length, None, queries) <= 4 * 2**20 < p._bytes(2 * length, None, 2 * queries)
+    assert s == pytest.approx(1e-9 * 32768 * 2048)
+    assert p.seconds(32768, queries=2048) == s and len(asked) == 1  # measured once
+    assert p.seconds(64, queries=512) == p.seconds(64, queries=64)  # never more queries than keys
