@@ -66,6 +66,7 @@ def test_greedy_decode_matches_mlx_lm_logit_for_logit(smollm2_mlx, setting):
         assert view.tokens_held == 64 and view.evicted == view.offset - 64
 
 
+@pytest.mark.slow  # ~22 s of CPU
 def test_quantize_after_start_decodes_like_mlx_lm_quantized_kv_start(smollm2_mlx):
     """Our QuantizedKVCache(start=N) inside mlx-lm's own generate_step gives the tokens that
     generate_step gives with kv_bits and quantized_kv_start=N on its default caches."""
