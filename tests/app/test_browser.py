@@ -33,7 +33,7 @@ START_TIMEOUT = 90  # seconds for the server to answer
 RUN_TIMEOUT = 300  # seconds for the default run (model load + 32 steps x 3 strategies) on a busy 2-core machine
 UI_TIMEOUT = 60  # seconds for anything else the page does
 
-pytestmark = [pytest.mark.browser, pytest.mark.bundled]
+pytestmark = [pytest.mark.browser, pytest.mark.bundled, pytest.mark.slow]
 
 
 def _free_port() -> int:

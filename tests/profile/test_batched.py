@@ -251,16 +251,21 @@ def test_one_ulp_of_rounding_moves_a_quantized_run_by_more_than_float_tolerance(
     moves by one ulp, while the full cache stays at rounding size. Which nudge moves a code
     depends on the CPU's matmul kernels and thread count (measured 2026-12-02: 11 of 60 nudges
     on torch with one thread, 21 of 60 on MLX), so every layer's key projection is nudged in
-    turn, for an 8-bit and a 4-bit cache."""
+    turn, for an 8-bit and a 4-bit cache, until one moves (the claim needs one; the full cache
+    is checked under every nudge: it must stay at rounding size under all of them)."""
     loaded = load_model("smollm2", backend)
     layers = range(len(loaded.model.model.layers))
-    kl = {}
-    for spec in ("standard", "quantized:bits=8", "quantized:bits=4,group_size=32"):
-        base = _prefill_logits(loaded, spec, None)
-        kl[spec] = [compare(base, _prefill_logits(loaded, spec, i), None)[0] for i in layers]
-    assert max(kl["standard"]) < 1e-8, max(kl["standard"])
-    moved = {s: sum(k > 1e-5 for k in v) for s, v in kl.items() if s != "standard"}
-    assert sum(moved.values()) > 0, moved
+    base = _prefill_logits(loaded, "standard", None)
+    kl = [compare(base, _prefill_logits(loaded, "standard", i), None)[0] for i in layers]
+    assert max(kl) < 1e-8, max(kl)
+    quantized = ("quantized:bits=8", "quantized:bits=4,group_size=32")
+    bases = {spec: _prefill_logits(loaded, spec, None) for spec in quantized}
+    tried = []
+    for i in layers:
+        tried += [(spec, i, compare(bases[spec], _prefill_logits(loaded, spec, i), None)[0]) for spec in quantized]
+        if any(k > 1e-5 for *_, k in tried):
+            break
+    assert any(k > 1e-5 for *_, k in tried), tried
     # the model is unchanged afterwards
     assert np.array_equal(_prefill_logits(loaded, "standard", None), _prefill_logits(loaded, "standard", None))
 
