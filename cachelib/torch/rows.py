@@ -119,12 +119,14 @@ class RowsCache(_tf.Cache):
         self._layers: dict[int, _LayerBuffers] = {}  # per layer, its own buffers (_write)
         self._buffered = 0  # bytes of every layer's buffers
         # a first chunk forwarded once, through row 0 (advance_once): per layer, row 0's input and return
-        self._once: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._once: list[tuple] | None = None
 
     def __len__(self):
         return len(self.rows[0])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        if self._once is not None:  # advance_once's forward: the other rows take the chunk after it
+            return self.rows[0].get_seq_length(layer_idx)
         seen = {row.get_seq_length(layer_idx) for row in self.rows}
         if len(seen) != 1:
             raise ValueError(
@@ -182,8 +184,8 @@ class RowsCache(_tf.Cache):
         attends exactly as row 0 does, layer after layer: its cache ends as the batch's forward
         would leave it. That is checked, layer by layer, after the forward (every row is
         updated, then each return compared with row 0's); a row that handed back anything else
-        (a cache that quantizes what it returns, evicts or keeps a window inside the chunk)
-        puts every row back as it was before the forward and the call returns False."""
+        (a cache that hands its chunk back dequantized or cut) puts every row back as it was
+        before the forward and the call returns False."""
         n, device = len(ids[0]), model.device
         if len(self.rows) < 2 or device.type != "cpu" or any(list(r) != list(ids[0]) for r in ids):
             return False
@@ -213,8 +215,8 @@ class RowsCache(_tf.Cache):
     @staticmethod
     def _same_as_first(row, taken) -> bool:
         """Update ``row``'s layers with what row 0's took; whether each handed back what row 0's did."""
-        for layer_idx, k_in, v_in, k0, v0 in taken:
-            k, v = row.update(k_in.clone(), v_in.clone(), layer_idx)
+        for layer_idx, k_in, v_in, args, kwargs, k0, v0 in taken:
+            k, v = row.update(k_in.clone(), v_in.clone(), layer_idx, *args, **kwargs)
             if not (torch.equal(k, k0) and torch.equal(v, v0)):
                 return False
         return True
@@ -224,7 +226,7 @@ class RowsCache(_tf.Cache):
             if self._lengths.pop(layer_idx, None) is None:
                 raise ValueError("strategy batch: advance_once's forward reached a layer its mask did not cover")
             k, v = self.rows[0].update(key_states, value_states, layer_idx, *args, **kwargs)
-            self._once.append((layer_idx, key_states, value_states, k, v))
+            self._once.append((layer_idx, key_states, value_states, args, kwargs, k, v))
             return k, v
         if key_states.shape[0] != len(self.rows):
             raise ValueError(
