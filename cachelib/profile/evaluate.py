@@ -124,7 +124,10 @@ def teacher_forced_logits_rows(
     rows = runner.rows_cache(list(caches))
     k, body = len(caches), list(prefix[:-1])
     for s in range(0, len(body), prefill_chunk):
-        runner.advance_rows(rows, [body[s : s + prefill_chunk]] * k)
+        chunk = [body[s : s + prefill_chunk]] * k
+        # rows that take a first chunk alike are forwarded once (torch: RowsCache.advance_once, bit-equal)
+        if s or loaded.backend != "torch" or not rows.advance_once(loaded.model, chunk):
+            runner.advance_rows(rows, chunk)
     out = [runner.step_rows(rows, [[int(prefix[-1])]] * k)]
     for token in continuation[:-1]:
         out.append(runner.step_rows(rows, [[int(token)]] * k))

@@ -37,6 +37,7 @@ keys alone and may share a batch).
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -117,11 +118,15 @@ class RowsCache(_tf.Cache):
         )
         self._layers: dict[int, _LayerBuffers] = {}  # per layer, its own buffers (_write)
         self._buffered = 0  # bytes of every layer's buffers
+        # a first chunk forwarded once, through row 0 (advance_once): per layer, row 0's input and return
+        self._once: list[tuple] | None = None
 
     def __len__(self):
         return len(self.rows[0])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        if self._once is not None:  # advance_once's forward: the other rows take the chunk after it
+            return self.rows[0].get_seq_length(layer_idx)
         seen = {row.get_seq_length(layer_idx) for row in self.rows}
         if len(seen) != 1:
             raise ValueError(
@@ -166,7 +171,63 @@ class RowsCache(_tf.Cache):
         padded = [m if m.shape[1] == width else torch.nn.functional.pad(m, (0, width - m.shape[1])) for m in masks]
         return torch.stack(padded)[:, None]  # (B, 1, n, L)
 
+    def advance_once(self, model, ids: Sequence[Sequence[int]]) -> bool:
+        """Forward a first chunk that every row takes alike once, through row 0 alone, and hand
+        the other rows what row 0's layers took; False (nothing done) where that cannot be the
+        batch's own forward bit for bit, and the caller runs the batch as usual.
+
+        It is done when every row gets the same tokens, holds nothing yet (no token seen, no
+        byte held) and sees them plainly causally (:meth:`attention_mask` gives None), and the
+        device is the CPU, where a row's products do not depend on the batch's other rows (on
+        a GPU a kernel may be picked by the batch size). Then every row's layer is given the
+        same keys and values, and a row whose layers all hand back exactly what row 0's did
+        attends exactly as row 0 does, layer after layer: its cache ends as the batch's forward
+        would leave it. That is checked, layer by layer, after the forward (every row is
+        updated, then each return compared with row 0's); a row that handed back anything else
+        (a cache that hands its chunk back dequantized or cut) puts every row back as it was
+        before the forward and the call returns False."""
+        n, device = len(ids[0]), model.device
+        if len(self.rows) < 2 or device.type != "cpu" or any(list(r) != list(ids[0]) for r in ids):
+            return False
+        if any(row.get_seq_length() or row.nbytes for row in self.rows):
+            return False
+        if self.attention_mask(n, device) is not None:
+            self._lengths.clear()
+            return False
+        before = [copy.deepcopy(row) for row in self.rows]  # empty caches: cheap
+        self._once = []
+        try:
+            with torch.inference_mode():
+                x = torch.tensor([list(ids[0])], dtype=torch.long, device=device)
+                model(input_ids=x, cache=self, use_cache=True, logits_to_keep=1)
+            taken, self._once = self._once, None
+            with torch.inference_mode():
+                alike = all(self._same_as_first(row, taken) for row in self.rows[1:])
+        finally:
+            self._once = None
+            self._lengths.clear()
+        if not alike:
+            for row, old in zip(self.rows, before):  # in place: the caller holds these caches
+                vars(row).clear()
+                vars(row).update(vars(old))
+        return alike
+
+    @staticmethod
+    def _same_as_first(row, taken) -> bool:
+        """Update ``row``'s layers with what row 0's took; whether each handed back what row 0's did."""
+        for layer_idx, k_in, v_in, args, kwargs, k0, v0 in taken:
+            k, v = row.update(k_in.clone(), v_in.clone(), layer_idx, *args, **kwargs)
+            if not (torch.equal(k, k0) and torch.equal(v, v0)):
+                return False
+        return True
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self._once is not None:  # advance_once: row 0 alone; the others replay its inputs after the forward
+            if self._lengths.pop(layer_idx, None) is None:
+                raise ValueError("strategy batch: advance_once's forward reached a layer its mask did not cover")
+            k, v = self.rows[0].update(key_states, value_states, layer_idx, *args, **kwargs)
+            self._once.append((layer_idx, key_states, value_states, args, kwargs, k, v))
+            return k, v
         if key_states.shape[0] != len(self.rows):
             raise ValueError(
                 f"strategy batch: the forward has {key_states.shape[0]} rows but the batch holds "
