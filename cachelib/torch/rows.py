@@ -194,6 +194,8 @@ class RowsCache(_tf.Cache):
         if self.attention_mask(n, device) is not None:
             self._lengths.clear()
             return False
+        if not self._first_layer_alike(model, n):
+            return False
         before = [copy.deepcopy(row) for row in self.rows]  # empty caches: cheap
         self._once = []
         try:
@@ -211,6 +213,30 @@ class RowsCache(_tf.Cache):
                 vars(row).clear()
                 vars(row).update(vars(old))
         return alike
+
+    def _first_layer_alike(self, model, n: int) -> bool:
+        """Whether copies of the (empty) rows hand back alike what their first layer is given,
+        tried on ``n`` random tokens of the model's key shape: a row that does not (a cache that
+        hands its chunk back dequantized) would make :meth:`advance_once` undo a whole forward,
+        so it is found before one. A row whose update needs the forward's own arguments cannot be
+        tried here and is left to the check after the forward."""
+        config = model.config.get_text_config(decoder=True)
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        gen = torch.Generator().manual_seed(0)
+        k, v = (torch.randn(1, heads, n, head_dim, generator=gen).to(model.dtype) for _ in range(2))
+        first = None
+        with torch.inference_mode():
+            for row in self.rows:
+                try:
+                    got = copy.deepcopy(row).update(k.clone(), v.clone(), 0)
+                except (TypeError, KeyError, ValueError, IndexError):  # the forward's check decides
+                    continue
+                if first is None:
+                    first = got
+                elif not (torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])):
+                    return False
+        return True
 
     @staticmethod
     def _same_as_first(row, taken) -> bool:

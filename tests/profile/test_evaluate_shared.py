@@ -98,7 +98,9 @@ def test_only_a_first_chunk_every_row_takes_alike_is_forwarded_once(tiny, spy):
     assert not rows.advance_once(tiny.model, [[4], [4]])  # not a first chunk
 
 
-def test_a_declined_first_chunk_leaves_every_row_as_it_was(tiny):
+def test_a_declined_first_chunk_leaves_every_row_as_it_was(tiny, monkeypatch):
+    # past the check before the forward (as a row whose later layers differ would be): the check after it declines
+    monkeypatch.setattr(RowsCache, "_first_layer_alike", lambda self, model, n: True)
     runner, probe = Runner(tiny), probe_for(tiny)
     caches = [probe.make_cache(parse_spec(s)) for s in ("standard", "quantized:bits=4,group_size=32")]
     rows = runner.rows_cache(caches)
@@ -119,3 +121,20 @@ def test_an_evaluation_with_a_shared_first_chunk_has_the_same_numbers(tiny, spy,
     spy.off()
     today = evaluate(tiny, strategies, **args).samples
     assert shared_run.drop(columns="seconds").equals(today.drop(columns="seconds"))
+
+
+def test_a_row_that_hands_its_chunk_back_otherwise_is_found_before_any_forward(tiny, monkeypatch):
+    runner, probe = Runner(tiny), probe_for(tiny)
+    forwards, forward = [], tiny.model.forward
+
+    def counted(*args, **kwargs):
+        forwards.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(tiny.model, "forward", counted)
+    mixed = runner.rows_cache([probe.make_cache(parse_spec(s)) for s in ("standard", "quantized:bits=4")])
+    assert not mixed.advance_once(tiny.model, [PREFIX[:-1]] * 2)
+    assert forwards == [] and mixed.get_seq_length() == 0
+    alike = runner.rows_cache([probe.make_cache(parse_spec(s)) for s in ("standard", "kivi:bits=4")])
+    assert alike.advance_once(tiny.model, [PREFIX[:-1]] * 2)
+    assert forwards == [1] and alike.get_seq_length() == len(PREFIX) - 1
