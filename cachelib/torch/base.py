@@ -278,7 +278,8 @@ def _dense_all(items: list) -> None:
     for it in items:
         t = it[3]
         if isinstance(t, Dequantized):
-            key = (t.quantizer, *((p.shape, p.dtype, p.device) for p in t.packed))
+            codes, scales, _ = t.packed  # the biases match the scales
+            key = (t.quantizer, codes.shape, codes.device, scales.shape, scales.dtype)
             groups.setdefault(key, []).append(it)
     for group in groups.values():
         quantizer = group[0][3].quantizer
