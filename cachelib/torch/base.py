@@ -287,8 +287,8 @@ def _dense_all(items: list) -> None:
             group[0][3] = quantizer.dequantize(group[0][3].packed).flatten()
             continue
         parts = tuple(torch.stack([it[3].packed[i] for it in group]) for i in range(3))
-        for it, row in zip(group, quantizer.dequantize(parts)):
-            it[3] = row.flatten()
+        for it, row in zip(group, quantizer.dequantize(parts).reshape(len(group), -1).unbind(0)):
+            it[3] = row
 
 
 def resolve_errors(layers) -> None:
