@@ -211,7 +211,9 @@ def stage_terms(terms: list[Terms]) -> list[mx.array]:
         if t.array is not None:
             out.append(t.array)
             continue
-        key = (t.group_size, t.bits, t.x.shape, t.x.dtype, *((p.shape, p.dtype) for p in t.parts))
+        # the parts' shapes follow from x's, the group size and the width (mx.quantize's), and
+        # the biases' dtype is the scales': x and the scales' dtype name a group
+        key = (t.group_size, t.bits, t.x.shape, t.x.dtype, t.parts[1].dtype)
         groups.setdefault(key, []).append(t)
     for key, group in groups.items():
         if len(group) == 1:

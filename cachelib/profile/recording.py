@@ -121,9 +121,7 @@ def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -
         )
         if any(v.layout == "selected" for v in views):
             row["score_seconds"] = sum(v.score_seconds for v in views)
-        rows["layers"] = [
-            _layer_row(st.label, step, i, v, ring=at.on("ring"), error=want_error) for i, v in enumerate(views)
-        ]
+        rows["layers"] = _layer_rows(st.label, step, views, ring=at.on("ring"), error=want_error)
     if at.on("ring"):
         ring_texts: dict[tuple, str] = {}
         rows["slots"] = [
@@ -209,34 +207,38 @@ def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: in
     return rows
 
 
-def _layer_row(label: str, step: int, layer: int, v: CacheView, ring: bool, error: bool) -> dict:
-    row = {
-        "strategy": label,
-        "step": step,
-        "layer": layer,
-        "kind": v.kind,
-        "offset": v.offset,
-        "tokens_held": v.tokens_held,
-        "capacity": v.capacity,
-        "max_capacity": v.max_capacity,
-        "bytes_used": v.bytes_used,
-        "bytes_allocated": v.bytes_allocated,
-        "key_bits": v.key_bits,
-        "value_bits": v.value_bits,
-        "group_size": v.group_size,
-        "quantized_tokens": v.quantized_tokens,
-    }
-    if ring:
-        row.update(write_index=v.write_index, keep=v.keep, evicted=v.evicted)
-    if error and v.quant_error is not None:
-        e = v.quant_error
-        row.update(
-            key_rel_rms=e.key_rel_rms,
-            key_max_abs=e.key_max_abs,
-            value_rel_rms=e.value_rel_rms,
-            value_max_abs=e.value_max_abs,
-        )
-    return row
+def _layer_rows(label: str, step: int, views: list[CacheView], ring: bool, error: bool) -> list[dict]:
+    """One row per layer (the per-step loop of a run: built in one pass, probes decided once)."""
+    rows = []
+    for layer, v in enumerate(views):
+        row = {
+            "strategy": label,
+            "step": step,
+            "layer": layer,
+            "kind": v.kind,
+            "offset": v.offset,
+            "tokens_held": v.tokens_held,
+            "capacity": v.capacity,
+            "max_capacity": v.max_capacity,
+            "bytes_used": v.bytes_used,
+            "bytes_allocated": v.bytes_allocated,
+            "key_bits": v.key_bits,
+            "value_bits": v.value_bits,
+            "group_size": v.group_size,
+            "quantized_tokens": v.quantized_tokens,
+        }
+        if ring:
+            row["write_index"] = v.write_index
+            row["keep"] = v.keep
+            row["evicted"] = v.evicted
+        e = v.quant_error if error else None
+        if e is not None:
+            row["key_rel_rms"] = e.key_rel_rms
+            row["key_max_abs"] = e.key_max_abs
+            row["value_rel_rms"] = e.value_rel_rms
+            row["value_max_abs"] = e.value_max_abs
+        rows.append(row)
+    return rows
 
 
 _PROCESS: dict[int, Any] = {}  # pid -> its psutil handle, made once (making one reads /proc/<pid>/stat)

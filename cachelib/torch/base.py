@@ -9,7 +9,7 @@ slices and reindexes both. This module knows nothing of strategies, models or ma
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Callable, Iterator, Union
+from typing import Any, Callable, Iterator, NamedTuple, Union
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
@@ -227,9 +227,11 @@ class QuantErrorProbe:
         self._last_error = self._pending_error = None
         if not pairs:
             return
-        flat = [
-            torch.cat([p[i].flatten() for p in pairs]) if len(pairs) > 1 else pairs[0][i].flatten() for i in range(4)
-        ]
+        if len(pairs) > 1:  # several chunks: their reconstructions are made now, and joined
+            pairs = [tuple(_dense(t) for t in p) for p in pairs]
+            flat = [torch.cat([p[i].flatten() for p in pairs]) for i in range(4)]
+        else:
+            flat = [t if isinstance(t, Dequantized) else t.flatten() for t in pairs[0]]
         self._pending_error = [(flat[0], flat[1]), (flat[2], flat[3])]
         if flat[0].numel() > DEFERRED_ERROR_ELEMENTS:
             resolve_errors([self])
@@ -246,12 +248,57 @@ class QuantErrorProbe:
 DEFERRED_ERROR_ELEMENTS = 1 << 16  # an update of more key elements has its error computed at once
 
 
+class Dequantized(NamedTuple):
+    """The reconstruction ``quantizer.dequantize(packed)`` of an update's new tokens, made only
+    when its error is computed: :func:`resolve_errors` dequantizes those of one quantizer and
+    shape together, one call for every layer instead of one each (the values are the same, bit
+    for bit: dequantization works element by element)."""
+
+    quantizer: Any
+    packed: tuple[torch.Tensor, ...]
+
+
+def dequantized(codec, stored) -> "torch.Tensor | Dequantized":
+    """What ``codec.dense(stored)`` gives, deferred where the codec quantizes with a
+    :class:`~.quantizer.Quantizer` (for :meth:`QuantErrorProbe._record_error`)."""
+    quantizer = getattr(codec, "quantizer", None)
+    if quantizer is not None and isinstance(stored, tuple):
+        return Dequantized(quantizer, stored)
+    return codec.dense(stored)
+
+
+def _dense(t) -> torch.Tensor:
+    return t.quantizer.dequantize(t.packed) if isinstance(t, Dequantized) else t
+
+
+def _dense_all(items: list) -> None:
+    """Replace the :class:`Dequantized` reconstructions among ``items`` (``[slot, j, x, x_hat]``)
+    by their values, one dequantization per quantizer and packed shapes (flattened as before)."""
+    groups: dict[tuple, list] = {}
+    for it in items:
+        t = it[3]
+        if isinstance(t, Dequantized):
+            codes, scales, _ = t.packed  # the biases match the scales
+            key = (t.quantizer, codes.shape, codes.device, scales.shape, scales.dtype)
+            groups.setdefault(key, []).append(it)
+    for group in groups.values():
+        quantizer = group[0][3].quantizer
+        if len(group) == 1:
+            group[0][3] = quantizer.dequantize(group[0][3].packed).flatten()
+            continue
+        parts = tuple(torch.stack([it[3].packed[i] for it in group]) for i in range(3))
+        for it, row in zip(group, quantizer.dequantize(parts).reshape(len(group), -1).unbind(0)):
+            it[3] = row
+
+
 def resolve_errors(layers) -> None:
     """Compute the pending quantization error of every one of ``layers`` (those without one are
-    skipped): the keys and values of equal size are stacked, one set of reductions in float64
-    and one host read per size, the same formula as :func:`.quantizer.quant_error_of`."""
+    skipped): the reconstructions still to make are dequantized together (:class:`Dequantized`),
+    the keys and values of equal size are stacked, one set of reductions in float64 and one host
+    read per size, the same formula as :func:`.quantizer.quant_error_of`."""
     groups: dict[tuple, list] = {}
     pending = []
+    items = []
     for layer in layers:
         pairs = getattr(layer, "_pending_error", None)
         if pairs is None:
@@ -260,16 +307,19 @@ def resolve_errors(layers) -> None:
         slot = [0.0, 0.0, 0.0, 0.0]
         pending.append((layer, slot))
         for j, (x, x_hat) in enumerate(pairs):
-            groups.setdefault((x.numel(), x.device), []).append((slot, j, x, x_hat))
-    for (numel, _), items in groups.items():
+            it = [slot, j, x, x_hat]
+            items.append(it)
+            groups.setdefault((x.numel(), x.device), []).append(it)
+    _dense_all(items)
+    for (numel, _), group in groups.items():
         if numel == 0:  # nothing quantized: the slots' zeros stand
             continue
-        x = torch.stack([it[2] for it in items]).double()
-        diff = torch.stack([it[3] for it in items]).double() - x
+        x = torch.stack([it[2] for it in group]).double()
+        diff = torch.stack([it[3] for it in group]).double() - x
         terms = torch.stack(
             [torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(diff, dim=1), diff.abs().amax(dim=1)], 1
         )
-        for (slot, j, _, _), (norm, err, worst) in zip(items, terms.tolist()):
+        for (slot, j, _, _), (norm, err, worst) in zip(group, terms.tolist()):
             slot[2 * j], slot[2 * j + 1] = (err / norm if norm > 0 else 0.0), worst
     for layer, slot in pending:
         layer._last_error = QuantError(*slot)

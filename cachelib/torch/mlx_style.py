@@ -19,7 +19,7 @@ import torch
 
 from ..core.units import STEP
 from ..introspect import CacheView, Written
-from .base import AttentionLayer, QuantErrorProbe, changed_slots, check_crop, dtype_name, tokens
+from .base import AttentionLayer, QuantErrorProbe, changed_slots, check_crop, dequantized, dtype_name, tokens
 from .cache import Cache, build_layers
 from .quantizer import check_bits, check_group_size, check_head_dim
 from .storage import DENSE, QuantizedCodec, clone, encode_pair, grow, head, span, write, zeros
@@ -220,7 +220,14 @@ class QuantizedKVCacheLayer(QuantErrorProbe, KVCacheLayer):
             return key_states, value_states
         new_keys, new_values = encode_pair(self.key_codec, self.value_codec, key_states, value_states)
         if self.track_error:
-            pairs.append((key_states, self.key_codec.dense(new_keys), value_states, self.value_codec.dense(new_values)))
+            pairs.append(
+                (
+                    key_states,
+                    dequantized(self.key_codec, new_keys),
+                    value_states,
+                    dequantized(self.value_codec, new_values),
+                )
+            )
             self._record_error(pairs)
         return new_keys, new_values
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..introspect import CacheView, Written
-from .base import AttentionLayer, QuantErrorProbe, cat, changed_slots, check_crop, dtype_name, each, tokens
+from .base import AttentionLayer, Dequantized, QuantErrorProbe, cat, changed_slots, check_crop, dtype_name, each, tokens
 from .quantizer import Quantizer, check_bits, check_group_size, check_head_dim
 
 
@@ -68,7 +68,7 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
         else:
             qk, qv = self.quantizer.quantize(keys), self.quantizer.quantize(values)
         if self.track_error:
-            self._record_error([(keys, self.quantizer.dequantize(qk), values, self.quantizer.dequantize(qv))])
+            self._record_error([(keys, Dequantized(self.quantizer, qk), values, Dequantized(self.quantizer, qv))])
         if self.quantized_keys is None:
             self.quantized_keys, self.quantized_values = qk, qv
         else:

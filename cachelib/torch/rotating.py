@@ -29,7 +29,17 @@ from __future__ import annotations
 from ..core import ring
 from ..core.units import STEP
 from ..introspect import CacheView, Written
-from .base import AttentionLayer, CropError, QuantErrorProbe, cat, changed_slots, check_crop, dtype_name, tokens
+from .base import (
+    AttentionLayer,
+    CropError,
+    QuantErrorProbe,
+    cat,
+    changed_slots,
+    check_crop,
+    dequantized,
+    dtype_name,
+    tokens,
+)
 from .mlx_style import StrategyCache, check_step
 from .quantizer import check_bits, check_group_size, check_head_dim
 from .storage import DENSE, QuantizedCodec, clone, encode_pair, grow, head, span, write, zeros
@@ -90,7 +100,14 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
         new_keys, new_values = encode_pair(self.key_codec, self.value_codec, key_states, value_states)
         if self.track_error and self.group_size is not None:
             self._record_error(
-                [(key_states, self.key_codec.dense(new_keys), value_states, self.value_codec.dense(new_values))]
+                [
+                    (
+                        key_states,
+                        dequantized(self.key_codec, new_keys),
+                        value_states,
+                        dequantized(self.value_codec, new_values),
+                    )
+                ]
             )
         return new_keys, new_values
 
