@@ -132,12 +132,18 @@ def _read_probe_cache() -> dict:
     return got if isinstance(got, dict) else {}
 
 
-def _write_probe_cache(cached: dict) -> None:
+def _write_probe_cache(cached: dict, path: Path | None = None) -> None:
+    """Write ``cached`` to ``path`` (default :data:`PROBE_CACHE`) whole or not at all: through a
+    file of this process's own, renamed over it, so a plan and a bench writing at once never
+    leave a torn file (the later one's figures stand)."""
+    path = PROBE_CACHE if path is None else path
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        PROBE_CACHE.write_text(json.dumps(cached, indent=1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(cached, indent=1))
+        os.replace(tmp, path)
     except OSError:
-        pass  # a read-only home: the probe is simply not kept
+        tmp.unlink(missing_ok=True)  # a read-only home: the probe is simply not kept
 
 
 def probe_cpu(*, refresh: bool = False, backend: str | None = None) -> Hardware:
@@ -340,11 +346,7 @@ class AttentionProbe:
         if not isinstance(mine, dict):
             mine = attention[self.cache_key()] = {}
         mine[json.dumps(list(key))] = seconds
-        try:
-            self.cache.parent.mkdir(parents=True, exist_ok=True)
-            self.cache.write_text(json.dumps(got, indent=1))
-        except OSError:
-            pass  # a read-only home: the point is simply not kept
+        _write_probe_cache(got, self.cache)
 
     def _bytes(self, length: int, bits: int | None, queries: int = 1) -> float:
         """One layer's K/V at ``length`` keys, and a chunk's float32 scores where ``queries`` > 1."""

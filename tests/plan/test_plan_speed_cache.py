@@ -166,3 +166,24 @@ def test_a_saved_fit_of_another_compute_probe_is_not_used(counted):
     old = {k: v for k, v in FIT.items() if k != "compute_probe"}  # a fit saved before the backend's own probe
     path.write_text(json.dumps({"calibration": {"cachelib-mlx": old}}))
     assert "not calibrated on this CPU" in plan_speed().efficiency.source
+
+
+def test_the_probe_file_is_written_whole_through_a_file_of_its_own(tmp_path, monkeypatch):
+    path = tmp_path / "cpu_probe.json"
+    path.write_text('{"kept": 1}')
+    seen = []
+    real_replace = hw_mod.os.replace
+
+    def replace(src, dst):
+        seen.append(json.loads(open(src).read()))  # the new file is whole before it takes the name
+        assert json.loads(path.read_text()) == {"kept": 1}  # and the old one stands until then
+        real_replace(src, dst)
+
+    monkeypatch.setattr(hw_mod.os, "replace", replace)
+    hw_mod._write_probe_cache({"kept": 2}, path)
+    assert seen == [{"kept": 2}] and json.loads(path.read_text()) == {"kept": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_probe.json"]  # no file of its own left behind
+    monkeypatch.setattr(hw_mod.os, "replace", lambda src, dst: (_ for _ in ()).throw(PermissionError(dst)))
+    hw_mod._write_probe_cache({"kept": 3}, path)  # refused: the figures are not kept, nothing is left behind
+    assert json.loads(path.read_text()) == {"kept": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_probe.json"]
