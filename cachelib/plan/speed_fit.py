@@ -56,28 +56,17 @@ def measurement_cost(m: Measurement, *, prefill: bool = False) -> tuple[Arch, St
     spec = parse_spec("standard")
     weights = measurement_weights(m, arch) // m.tp  # one device's share
     mat = scores_materialised(d.backend, m.runtime, spec)[0] if m.runtime != "llama.cpp" else not m.flash_attn
-    if prefill:
-        n = int(m.test.removeprefix("pp"))
+    if prefill:  # the prompt in one forward
+        n = forward_tokens = int(m.test.removeprefix("pp"))
         held = _prompt_held(arch, spec, d.backend, "float16", d, n, m.depth + n)
-        return arch, step_cost(
-            arch,
-            spec,
-            rows=m.batch,
-            tokens=n,
-            held=held,
-            weights_bytes=weights,
-            quantized=False,
-            materialised=mat,
-            all_logits=False,
-            tp=m.tp,
-        )
-    n = int(m.test.removeprefix("tg"))
-    held = _held(arch, spec, d.backend, "float16", d, None, m.depth + n // 2)
+    else:  # the middle decode step
+        n, forward_tokens = int(m.test.removeprefix("tg")), 1
+        held = _held(arch, spec, d.backend, "float16", d, None, m.depth + n // 2)
     return arch, step_cost(
         arch,
         spec,
         rows=m.batch,
-        tokens=1,
+        tokens=forward_tokens,
         held=held,
         weights_bytes=weights,
         quantized=False,

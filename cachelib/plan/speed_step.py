@@ -82,40 +82,36 @@ def runtime_key(runtime: str | None, backend: str) -> str:
     return f"cachelib-{backend}" if own_loop(runtime) else runtime
 
 
-@lru_cache(maxsize=4096)
-def _held(
-    arch: Arch, spec: Spec, backend: str, dtype: str, deployment, prefill_chunk: int | None, context: int
-) -> tuple[int, tuple[int, ...]]:
-    """(K/V bytes one session's cache holds, tokens held per attention layer) right after the
-    decode step that brings it to ``context`` tokens (the prompt fed before it, then that step)."""
-    prefill = context - 1 if context > 1 else None
+def _held_after(arch, spec, backend, dtype, deployment, chunk, context, prefill) -> tuple[int, tuple[int, ...]]:
+    """(K/V bytes one session's cache holds, tokens held per attention layer) at ``context``
+    tokens of which the first ``prefill`` were a prompt fed in ``chunk``-token chunks."""
     acc = account(
         arch,
         spec,
         backend,
         context=context,
         prefill=prefill,
-        prefill_chunk=prefill_chunk,
-        batch=1,
-        dtype=dtype,
-        deployment=deployment,
-    )
-    return acc.bytes_used, tuple(la.tokens_held for la in acc.layers if la.layer_type != "recurrent")
-
-
-def _prompt_held(arch, spec, backend, dtype, deployment, chunk, context) -> tuple[int, tuple[int, ...]]:
-    acc = account(
-        arch,
-        spec,
-        backend,
-        context=context,
-        prefill=context,
         prefill_chunk=chunk,
         batch=1,
         dtype=dtype,
         deployment=deployment,
     )
     return acc.bytes_used, tuple(la.tokens_held for la in acc.layers if la.layer_type != "recurrent")
+
+
+@lru_cache(maxsize=4096)
+def _held(
+    arch: Arch, spec: Spec, backend: str, dtype: str, deployment, prefill_chunk: int | None, context: int
+) -> tuple[int, tuple[int, ...]]:
+    """What one session's cache holds right after the decode step that brings it to ``context``
+    tokens (the prompt fed before it, then that step): :func:`_held_after`."""
+    prefill = context - 1 if context > 1 else None
+    return _held_after(arch, spec, backend, dtype, deployment, prefill_chunk, context, prefill)
+
+
+def _prompt_held(arch, spec, backend, dtype, deployment, chunk, context) -> tuple[int, tuple[int, ...]]:
+    """What one session's cache holds once a ``context``-token prompt went in (no decode step)."""
+    return _held_after(arch, spec, backend, dtype, deployment, chunk, context, context)
 
 
 def _active_params(arch: Arch, tp: int) -> tuple[float, float]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx_lm.models.cache as ref
-import numpy as np
 import pytest
+from decode_helpers import lockstep
 from mlx_lm.generate import generate_step
 
 import cachelib.mlx as ours
-from cachelib.decode import Runner, encode_prompt, greedy_decode
+from cachelib.decode import encode_prompt, greedy_decode
 
 pytestmark = pytest.mark.bundled
 
@@ -37,16 +37,7 @@ TOKENS = {setting: 128 if "Rotating" in setting else 64 for setting in SETTINGS}
 
 
 def _lockstep(loaded, mine, theirs, tokens: int) -> list[int]:
-    """Greedy decode of PROMPT through both caches, one step at a time: the logits of every step
-    (the prefill's included) must be the same bits; returns the generated ids."""
-    runner = Runner(loaded)
-    feed, ids = encode_prompt(loaded.tokenizer, PROMPT), []
-    for step in range(tokens):
-        got, want = runner.step(mine, feed), runner.step(theirs, feed)
-        assert np.array_equal(got, want), f"step {step}: logits differ by up to {np.abs(got - want).max()}"
-        ids.append(int(np.argmax(want)))
-        feed = [ids[-1]]
-    return ids
+    return lockstep(loaded, mine, theirs, PROMPT, tokens)
 
 
 @pytest.mark.slow  # 25-60 s each on the 2-core CI machine

@@ -8,10 +8,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from decode_helpers import lockstep
 from transformers import cache_utils as tf
 
 import cachelib.torch as ct
-from cachelib.decode import Runner, encode_prompt, greedy_decode
+from cachelib.decode import encode_prompt, greedy_decode
 
 pytestmark = pytest.mark.bundled
 
@@ -31,16 +32,7 @@ def _decode(loaded, cache, tokens=TOKENS):
 
 
 def _lockstep(loaded, mine, theirs, tokens=TOKENS) -> list[int]:
-    """Greedy decode of PROMPT through both caches, one step at a time: every step's logits (the
-    prefill's included) must be the same bits; returns the generated ids."""
-    runner = Runner(loaded)
-    feed, ids = encode_prompt(loaded.tokenizer, PROMPT), []
-    for step in range(tokens):
-        got, want = runner.step(mine, feed), runner.step(theirs, feed)
-        assert np.array_equal(got, want), f"step {step}: logits differ by up to {np.abs(got - want).max()}"
-        ids.append(int(np.argmax(want)))
-        feed = [ids[-1]]
-    return ids
+    return lockstep(loaded, mine, theirs, PROMPT, tokens)
 
 
 @pytest.fixture(scope="module")
