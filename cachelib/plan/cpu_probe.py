@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Mapping
 from ..core.home import cache_dir
 
 if TYPE_CHECKING:
-    from .hardware import Hardware
+    from .hardware_base import Hardware
 
 
 _PROBED: dict[str, Hardware] = {}  # compute probe -> this CPU, probed in this process
@@ -103,7 +103,7 @@ def measure_cpu(seconds: float = 0.6, backend: str | None = None) -> tuple[float
 def cpu_hardware(bandwidth: float, flops: float, source: str) -> Hardware:
     """This CPU as a :class:`~cachelib.plan.hardware.Hardware` with the given figures (float16 at the
     float32 rate)."""
-    from .hardware import CPU, Hardware
+    from .hardware_base import CPU, Hardware
 
     return Hardware(
         CPU,

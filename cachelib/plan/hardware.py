@@ -21,29 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-T = 1e12  # TFLOP/s
-GBS = 1e9  # GB/s (vendors' GB are 10^9 bytes)
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """One device: peak memory bandwidth (bytes/s), dense FLOP/s per compute dtype (a dtype
-    missing from ``flops`` has no published figure), memory (bytes), the link tensor
-    parallelism's all-reduce crosses (bytes/s, one direction; None: not given), its kind
-    (``cuda``, ``apple``, ``cpu``: which calibration applies) and the sources of the figures."""
-
-    name: str
-    kind: str
-    bandwidth: float
-    flops: Mapping[str, float]
-    memory_bytes: int
-    link_bandwidth: float | None = None
-    sources: tuple[str, ...] = ()
-    note: str = ""
-
-    def compute(self, dtype: str) -> float | None:
-        """Dense FLOP/s at ``dtype`` (float16 and bfloat16 share a figure on every device here)."""
-        return self.flops.get("float16" if dtype == "bfloat16" else dtype)
+from .hardware_base import CPU, GBS, Hardware, T  # noqa: F401  (CPU: this machine, probed)
 
 
 def _gpu(name, bandwidth_gbs, fp16_tflops, memory_gb, *, fp8=None, fp32=None, link_gbs=None, sources=(), note=""):
@@ -162,7 +140,6 @@ HARDWARE: dict[str, Hardware] = {
         _apple("m4-max", 546, 128, M4_PRO_MAX),
     )
 }
-CPU = "cpu"  # this machine's CPU, probed
 
 
 def hardware_names() -> list[str]:
