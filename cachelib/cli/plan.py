@@ -375,7 +375,7 @@ def _run(args: argparse.Namespace) -> None:
     arch = resolve_model(args.model)
     request = request_from_args(args, arch)
     if getattr(args, "reprobe", False):
-        from ..plan.hardware import reprobe
+        from ..plan.cpu_probe import reprobe
 
         reprobe()
     sources = evidence_sources(args)
