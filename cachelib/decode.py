@@ -67,7 +67,9 @@ class Runner:
         """Forward ``ids`` (one sequence) through the model with ``cache``; logits of every
         position as a backend array of shape (len(ids), vocab), already computed. ``extra``: on
         MLX, called after the forward is built, the further lazy arrays to compute in the same
-        evaluation (a probe's, see ``BackendProbe.pending``); torch computes as it goes."""
+        evaluation (a probe's, see ``BackendProbe.pending``); torch computes as it goes, and
+        calls it once the forward is done, before the logits are handed on (the probe's work on
+        the host runs before the logits' consumers, e.g. the quality probe's thread, start)."""
         if self.backend == "mlx":
             mx = self._mx
             out = self.loaded.model(mx.array([ids]), cache=cache)[0]
@@ -77,6 +79,8 @@ class Runner:
         with torch.inference_mode():
             x = torch.tensor([ids], dtype=torch.long, device=self._device)
             out = self.loaded.model(input_ids=x, cache=cache, use_cache=True).logits[0]
+        if extra:
+            extra()
         return out
 
     def step(self, cache, ids: list[int], extra: Callable[[], list] | None = None) -> np.ndarray:
@@ -131,6 +135,8 @@ class Runner:
             out = self.loaded.model(
                 input_ids=x, cache=rows, attention_mask=mask, use_cache=True, logits_to_keep=1
             ).logits[:, -1]
+        if extra:
+            extra()
         return out.float().cpu().numpy()
 
     def advance_rows(self, rows, ids: list[list[int]]) -> None:

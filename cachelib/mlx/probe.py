@@ -51,10 +51,8 @@ class MLXProbe:
         return stage_terms(_terms(caches))
 
     def set_track_error(self, cache: list, on: bool) -> None:
-        for layer in cache:
-            for c in getattr(layer, "caches", (layer,)):  # a CacheList holds several
-                if hasattr(type(c), "track_error"):
-                    c.track_error = on
+        for c in _switched(cache):
+            c.track_error = on
 
     def masks_before(self, cache: list, views: list[CacheView], n_queries: int) -> list[Any]:
         """Per layer, what the cache says about this step's mask; call before the step with the
@@ -108,14 +106,41 @@ class MLXProbe:
         return int(mx.get_active_memory()), int(mx.get_peak_memory())
 
 
+# per layer class: MEMBERS (a CacheList: its members are the layer caches), SWITCHED (it has
+# the track_error switch and records error terms), or neither (0); the profiler walks every layer
+# of every cache twice a step for each, and a class lookup costs less than the attribute misses
+MEMBERS, SWITCHED = 2, 1
+_KINDS: dict[type, int] = {}
+
+
+def _kind(layer) -> int:
+    kind = _KINDS.get(type(layer))
+    if kind is None:
+        # a CacheList's members are an instance attribute: asked of its first instance
+        kind = MEMBERS if hasattr(layer, "caches") else SWITCHED if hasattr(type(layer), "track_error") else 0
+        _KINDS[type(layer)] = kind
+    return kind
+
+
+def _switched(layers) -> list:
+    """The layer caches of ``layers`` that have the track_error switch (a CacheList's members
+    in its place)."""
+    out = []
+    for layer in layers:
+        kind = _kind(layer)
+        if kind == SWITCHED:
+            out.append(layer)
+        elif kind == MEMBERS:
+            out += _switched(layer.caches)
+    return out
+
+
 def _terms(caches: list[list]) -> list[Terms]:
     """The error terms the last update of every quantizing layer of ``caches`` recorded."""
-    return [
-        t
-        for cache in caches
-        for layer in cache
-        for c in getattr(layer, "caches", (layer,))
-        if isinstance(getattr(c, "_error", None), tuple)
-        for t in c._error
-        if isinstance(t, Terms)
-    ]
+    out = []
+    for cache in caches:
+        for c in _switched(cache):
+            error = getattr(c, "_error", None)
+            if type(error) is tuple:
+                out += [t for t in error if isinstance(t, Terms)]
+    return out

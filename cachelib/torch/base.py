@@ -213,13 +213,16 @@ class QuantErrorProbe:
     """The ``track_error`` switch of quantizing layers (off by default, zero work when off).
 
     A small update's error (a decode step's few tokens) is computed only when read, and
-    :func:`resolve_errors` computes those of many layers together: some twenty small ops and
-    six host reads a layer were the probe's cost, not their arithmetic. A large update's (a
-    prefill chunk) is computed at once, so its inputs are not held into the next forward."""
+    :func:`resolve_errors` computes those of many layers together: a few ops per quantizer
+    configuration and shape for every layer of every cache, not a few per layer (the probe's
+    cost is the ops' dispatch, not their arithmetic). A large update's (a prefill chunk) is
+    computed at once, so its inputs are not held into the next forward."""
 
     track_error = False
     _last_error: QuantError | None = None
-    _pending_error: list | None = None  # [(x, x_hat), (x, x_hat)] of keys and values, flattened
+    # [(x, x_hat, terms)]: the update's keys then values, one term of the error each (terms 1)
+    # or both stacked on x's first axis (terms 2); x_hat: x's reconstruction, or Dequantized
+    _pending_error: list | None = None
 
     def _record_error(self, pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         """Set the error of this update from (keys, keys_hat, values, values_hat) chunks; called
@@ -231,9 +234,18 @@ class QuantErrorProbe:
             pairs = [tuple(_dense(t) for t in p) for p in pairs]
             flat = [torch.cat([p[i].flatten() for p in pairs]) for i in range(4)]
         else:
-            flat = [t if isinstance(t, Dequantized) else t.flatten() for t in pairs[0]]
-        self._pending_error = [(flat[0], flat[1]), (flat[2], flat[3])]
+            flat = pairs[0]
+        self._pending_error = [(flat[0], flat[1], 1), (flat[2], flat[3], 1)]
         if flat[0].numel() > DEFERRED_ERROR_ELEMENTS:
+            resolve_errors([self])
+
+    def _record_stacked(self, x: torch.Tensor, x_hat: "torch.Tensor | Dequantized") -> None:
+        """Set the error of this update from its keys and values stacked on a new first axis
+        (``torch.stack((keys, values))``, as quantized together) and their reconstruction of
+        the same shape: no op at all here, the stack is the one the quantizer took."""
+        self._last_error = None
+        self._pending_error = [(x, x_hat, 2)]
+        if x.numel() > 2 * DEFERRED_ERROR_ELEMENTS:
             resolve_errors([self])
 
     @property
@@ -250,9 +262,9 @@ DEFERRED_ERROR_ELEMENTS = 1 << 16  # an update of more key elements has its erro
 
 class Dequantized(NamedTuple):
     """The reconstruction ``quantizer.dequantize(packed)`` of an update's new tokens, made only
-    when its error is computed: :func:`resolve_errors` dequantizes those of one quantizer and
-    shape together, one call for every layer instead of one each (the values are the same, bit
-    for bit: dequantization works element by element)."""
+    when its error is computed: :func:`resolve_errors` dequantizes those of one quantizer
+    configuration and shape together, one call for every layer instead of one each (the values
+    are the same, bit for bit: dequantization works element by element)."""
 
     quantizer: Any
     packed: tuple[torch.Tensor, ...]
@@ -271,55 +283,74 @@ def _dense(t) -> torch.Tensor:
     return t.quantizer.dequantize(t.packed) if isinstance(t, Dequantized) else t
 
 
-def _dense_all(items: list) -> None:
-    """Replace the :class:`Dequantized` reconstructions among ``items`` (``[slot, j, x, x_hat]``)
-    by their values, one dequantization per quantizer and packed shapes (flattened as before)."""
-    groups: dict[tuple, list] = {}
-    for it in items:
-        t = it[3]
+def _dequantize_key(t: Dequantized) -> tuple:
+    codes, scales, _ = t.packed  # the biases match the scales
+    q = t.quantizer
+    return (q.bits, q.group_size, codes.shape, scales.shape, scales.dtype)
+
+
+def _terms(pending: list, n: int) -> None:
+    """Fill the slots of ``pending`` (``[(x, x_hat, slot, first)]`` of equal ``x.shape``, dtype
+    and device, each ``x`` ``n`` terms of the error) with (relative RMS, max abs) in float64, one
+    host read: the x stacked once, the reconstructions dequantized once per quantizer
+    configuration and packed shape, then joined in the same order."""
+    order, blocks = [], []
+    deferred: dict[tuple, list] = {}
+    plain = []
+    for it in pending:
+        t = it[1]
         if isinstance(t, Dequantized):
-            codes, scales, _ = t.packed  # the biases match the scales
-            key = (t.quantizer, codes.shape, codes.device, scales.shape, scales.dtype)
-            groups.setdefault(key, []).append(it)
-    for group in groups.values():
-        quantizer = group[0][3].quantizer
+            deferred.setdefault(_dequantize_key(t), []).append(it)
+        else:
+            plain.append(it)
+    shape = pending[0][0].shape
+    for group in deferred.values():
+        quantizer = group[0][1].quantizer
         if len(group) == 1:
-            group[0][3] = quantizer.dequantize(group[0][3].packed).flatten()
-            continue
-        parts = tuple(torch.stack([it[3].packed[i] for it in group]) for i in range(3))
-        for it, row in zip(group, quantizer.dequantize(parts).reshape(len(group), -1).unbind(0)):
-            it[3] = row
+            block = quantizer.dequantize(group[0][1].packed)
+        else:
+            block = quantizer.dequantize(tuple(torch.stack([it[1].packed[i] for it in group]) for i in range(3)))
+        blocks.append(block.reshape(len(group) * n, -1))
+        order += group
+    if plain:
+        stacked = torch.stack([it[1] if it[1].shape == shape else it[1].reshape(shape) for it in plain])
+        blocks.append(stacked.view(len(plain) * n, -1))
+        order += plain
+    rows = len(order) * n
+    x = torch.stack([it[0] for it in order]).view(rows, -1).double()
+    # every block is a fresh tensor (a stack, a dequantization, a join): subtracted in place
+    diff = (blocks[0] if len(blocks) == 1 else torch.cat(blocks)).double().sub_(x)
+    norm = torch.linalg.vector_norm  # (its inf-norm is ~10x slower than abs and amax on CPU)
+    terms = torch.stack([norm(x, dim=1), norm(diff, dim=1), diff.abs().amax(dim=1)], 1).tolist()
+    i = 0
+    for _, _, slot, first in order:
+        for j in range(first, first + n):
+            norm, err, worst = terms[i]
+            slot[2 * j], slot[2 * j + 1] = (err / norm if norm > 0 else 0.0), worst
+            i += 1
 
 
 def resolve_errors(layers) -> None:
     """Compute the pending quantization error of every one of ``layers`` (those without one are
-    skipped): the reconstructions still to make are dequantized together (:class:`Dequantized`),
-    the keys and values of equal size are stacked, one set of reductions in float64 and one host
-    read per size, the same formula as :func:`.quantizer.quant_error_of`."""
+    skipped): the updates of equal shape are stacked (keys and values together where they were
+    quantized together), their reconstructions still to make dequantized together
+    (:class:`Dequantized`), one set of reductions in float64 and one host read per shape, the
+    same formula as :func:`.quantizer.quant_error_of`."""
     groups: dict[tuple, list] = {}
-    pending = []
-    items = []
+    done = []
     for layer in layers:
         pairs = getattr(layer, "_pending_error", None)
         if pairs is None:
             continue
         layer._pending_error = None
         slot = [0.0, 0.0, 0.0, 0.0]
-        pending.append((layer, slot))
-        for j, (x, x_hat) in enumerate(pairs):
-            it = [slot, j, x, x_hat]
-            items.append(it)
-            groups.setdefault((x.numel(), x.device), []).append(it)
-    _dense_all(items)
-    for (numel, _), group in groups.items():
-        if numel == 0:  # nothing quantized: the slots' zeros stand
-            continue
-        x = torch.stack([it[2] for it in group]).double()
-        diff = torch.stack([it[3] for it in group]).double() - x
-        terms = torch.stack(
-            [torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(diff, dim=1), diff.abs().amax(dim=1)], 1
-        )
-        for (slot, j, _, _), (norm, err, worst) in zip(group, terms.tolist()):
-            slot[2 * j], slot[2 * j + 1] = (err / norm if norm > 0 else 0.0), worst
-    for layer, slot in pending:
+        done.append((layer, slot))
+        first = 0
+        for x, x_hat, n in pairs:
+            if x.numel():  # nothing quantized: the slots' zeros stand
+                groups.setdefault((x.shape, n, x.dtype, x.device), []).append((x, x_hat, slot, first))
+            first += n
+    for (_, n, _, _), pending in groups.items():
+        _terms(pending, n)
+    for layer, slot in done:
         layer._last_error = QuantError(*slot)

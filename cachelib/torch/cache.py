@@ -17,6 +17,7 @@ and the same calls run synchronously.
 from __future__ import annotations
 
 import importlib.util
+import operator
 from typing import Callable, Iterable
 
 import torch
@@ -366,10 +367,29 @@ class Cache(_tf.Cache):
     @track_error.setter
     def track_error(self, on: bool) -> None:
         self._track_error = bool(on)
-        for layer in self.layers:
-            for part in (layer, getattr(layer, "attention", None)):
-                if part is not None and hasattr(type(part), "track_error"):
-                    part.track_error = self._track_error
+        for part in self._error_parts():
+            part.track_error = self._track_error
+
+    def _error_parts(self) -> list:
+        """The layers (and layers' attention parts) that have the switch: found once per list of
+        layers (the profiler flips it twice a step), again when the layers change."""
+        seen = getattr(self, "_error_parts_of", None)
+        layers = self.layers
+        if (
+            seen is not None
+            and seen[0] is layers
+            and seen[1] == len(layers)
+            and all(map(operator.is_, seen[2], layers))
+        ):
+            return seen[3]
+        parts = [
+            part
+            for layer in layers
+            for part in (layer, getattr(layer, "attention", None))
+            if part is not None and hasattr(type(part), "track_error")
+        ]
+        self._error_parts_of = (layers, len(layers), list(layers), parts)
+        return parts
 
 
 class DynamicCache(Cache):

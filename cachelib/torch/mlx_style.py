@@ -19,7 +19,16 @@ import torch
 
 from ..core.units import STEP
 from ..introspect import CacheView, Written
-from .base import AttentionLayer, QuantErrorProbe, changed_slots, check_crop, dequantized, dtype_name, tokens
+from .base import (
+    AttentionLayer,
+    Dequantized,
+    QuantErrorProbe,
+    changed_slots,
+    check_crop,
+    dequantized,
+    dtype_name,
+    tokens,
+)
 from .cache import Cache, build_layers
 from .quantizer import check_bits, check_group_size, check_head_dim
 from .storage import DENSE, QuantizedCodec, clone, encode_pair, grow, head, span, write, zeros
@@ -218,6 +227,13 @@ class QuantizedKVCacheLayer(QuantErrorProbe, KVCacheLayer):
             if self.track_error:
                 self._record_error([])
             return key_states, value_states
+        if self.track_error and not pairs and self._together(key_states, value_states):
+            # keys and values quantized in one pass (as encode_pair), that pass's stack kept
+            # for the error probe: nothing more to do here
+            both_states = torch.stack((key_states, value_states))
+            both = self.key_codec.encode(both_states)
+            self._record_stacked(both_states, Dequantized(self.key_codec.quantizer, both))
+            return tuple(t[0] for t in both), tuple(t[1] for t in both)
         new_keys, new_values = encode_pair(self.key_codec, self.value_codec, key_states, value_states)
         if self.track_error:
             pairs.append(
@@ -230,6 +246,14 @@ class QuantizedKVCacheLayer(QuantErrorProbe, KVCacheLayer):
             )
             self._record_error(pairs)
         return new_keys, new_values
+
+    def _together(self, key_states, value_states) -> bool:
+        """Whether encode_pair quantizes these keys and values in one pass."""
+        return (
+            self.key_codec.bits == self.value_codec.bits
+            and key_states.shape == value_states.shape
+            and key_states.dtype == value_states.dtype
+        )
 
     def reset(self) -> None:
         super().reset()

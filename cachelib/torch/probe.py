@@ -24,6 +24,10 @@ from .hooks import capture
 from .importance import ImportanceLayer
 
 
+def _resolve(caches: list[Cache]) -> None:
+    resolve_errors([layer for cache in caches for layer in getattr(cache, "layers", ())])
+
+
 class TorchProbe:
     backend = "torch"
 
@@ -39,14 +43,19 @@ class TorchProbe:
 
     def views_of(self, caches: list[Cache]) -> list[list[CacheView]]:
         """The views of several whole-model caches (the rows of a strategy batch)."""
-        # the quantization error of each quantizing layer's last update is computed here for
-        # every cache together (stacked by size), not a few small ops and host reads a layer
-        resolve_errors([layer for cache in caches for layer in getattr(cache, "layers", ())])
+        # the quantization error of each quantizing layer's last update is computed for every
+        # cache together (stacked by shape), not a few small ops and host reads a layer: by
+        # :meth:`pending` where the runner called it, else here
+        _resolve(caches)
         return [cache.introspect() for cache in caches]
 
     def pending(self, caches: list[Cache]) -> list:
-        """Nothing: torch computes a forward as it runs, so no probe work waits for the logits'
-        evaluation (the quantization error is read in :meth:`views_of`)."""
+        """Computes the quantization error of the forward that just ran over ``caches`` (read by
+        :meth:`views_of`) and returns nothing to evaluate: torch computed the forward as it ran.
+        The runner calls it as the forward ends, before it hands the logits on: the error's
+        small torch ops then do not wait for the GIL behind the quality probe's thread, which
+        starts on those logits."""
+        _resolve(caches)
         return []
 
     def set_track_error(self, cache: Cache, on: bool) -> None:

@@ -63,12 +63,15 @@ class QuantizedLayer(QuantErrorProbe, AttentionLayer):
     def _quantize(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Quantize these tokens and append them to the quantized store."""
         if keys.shape == values.shape:  # one quantizer pass for both
-            both = self.quantizer.quantize(torch.stack((keys, values)))
+            both_states = torch.stack((keys, values))
+            both = self.quantizer.quantize(both_states)
             qk, qv = tuple(t[0] for t in both), tuple(t[1] for t in both)
+            if self.track_error:  # that pass's stack, kept for the error probe
+                self._record_stacked(both_states, Dequantized(self.quantizer, both))
         else:
             qk, qv = self.quantizer.quantize(keys), self.quantizer.quantize(values)
-        if self.track_error:
-            self._record_error([(keys, Dequantized(self.quantizer, qk), values, Dequantized(self.quantizer, qv))])
+            if self.track_error:
+                self._record_error([(keys, Dequantized(self.quantizer, qk), values, Dequantized(self.quantizer, qv))])
         if self.quantized_keys is None:
             self.quantized_keys, self.quantized_values = qk, qv
         else:
