@@ -63,7 +63,8 @@ class StepQuality:
 
 
 def _floats(logits) -> np.ndarray:
-    x = np.asarray(logits)
+    """A row of logits as a 1-D float array (float32 stays float32: the passes cast it)."""
+    x = np.asarray(logits).ravel()
     return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
 
 

@@ -195,20 +195,23 @@ def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: in
             keys = positions[positions >= 0] if view.layout == "linear" else positions
             key_text = " ".join(map(str, keys[:width].tolist()))
             key_texts[key] = key_text
-        # "1" / "0" per key: the bytes of the boolean row shifted to ASCII digits
+        # "1" / "0" per key: the bytes of the boolean rows shifted to ASCII digits, one text cut per query
         digits = np.asarray(mask[first:n], dtype=bool).view(np.uint8) + np.uint8(ord("0"))
-        for q in range(first, n):
-            rows.append(
-                {
-                    "strategy": label,
-                    "step": step,
-                    "layer": layer,
-                    "query": q,
-                    "query_position": view.offset - n + q,
-                    "mask": digits[q - first].tobytes().decode("ascii"),
-                    "key_positions": key_text,
-                }
-            )
+        text = digits.tobytes().decode("ascii")
+        cols = digits.shape[1]
+        start = view.offset - n
+        rows += [
+            {
+                "strategy": label,
+                "step": step,
+                "layer": layer,
+                "query": q,
+                "query_position": start + q,
+                "mask": text[(q - first) * cols : (q - first + 1) * cols],
+                "key_positions": key_text,
+            }
+            for q in range(first, n)
+        ]
     return rows
 
 
