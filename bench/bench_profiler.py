@@ -15,9 +15,9 @@ on a busy machine), and the median over steps of each step's ratio to the same s
     python bench/bench_profiler.py [--backend mlx torch] [--tokens 96] [--rounds 1] [--strategies 3 8]
 
 ``--probe-times`` adds, per k, the probes' own host time per step, timed around each probe
-function in a run of the default probes (CPU seconds of the thread that runs it; the main thread's
-wait for the quality thread in wall seconds), with the quality probe computed inline (as before
-issue #34's thread) and in its thread: a split that holds on a loaded machine, where the
+function (CPU seconds of the thread that runs it) in a run of the default probes that streams its
+rows to a CSV file, as the CLI and the app do (``writer``: the file's share; the interleaved
+runs above keep their rows in memory only): a split that holds on a loaded machine, where the
 interleaved ratios swing by more than the probes cost.
 """
 
@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Executor, Future
+from pathlib import Path
 
 import numpy as np
 from bench_batched import PROMPT, RoundRobin  # one round robin for every interleaved bench
@@ -37,15 +38,15 @@ from bench_batched import PROMPT, RoundRobin  # one round robin for every interl
 from cachelib.models import load
 from cachelib.profile import Probes, run_profile
 from cachelib.profile import run as run_module
+from cachelib.profile import writer as writer_module
 from cachelib.profile.backends import probe_for
-from cachelib.profile.divergence import Baseline, compare
+from cachelib.profile.divergence import StepQuality
 
 CONFIGS = {
     "probes off": Probes.none(),
     "default probes": Probes(),
     "default, quality off": Probes(quality=0),  # what the quality probe's own share is
     "default, quant_error off": Probes(quant_error=0),  # what the quantization error's own share is
-    "default, quality inline": Probes(),  # the quality probe on the step's path, as before its thread
     "memory+ring": Probes(memory=1, ring=1, quant_error=0, quality=0, masks=0, system=0),
     "every probe, every step": Probes.every_step(),
 }
@@ -68,28 +69,12 @@ STRATEGIES = [
 ]
 
 
-INLINE = {"default, quality inline"}  # configurations whose quality probe is computed inline
-_inline_threads: set[int] = set()  # the round robin's threads that run those
-_threaded_pool = run_module._quality_pool
-
-
-def _pool_of_this_thread() -> Executor:
-    return _Inline() if threading.get_ident() in _inline_threads else _threaded_pool()
-
-
 def decodes(loaded, strategies: list[str], configs: list[str], tokens: int) -> dict:
-    run_module._quality_pool = _pool_of_this_thread  # each configuration's own way, side by side
-
     def decode_with(name: str):
         def decode(done):
-            if name in INLINE:
-                _inline_threads.add(threading.get_ident())
-            try:
-                run_profile(
-                    loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=CONFIGS[name], on_step=lambda e: done()
-                )
-            finally:
-                _inline_threads.discard(threading.get_ident())  # a later thread may get its number
+            run_profile(
+                loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=CONFIGS[name], on_step=lambda e: done()
+            )
 
         return decode
 
@@ -137,44 +122,28 @@ def main() -> None:
                 f"comparisons), {quality / statistics.median(wall['probes off']):.1%} of the probes-off step"
             )
             if args.probe_times:
-                for inline in (True, False):
-                    times = probe_times(loaded, strategies, args.tokens, inline)
-                    how = "inline" if inline else "in its thread"
-                    print(
-                        f"    probes' own host ms a step, quality {how}: "
-                        + ", ".join(f"{k} {v:.2f}" for k, v in times.items())
-                    )
+                times = probe_times(loaded, strategies, args.tokens)
+                print("    probes' own host ms a step: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items()))
 
 
 def quality_seconds(vocab: int, k: int, repeats: int = 50) -> float:
-    """Median seconds of one step's quality probe over ``k`` rows of ``vocab`` float32 logits: the
-    baseline's distribution once, then each other row compared against it (as ``run_profile`` does)."""
+    """Median seconds of one step's quality probe over ``k`` rows of ``vocab`` float32 logits (the
+    baseline's distribution once, every other row against it: :class:`StepQuality`, as
+    ``run_profile`` calls it)."""
     rng = np.random.default_rng(0)
-    rows = (rng.standard_normal((k, vocab)) * 4).astype(np.float32)
+    rows = list((rng.standard_normal((k, vocab)) * 4).astype(np.float32))
+    quality = StepQuality()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        baseline = Baseline(rows[0])
-        baseline.logprob(1)
-        for row in rows[1:]:
-            compare(baseline, row, 1)
+        quality(rows, 1)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-class _Inline(Executor):
-    """Runs each task as it is submitted, in the caller's thread: the quality probe computed inline."""
-
-    def submit(self, fn, /, *args, **kwargs):
-        future = Future()
-        future.set_result(fn(*args, **kwargs))
-        return future
-
-
-def probe_times(loaded, strategies: list[str], tokens: int, inline: bool) -> dict[str, float]:
-    """Milliseconds per step of each probe's own work in one run of the default probes: CPU time of
-    the thread that does it (``quality`` in the quality thread, or inline), and the main thread's
-    wall time waiting for the quality thread (``quality wait``: what stays on the step's path)."""
+def probe_times(loaded, strategies: list[str], tokens: int) -> dict[str, float]:
+    """Milliseconds per step of each probe's own work in one run of the default probes that
+    streams to a CSV file: CPU time of the thread that does it."""
     spent: dict[str, float] = defaultdict(float)
     lock = threading.Lock()
 
@@ -190,11 +159,10 @@ def probe_times(loaded, strategies: list[str], tokens: int, inline: bool) -> dic
         return wrapper
 
     probe_class = type(probe_for(loaded))
-    tasks = ("_make_baseline", "_baseline_numbers", "_compared")
     patches = [
-        *((run_module._StepQuality, name, timed("quality", getattr(run_module._StepQuality, name))) for name in tasks),
-        (run_module._StepQuality, "results", timed("quality wait", run_module._StepQuality.results, time.perf_counter)),
+        (run_module._StepQuality, "results", timed("quality", run_module._StepQuality.results)),
         (run_module, "step_rows", timed("rows", run_module.step_rows)),
+        (writer_module.ProfileWriter, "write", timed("writer", writer_module.ProfileWriter.write)),
         (probe_class, "pending", timed("pending", probe_class.pending)),
         (probe_class, "masks_before", timed("masks", probe_class.masks_before)),
         (probe_class, "masks_after", timed("masks", probe_class.masks_after)),
@@ -204,16 +172,19 @@ def probe_times(loaded, strategies: list[str], tokens: int, inline: bool) -> dic
         (probe_class, "device_memory", timed("system", probe_class.device_memory)),
         (run_module, "process_rss", timed("system", run_module.process_rss)),
     ]
-    patches.append((run_module, "_quality_pool", _Inline if inline else _threaded_pool))
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
     try:
         for owner, name, value in patches:
             setattr(owner, name, value)
-        run_profile(loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=Probes())
+        with tempfile.TemporaryDirectory() as folder:
+            run_profile(
+                loaded, strategies, prompt=PROMPT, max_tokens=tokens, probes=Probes(), out=Path(folder) / "p.csv"
+            )
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
-    # set_track_error is inside step_rows (switching off): counted in both, as it is in the step
+    # set_track_error is inside step_rows (switching off): counted in both, as it is in the step;
+    # masks are sampled (every 16 steps and the last), so their rows weigh on few steps
     return {name: spent[name] * 1e3 / tokens for name in sorted(spent)}
 
 

@@ -1,14 +1,83 @@
 """How far a strategy's next-token distribution is from the baseline's (KL, top-1 agreement, the
 target's log-prob), from raw logits.
 
-The baseline's distribution is computed once per step (:class:`Baseline`) and shared by every
-strategy compared against it; the arithmetic is the same whichever way ``compare`` is called, so
-a profile's numbers do not depend on it.
+:class:`StepQuality` gives a profile step's numbers for all its rows at once (row 0 is the
+baseline): the baseline's distribution once, then each row in few float64 passes over one
+reused buffer (no per-row temporaries). KL is ``sum p*(z_p - z_q) - log s_p + log s_q`` with
+``z = logits - max`` and ``s = sum exp(z)``: the textbook ``sum p*(log p - log q)`` rearranged,
+equal to it within a few units in the last place (``tests/profile/test_quality.py`` checks it
+against the textbook form to 1e-12). The target's log-prob is ``z[target] - log s``, the
+textbook's own arithmetic; a row with the baseline's very logits gives exactly 0.0.
+
+:func:`compare` (one row against a baseline row, the evaluation's steps) keeps the textbook form.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
+
+Numbers = tuple[float, bool, float | None]  # (KL in nats, top-1 agreement, the target's log-prob)
+
+
+class StepQuality:
+    """The quality numbers of one step's rows, row 0 the baseline; reuses two float64 buffers of
+    the vocabulary's size from step to step (a run keeps one)."""
+
+    def __init__(self):
+        self._z = np.empty(0)  # (vocab,) a row's logits - its max, then their exp
+        self._p = np.empty(0)  # (vocab,) the baseline's probabilities
+
+    def __call__(self, rows: Sequence[np.ndarray], target: int | None) -> list[Numbers]:
+        """One (KL(baseline || row), top-1 agreement, log-prob of ``target`` under the row) per
+        row of ``rows`` (1-D logits, row 0 the baseline's: its KL is 0.0 and it agrees)."""
+        rows = [_floats(x) for x in rows]
+        base = rows[0]
+        if self._z.shape != base.shape:
+            self._z, self._p = np.empty(base.shape), np.empty(base.shape)
+        z, p = self._z, self._p
+        top1, m = _top(base)
+        np.subtract(base, m, out=z, dtype=np.float64)
+        base_zt = float(z[target]) if target is not None else None
+        np.exp(z, out=p)
+        total = p.sum()
+        log_s = float(np.log(total))  # NumPy's log, as the textbook form's: the same last bits
+        p /= total  # the baseline's probabilities
+        entropy_term = _dot(p, z) - log_s  # sum p * log p
+        base_lp = base_zt - log_s if target is not None else None
+        out: list[Numbers] = [(0.0, True, base_lp)]
+        for x in rows[1:]:
+            if np.array_equal(base, x):  # the same logits: the arithmetic below gives exactly these
+                out.append((0.0, True, base_lp))
+                continue
+            top, m = _top(x)
+            np.subtract(x, m, out=z, dtype=np.float64)
+            zt = float(z[target]) if target is not None else None
+            cross = _dot(p, z)  # sum p * z_q
+            np.exp(z, out=z)
+            log_s = float(np.log(z.sum()))
+            kl = entropy_term - (cross - log_s)  # sum p * (log p - log q)
+            out.append((max(kl, 0.0), top == top1, zt - log_s if target is not None else None))
+        return out
+
+
+def _floats(logits) -> np.ndarray:
+    """A row of logits as a 1-D float array (float32 stays float32: the passes cast it)."""
+    x = np.asarray(logits).ravel()
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``a . b`` in NumPy's own loop: BLAS may hand a long dot to worker threads, which then
+    compete for the cores with the backend's (a busy wait for them costs milliseconds)."""
+    return float(np.einsum("i,i->", a, b))
+
+
+def _top(x: np.ndarray) -> tuple[int, float]:
+    """(index, value) of a row's largest logit (the first NaN, where there is one: as max does)."""
+    top = int(np.argmax(x))
+    return top, float(x[top])
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -21,7 +90,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 class Baseline:
     """The baseline's next-token distribution at one step: float64 log-probabilities, probabilities
-    and top token, computed once and shared by every strategy's :func:`compare`."""
+    and top token, computed once and shared by every :func:`compare` against it."""
 
     __slots__ = ("logits", "log_probs", "probs", "top1")
 
@@ -36,18 +105,15 @@ class Baseline:
         return float(self.log_probs[target])
 
 
-def compare(
-    baseline: Baseline | np.ndarray, logits: np.ndarray, target: int | None
-) -> tuple[float, bool, float | None]:
-    """(KL(baseline || strategy) in nats, top-1 agreement, log-prob of ``target`` under the strategy).
-
-    ``baseline`` is the step's :class:`Baseline` (computed once for all strategies) or its raw logits."""
+def compare(baseline: Baseline | np.ndarray, logits: np.ndarray, target: int | None) -> Numbers:
+    """(KL(baseline || strategy) in nats, top-1 agreement, log-prob of ``target`` under the strategy),
+    in the textbook form. ``baseline`` is a :class:`Baseline` (shared by several calls) or raw logits."""
     base = baseline if isinstance(baseline, Baseline) else Baseline(baseline)
     if np.array_equal(base.logits, logits):  # the same logits: the arithmetic below gives exactly these
         return 0.0, True, (base.logprob(target) if target is not None else None)
     lq = log_softmax(logits)
     diff = base.log_probs - lq
-    diff *= base.probs  # p * (log p - log q), elementwise: the same products as the textbook order
+    diff *= base.probs  # p * (log p - log q), elementwise
     kl = float(np.sum(diff))
     agree = bool(base.top1 == int(np.argmax(logits)))
     return max(kl, 0.0), agree, (float(lq[target]) if target is not None else None)

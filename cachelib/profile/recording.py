@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -81,6 +82,10 @@ def before_step(at: StepAt, st: StrategyState, n: int) -> Before:
     return Before(masks_raw, want_error)
 
 
+_OFFSET, _TOKENS_HELD, _LAYOUT = attrgetter("offset"), attrgetter("tokens_held"), attrgetter("layout")
+_BYTES_USED, _BYTES_ALLOCATED = attrgetter("bytes_used"), attrgetter("bytes_allocated")
+
+
 def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -> dict[str, Any]:
     """The rows of ``st``'s step, read from its cache after ``forward``; its views were taken after
     that forward, while error tracking was still on (so they carry this step's quantization error)."""
@@ -94,7 +99,7 @@ def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -
     st.last_token = token
     st.tokens.append(token)
 
-    position = max((v.offset for v in views), default=step) - 1
+    position = max(map(_OFFSET, views), default=step) - 1
     row: dict[str, Any] = {
         "strategy": st.label,
         "step": step,
@@ -115,11 +120,11 @@ def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -
         )
     if at.on("memory"):
         row.update(
-            cache_tokens_held=max((v.tokens_held for v in views), default=0),
-            cache_bytes_used=sum(v.bytes_used for v in views),
-            cache_bytes_allocated=sum(v.bytes_allocated for v in views),
+            cache_tokens_held=max(map(_TOKENS_HELD, views), default=0),
+            cache_bytes_used=sum(map(_BYTES_USED, views)),
+            cache_bytes_allocated=sum(map(_BYTES_ALLOCATED, views)),
         )
-        if any(v.layout == "selected" for v in views):
+        if "selected" in map(_LAYOUT, views):
             row["score_seconds"] = sum(v.score_seconds for v in views)
         rows["layers"] = _layer_rows(st.label, step, views, ring=at.on("ring"), error=want_error)
     if at.on("ring"):
@@ -190,20 +195,23 @@ def _mask_rows(label: str, step: int, masks: list, views: list[CacheView], n: in
             keys = positions[positions >= 0] if view.layout == "linear" else positions
             key_text = " ".join(map(str, keys[:width].tolist()))
             key_texts[key] = key_text
-        # "1" / "0" per key: the bytes of the boolean row shifted to ASCII digits
+        # "1" / "0" per key: the bytes of the boolean rows shifted to ASCII digits, one text cut per query
         digits = np.asarray(mask[first:n], dtype=bool).view(np.uint8) + np.uint8(ord("0"))
-        for q in range(first, n):
-            rows.append(
-                {
-                    "strategy": label,
-                    "step": step,
-                    "layer": layer,
-                    "query": q,
-                    "query_position": view.offset - n + q,
-                    "mask": digits[q - first].tobytes().decode("ascii"),
-                    "key_positions": key_text,
-                }
-            )
+        text = digits.tobytes().decode("ascii")
+        cols = digits.shape[1]
+        start = view.offset - n
+        rows += [
+            {
+                "strategy": label,
+                "step": step,
+                "layer": layer,
+                "query": q,
+                "query_position": start + q,
+                "mask": text[(q - first) * cols : (q - first + 1) * cols],
+                "key_positions": key_text,
+            }
+            for q in range(first, n)
+        ]
     return rows
 
 
@@ -241,17 +249,37 @@ def _layer_rows(label: str, step: int, views: list[CacheView], ring: bool, error
     return rows
 
 
-_PROCESS: dict[int, Any] = {}  # pid -> its psutil handle, made once (making one reads /proc/<pid>/stat)
+class _Resident:
+    """This process's resident set size, read cheaply: on Linux from ``/proc/self/statm`` through
+    a descriptor kept open (what psutil reads there too: resident pages x page size), elsewhere
+    through a psutil handle made once. A forked child opens its own."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.fd: int | None = None
+        self.process: Any = None
+        try:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self.page = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            import psutil
+
+            self.process = psutil.Process(self.pid)
+
+    def __call__(self) -> int:
+        if self.fd is not None:
+            return int(os.pread(self.fd, 128, 0).split()[1]) * self.page
+        return int(self.process.memory_info().rss)
+
+
+_RESIDENT: list[_Resident] = []  # the one reader of this process
 
 
 def process_rss() -> int | None:
+    """This process's resident set size in bytes (None where it cannot be read)."""
     try:
-        pid = os.getpid()  # a forked child gets its own handle
-        if pid not in _PROCESS:
-            import psutil
-
-            _PROCESS.clear()
-            _PROCESS[pid] = psutil.Process(pid)
-        return int(_PROCESS[pid].memory_info().rss)
+        if not _RESIDENT or _RESIDENT[0].pid != os.getpid():
+            _RESIDENT[:] = [_Resident()]
+        return _RESIDENT[0]()
     except Exception:  # psutil missing or the platform refuses: the column stays empty
         return None

@@ -19,7 +19,6 @@ import os
 import re
 import time
 import uuid
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
@@ -35,7 +34,7 @@ from ..plan import arch_from_model_info
 from ..plan.accounting import Replay, replay
 from ..spec import Spec, parse_spec
 from .backends import probe_for
-from .divergence import Baseline, compare
+from .divergence import Numbers, StepQuality
 from .guard import (
     DEFAULT_SHARE,
     MemoryGuard,
@@ -204,10 +203,10 @@ def run_profile(
         writer.flush()
 
     status, reason, completed = "complete", "", 0
-    # The quality probe's float64 arithmetic runs in one background thread while the step goes on
-    # (the next rows' forwards, the cache reads, the row building); its numbers join the step's rows
-    # before any is recorded, so a step is recorded whole or not at all, as before.
-    pool = _quality_pool() if probes.quality else None
+    # The quality probe's float64 arithmetic runs inline, once a step's rows are all out: a thread
+    # of its own would contend with the step's host work for the interpreter (and, on a 2-core
+    # machine, with the forward for a core) for less time than it saves (bench/README.md).
+    step_quality = StepQuality() if probes.quality else None
     index = {st.label: i for i, st in enumerate(states)}
     try:
         feed = prompt_ids
@@ -222,7 +221,7 @@ def run_profile(
                     break
             last = step == max_tokens - 1
             event = StepEvent(step, max_tokens, profile)
-            quality = _StepQuality(pool) if probes.on("quality", step, last) else None
+            quality = _StepQuality(step_quality) if probes.on("quality", step, last) else None
             target = continuation[step] if continuation is not None else None
 
             def arrived(st: StrategyState, logits: np.ndarray) -> None:
@@ -275,73 +274,31 @@ def run_profile(
         status, reason = "incomplete", f"error during step {completed}: {type(e).__name__}: {e}"
         _close(profile, writer, status, reason, completed)
         raise
-    finally:
-        if pool is not None:  # a step cut short leaves nothing worth waiting for
-            pool.shutdown(wait=True, cancel_futures=True)
     _close(profile, writer, status, reason, completed)
     return profile
 
 
-def _quality_pool() -> Executor:
-    """The one background thread of a run's quality probe (ordered: one worker)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="cachelib-quality")
-
-
 class _StepQuality:
-    """One step's quality numbers, row by row, computed in the background as the rows' logits come:
-    the baseline's distribution once row 0 (the baseline) is in, then every other row compared
-    against it, in the order they came, with :func:`compare`'s own arithmetic (the numbers are those
-    computed inline, bit for bit). :meth:`results` waits for them; a probe error is raised there."""
+    """One step's quality numbers: each row's logits as its forward gives them (the baseline's
+    with the step's target), then every row's numbers at once (:class:`StepQuality`)."""
 
-    def __init__(self, pool: Executor):
-        self.pool = pool
-        self.baseline: Baseline | None = None  # set by the first task
+    def __init__(self, compute: StepQuality):
+        self.compute = compute
+        self.logits: dict[int, np.ndarray] = {}  # row -> its logits, in the order they came
         self.target: int | None = None
-        self.waiting: list[tuple[int, np.ndarray]] = []  # rows that came before the baseline
-        self.tasks: list[tuple[int | None, Future, Callable, tuple]] = []  # (row, None: the baseline), in order
 
     def add(self, row: int, logits: np.ndarray, target: int | None) -> None:
         """Row ``row``'s logits; the baseline's (row 0) come with the step's ``target``."""
         if row == 0:
             self.target = target
-            self._submit(None, self._make_baseline, logits)
-            self._submit(0, self._baseline_numbers)
-            for r, waiting in self.waiting:
-                self._submit(r, self._compared, waiting)
-            self.waiting.clear()
-        elif not self.tasks:
-            self.waiting.append((row, logits))
-        else:
-            self._submit(row, self._compared, logits)
+        self.logits[row] = logits
 
-    def results(self) -> dict[int, tuple[float, bool, float | None]]:
-        """Row -> (KL, top-1 agreement, the target's log-prob), once every row's are computed."""
-        if self.waiting:
+    def results(self) -> dict[int, Numbers]:
+        """Row -> (KL, top-1 agreement, the target's log-prob), for every row that came."""
+        if 0 not in self.logits:
             raise RuntimeError("the baseline's logits never came: its rows cannot be compared")
-        # The tasks the thread has not started (a busy machine: it had no core) are taken back, last
-        # first, and computed here instead of waited for; the thread's are then a prefix, in order.
-        start = len(self.tasks)
-        while start and self.tasks[start - 1][1].cancel():
-            start -= 1
-        numbers = {}
-        for i, (row, future, task, args) in enumerate(self.tasks):
-            value = future.result() if i < start else task(*args)
-            if row is not None:
-                numbers[row] = value
-        return numbers
-
-    def _submit(self, row: int | None, task: Callable, *args) -> None:
-        self.tasks.append((row, self.pool.submit(task, *args), task, args))
-
-    # Run in order, by the pool's one thread or by results(): the baseline's task comes first.
-    def _make_baseline(self, logits: np.ndarray) -> None:
-        self.baseline = Baseline(logits)
-
-    def _baseline_numbers(self) -> tuple[float, bool, float | None]:
-        return 0.0, True, self.baseline.logprob(self.target)
-
-    def _compared(self, logits: np.ndarray) -> tuple[float, bool, float | None]:
-        return compare(self.baseline, logits, self.target)
+        rows = [0] + [r for r in self.logits if r != 0]
+        return dict(zip(rows, self.compute([self.logits[r] for r in rows], self.target)))
 
 
 class RunInterrupted(KeyboardInterrupt):

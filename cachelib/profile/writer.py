@@ -13,17 +13,20 @@ formula are written with a leading apostrophe (:mod:`cachelib.core.cells`).
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import re
 import uuid
 from contextlib import contextmanager
+from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import pandas as pd
 
-from ..core.cells import escape_cell
+from ..core.cells import TRIGGERS, escape_cell
 from .frames import _meta_text
 from .outputs import a_or_an, check_out_path, name_max, os_error_at
 from .schema import COLUMNS
@@ -42,6 +45,77 @@ def _cell(value: Any) -> Any:
     if isinstance(value, float):
         return "" if math.isnan(value) else repr(value)
     return escape_cell(value)
+
+
+# --- a profile's rows as CSV lines, a column at a time -----------------------------------------
+# What csv.writer writes for the cells _cell makes, built without a call per cell: a run of rows
+# with the same keys (a strategy's layers, a step's slots) is turned into columns; a column with
+# one value (the strategy, the step, a layer kind) goes into the run's line format as text, and
+# the others are made cells by their type at once (ints as they are). Text that csv would quote
+# is quoted by csv itself.
+
+_POSITION = {c: i for i, c in enumerate(COLUMNS) if c != "table"}  # a row's "table" key is not a cell
+_SPECIAL = re.compile(r'[,"\r\n]')  # what makes csv quote a field (delimiter, quote, line ends)
+_ESCAPED_START = TRIGGERS + ("'",)  # text escape_cell may change
+_NONE = type(None)
+_CONSTANT_TYPES = (int, str, bool, _NONE)  # equal values of one of these types are one cell text
+
+
+@lru_cache(maxsize=4096)
+def _csv_field(text: str, eol: str) -> str:
+    """``text`` as csv.writer writes it, quoted where it must be."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator=eol).writerow([text, ""])
+    return out.getvalue()[: -len(eol) - 1]
+
+
+def _text_cell(value: str, eol: str) -> str:
+    if value.startswith(_ESCAPED_START):
+        value = escape_cell(value)
+    return _csv_field(value, eol) if _SPECIAL.search(value) else value
+
+
+def _any_cell(value: Any, eol: str) -> str:
+    """What csv writes for ``_cell(value)``, whatever its type."""
+    value = _cell(value)
+    if value is None:
+        return ""
+    text = repr(value) if isinstance(value, float) else str(value)
+    return _csv_field(text, eol) if _SPECIAL.search(text) else text
+
+
+def _column_cells(column: tuple, kind: type | None, eol: str) -> Sequence:
+    """One column's cells (``kind``: the type of all its values, None: mixed): values that print
+    as csv writes them (ints, floats but NaN), or their text."""
+    if kind is int or (kind is float and not any(map(math.isnan, column))):
+        return column  # str(float) is its repr, what csv writes
+    if kind is str:
+        texts = {value: _text_cell(value, eol) for value in set(column)}
+        return [texts[value] for value in column]
+    return [_any_cell(value, eol) for value in column]
+
+
+def _lines(table: str, keys: tuple, rows: list[dict], eol: str) -> list[str]:
+    """The CSV lines of ``rows`` of ``table``, every one with ``keys`` (in that order)."""
+    table_text = _csv_field(table, eol) if _SPECIAL.search(table) else table  # as is: the file's own word
+    cells = [table_text.replace("%", "%%")] + [""] * (len(COLUMNS) - 1)
+    varying = []
+    for key, column in zip(keys, zip(*map(dict.values, rows))):
+        at = _POSITION.get(key)
+        if at is None:
+            continue
+        types = set(map(type, column))
+        kind = types.pop() if len(types) == 1 else None
+        if kind in _CONSTANT_TYPES and column.count(column[0]) == len(column):
+            cells[at] = _any_cell(column[0], eol).replace("%", "%%")
+        else:
+            cells[at] = "%s"
+            varying.append((at, _column_cells(column, kind, eol)))
+    form = ",".join(cells) + eol
+    if not varying:
+        return [form % ()] * len(rows)
+    varying.sort(key=lambda v: v[0])  # the fields in the line's order
+    return [form % values for values in zip(*(cells for _, cells in varying))]
 
 
 PARTIAL_SUFFIX = ".partial"
@@ -144,6 +218,7 @@ class ProfileWriter:
             except OSError:  # a file system without locks: listings cannot tell running from ended
                 pass
         self._eol = "\n" if what != "profile" else "\r\n"
+        self.columns = list(columns)
         self._csv = csv.writer(self._file, lineterminator=self._eol)
         self._good = 0  # bytes on disk up to the last whole row flushed: what survives a full disk
         self.write_row(list(columns))
@@ -159,9 +234,16 @@ class ProfileWriter:
         self._io(self._csv.writerow, cells)
 
     def write(self, table: str, rows: Iterable[dict]) -> None:
-        cols = COLUMNS
-        for row in rows:
-            self.write_row([table if c == "table" else _cell(row.get(c)) for c in cols])
+        """``rows`` of ``table`` as lines of the long file (:func:`_lines`: what ``csv`` writes for
+        the cells :func:`_cell` makes of them, built a run of rows with the same keys at a time)."""
+        if self.columns != COLUMNS:  # another file's columns: cell by cell
+            for row in rows:
+                self.write_row([table if c == "table" else _cell(row.get(c)) for c in self.columns])
+            return
+        lines = []
+        for keys, run in groupby(rows, tuple):  # tuple(row): its keys, in order
+            lines += _lines(table, keys, list(run), self._eol)
+        self._io(self._file.write, "".join(lines))
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         self.write("meta", ({"key": k, "value": _meta_text(v)} for k, v in meta.items()))

@@ -9,9 +9,8 @@ import pytest
 
 from cachelib.core.masks import visible_held
 from cachelib.profile import Probes, run_profile
-from cachelib.profile import run as run_module
 from cachelib.profile.backends import probe_for
-from cachelib.profile.divergence import Baseline, compare
+from cachelib.profile.divergence import Baseline, StepQuality, compare
 
 BACKENDS = ["mlx", "torch"]
 PROMPT = "Explain what a KV cache is, and why it matters for serving language models."
@@ -86,7 +85,7 @@ def test_ring_slot_tables_are_each_layers_own(backend, load_model):
 
 
 def _textbook_compare(baseline_logits, logits, target):
-    """The quality probe's numbers in their textbook form (the code before issue #34's shared baseline)."""
+    """The quality probe's numbers in their textbook form (``compare``'s, which the evaluation uses)."""
     lp = np.asarray(baseline_logits, dtype=np.float64)
     lp = lp - lp.max()
     lp = lp - np.log(np.exp(lp).sum())
@@ -111,22 +110,18 @@ def test_a_shared_baseline_gives_the_textbook_numbers_bit_for_bit():
 
 
 @pytest.mark.parametrize("quality, expected_steps", [(1, 6), (4, 3)])  # period 4 over 6 steps: 0, 4 and the last
-def test_the_quality_probe_computes_the_baseline_once_per_sampled_step(
-    quality, expected_steps, load_model, monkeypatch
-):
-    made: list[int] = []
+def test_the_quality_probe_computes_once_per_sampled_step(quality, expected_steps, load_model, monkeypatch):
+    calls: list[int] = []  # rows of each computation
+    compute = StepQuality.__call__
 
-    class Counted(Baseline):
-        __slots__ = ()
+    def counted(self, rows, target):
+        calls.append(len(rows))
+        return compute(self, rows, target)
 
-        def __init__(self, logits):
-            made.append(1)
-            super().__init__(logits)
-
-    monkeypatch.setattr(run_module, "Baseline", Counted)
+    monkeypatch.setattr(StepQuality, "__call__", counted)
     loaded = load_model("tiny-llama", "mlx")
     strategies = STRATEGIES + ["rotating:max_size=8,keep=0", "quantized:bits=8"]  # 5 rows, one baseline
     profile = run_profile(loaded, strategies, prompt=PROMPT, max_tokens=6, probes=Probes(quality=quality))
     steps = profile.frame("steps")
-    assert len(made) == expected_steps
+    assert calls == [len(strategies)] * expected_steps
     assert steps["kl"].notna().sum() == expected_steps * len(strategies)
