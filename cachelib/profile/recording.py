@@ -65,6 +65,7 @@ class StrategyState:
         # The views its last step ended with: the cache holds still between steps, so the guard
         # and the next step's mask probe read these instead of introspecting it again.
         self.views: list[CacheView] | None = None
+        self.tracking = False  # its cache's quantization-error switch is on (left on between sampled steps)
 
     def views_now(self, probe) -> list[CacheView]:
         if self.views is None:
@@ -77,8 +78,9 @@ def before_step(at: StepAt, st: StrategyState, n: int) -> Before:
     want_masks = at.on("masks")
     want_error = at.on("quant_error")
     masks_raw = at.probe.masks_before(st.cache, st.views_now(at.probe), n) if want_masks else None
-    if want_error:
+    if want_error and not st.tracking:
         at.probe.set_track_error(st.cache, True)
+        st.tracking = True
     return Before(masks_raw, want_error)
 
 
@@ -93,8 +95,12 @@ def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -
     ids, logits, wall, views, system = forward
     n = len(ids)
     st.views = views
-    if want_error:
+    # The switch stays on into the next step where that step samples the error too (flipping it
+    # walks the cache's layers twice a step); it is off after the run's last step, and through
+    # any step that does not sample, so no forward does the probe's work unasked.
+    if st.tracking and (at.last or not at.probes.on("quant_error", step + 1)):
         probe.set_track_error(st.cache, False)
+        st.tracking = False
     token = int(np.argmax(logits))
     st.last_token = token
     st.tokens.append(token)

@@ -274,6 +274,11 @@ def run_profile(
         status, reason = "incomplete", f"error during step {completed}: {type(e).__name__}: {e}"
         _close(profile, writer, status, reason, completed)
         raise
+    finally:
+        for st in states:  # a run that stopped early leaves no cache measuring its error
+            if st.tracking:
+                probe.set_track_error(st.cache, False)
+                st.tracking = False
     _close(profile, writer, status, reason, completed)
     return profile
 

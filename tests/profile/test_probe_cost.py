@@ -125,3 +125,71 @@ def test_the_quality_probe_computes_once_per_sampled_step(quality, expected_step
     steps = profile.frame("steps")
     assert calls == [len(strategies)] * expected_steps
     assert steps["kl"].notna().sum() == expected_steps * len(strategies)
+
+
+@pytest.mark.parametrize("one_by_one", [False, True], ids=["strategy batch", "one by one"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("every", "stop_after"), [(1, None), (3, None), (1, 4)], ids=["every step", "every 3rd", "stopped"]
+)
+def test_the_error_switch_is_on_through_sampled_forwards_only(
+    backend, one_by_one, every, stop_after, load_model, monkeypatch
+):
+    """The quantization-error switch is flipped once for a run of sampled steps (not on and off
+    every step), is on in every forward whose error is recorded and off in every other, and is off
+    in every cache when the run ends, complete or stopped early."""
+    loaded = load_model("tiny-llama", backend)
+    probe_class = type(probe_for(loaded))
+    flips: list[bool] = []
+    on: dict[int, bool] = {}  # id of a cache -> its switch, as the probe last set it
+    forwards: list[tuple[int, bool]] = []  # (step, switch of the quantized strategy's cache) per forward
+    set_track_error, pending = probe_class.set_track_error, probe_class.pending
+    step = [0]
+
+    def counted_switch(self, cache, value):
+        flips.append(value)
+        on[id(cache)] = value
+        return set_track_error(self, cache, value)
+
+    def seen_pending(self, caches):
+        forwards.extend((step[0], on.get(id(c), False)) for c in caches if id(c) in quantized)
+        return pending(self, caches)
+
+    quantized: set[int] = set()
+    make_cache = probe_class.make_cache
+
+    def kept_make_cache(self, spec):
+        cache = make_cache(self, spec)
+        if "quantized" in str(spec):
+            quantized.add(id(cache))
+        return cache
+
+    def on_step(event):
+        step[0] = event.step + 1
+
+    monkeypatch.setattr(probe_class, "set_track_error", counted_switch)
+    monkeypatch.setattr(probe_class, "pending", seen_pending)
+    monkeypatch.setattr(probe_class, "make_cache", kept_make_cache)
+    steps = 8
+    profile = run_profile(
+        loaded,
+        STRATEGIES,
+        prompt=PROMPT,
+        max_tokens=steps,
+        one_by_one=one_by_one,
+        probes=Probes(quant_error=every),
+        on_step=on_step,
+        should_stop=(lambda: step[0] >= stop_after) if stop_after else None,
+    )
+    ran = stop_after or steps
+    assert len(profile.frame("steps")) == ran * len(STRATEGIES)
+    sampled = {s for s in range(ran) if Probes(quant_error=every).on("quant_error", s, s == steps - 1)}
+    assert sampled and sampled != set(range(ran)) or every == 1
+    assert {s for s, switched in forwards if switched} == sampled  # on exactly where sampled
+    assert {s for s, _ in forwards} == set(range(ran))
+    assert not any(on.values())  # off in every cache once the run is over
+    # every 3rd step: each sampled step switches on and off; every step: once on, once off a cache
+    assert flips.count(True) == flips.count(False) == (len(STRATEGIES) * len(sampled) if every > 1 else len(STRATEGIES))
+    layers = profile.frame("layers")
+    with_error = layers[layers["key_rel_rms"].notna()]
+    assert set(with_error["step"]) == sampled
