@@ -19,9 +19,10 @@ On this machine's CPU a decode step's attention is not a kernel streaming K/V at
 (MLX's dense attention goes through BLAS GEMMs, threaded or not by the length; its quantized one
 through its own one-thread kernels; torch's through SDPA), so a fit of the bench charges it by
 :class:`~cachelib.plan.hardware.AttentionProbe`: the backend's own attention of one layer's shape,
-timed bare at run time at each layer's length, times one constant (``attention_scale``) fitted at
-the calibration contexts; the bytes then count the weights (and a cache decoded whole before
-attention) only. Published fits never probe.
+timed bare at run time at each layer's length (a batch's at its rows' keys; a torch quantized
+cache's with its whole-cache decode), times one constant (``attention_scale``) fitted at the
+calibration contexts; the bytes then count the weights (and a cache decoded whole before attention
+that the probe does not time) only. Published fits never probe.
 
 The model is in three modules: the step (:mod:`cachelib.plan.speed_step`: :func:`step_cost`,
 :func:`step_time`, :class:`Efficiency`), its calibration (:mod:`cachelib.plan.speed_fit`: published
