@@ -253,13 +253,16 @@ def main() -> None:
                 return SpeedModel(arch, r, hw, eff=eff, attention=attention)
 
             # The attention probe: this CPU's attention kernel at every length a context's layers hold,
+            # times each batch (a batch's attention is one row's at its rows' keys: AttentionProbe.seconds),
             # measured each round beside the decode steps (a kernel timed bare, not a step).
             m0 = model_for(1, contexts[0], (1e9, 1e9), Efficiency(1.0, 1.0, 0.0, 0.0, "-"))
             bits, group = m0._probe_bits(parse_spec(spec))
             lengths = sorted(
                 {
-                    n
+                    n * b
+                    for b in batches
                     for c in contexts
+                    if b == 1 or c <= args.max_batch_context
                     for n in _held(arch, parse_spec(spec), backend, "float32", m0.deployment, args.chunk, c)[1]
                     if n
                 }

@@ -19,9 +19,10 @@ On this machine's CPU a decode step's attention is not a kernel streaming K/V at
 (MLX's dense attention goes through BLAS GEMMs, threaded or not by the length; its quantized one
 through its own one-thread kernels; torch's through SDPA), so a fit of the bench charges it by
 :class:`~cachelib.plan.hardware.AttentionProbe`: the backend's own attention of one layer's shape,
-timed bare at run time at each layer's length, times one constant (``attention_scale``) fitted at
-the calibration contexts; the bytes then count the weights (and a cache decoded whole before
-attention) only. Published fits never probe.
+timed bare at run time at each layer's length (a batch's at its rows' keys; a torch quantized
+cache's with its whole-cache decode), times one constant (``attention_scale``) fitted at the
+calibration contexts; the bytes then count the weights (and a cache decoded whole before attention
+that the probe does not time) only. Published fits never probe.
 
 The model is in three modules: the step (:mod:`cachelib.plan.speed_step`: :func:`step_cost`,
 :func:`step_time`, :class:`Efficiency`), its calibration (:mod:`cachelib.plan.speed_fit`: published
@@ -296,10 +297,10 @@ class SpeedModel:
             decoded_itemsize=self._decoded_itemsize(spec),
         )
         probe = self._probe()
-        if probe is not None:
+        if probe is not None:  # the batch's attention at its rows' K/V (AttentionProbe.seconds)
             bits, group = self._probe_bits(spec)
-            per_row = sum(probe.seconds(n, bits, group) for n in held[1] if n)
-            cost = cost._replace(probed_attention_s=per_row * sessions)
+            seconds = sum(probe.seconds(n, bits, group, rows=sessions) for n in held[1] if n)
+            cost = cost._replace(probed_attention_s=seconds, probed_decode=bits is not None and cost.decoded_bytes > 0)
         t = step_time(cost, self.hw, self.eff, self.dtype, self.r.tp)
         peak = self.hw.compute(self.dtype)
         bound = (
@@ -325,12 +326,14 @@ class SpeedModel:
         return self.attention
 
     def _probe_bits(self, spec: Spec) -> tuple[int | None, int]:
-        """(bits, group size) of the K/V attention reads as codes: MLX runs mlx-lm's quantized
-        attention where keys and values share their bits; otherwise it, and torch, attend over
-        the K/V decoded to the dtype (None)."""
+        """(bits, group size) of the K/V the probed attention starts from as codes: MLX runs mlx-lm's
+        quantized attention where keys and values share their bits; torch's quantized caches
+        (:meth:`_decoded_itemsize`) decode theirs whole each step and the probe times that decode
+        with the SDPA; otherwise attention reads dense K/V (None)."""
         group = int(spec.values.get("group_size") or 64)
-        if self.r.backend == "mlx" and spec.key_bits is not None and spec.key_bits == spec.value_bits:
-            return spec.key_bits, group
+        if spec.key_bits is not None and spec.key_bits == spec.value_bits:
+            if self.r.backend == "mlx" or self._decoded_itemsize(spec):
+                return spec.key_bits, group
         return None, group
 
     def prefill(self, spec: Spec | str, prompt: int | None = None, rows: int = 1) -> float | None:

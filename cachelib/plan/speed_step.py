@@ -63,6 +63,7 @@ class StepCost(NamedTuple):
     rows: float = 0.0  # sessions decoding one token each (a decode step); 0 for a prefill chunk
     attention_flops: float = 0.0  # of ``flops``: QK^T and PV
     probed_attention_s: float = 0.0  # the attention probe's seconds for this step's layers and rows; 0: not probed
+    probed_decode: bool = False  # the probe's seconds include decoding the K/V whole (torch's quantized caches)
 
     @property
     def bytes(self) -> int:
@@ -71,9 +72,10 @@ class StepCost(NamedTuple):
     @property
     def bytes_besides_attention(self) -> int:
         """What the step moves outside a probed attention: the weights, and a cache decoded whole
-        before attention its codes read and its decode written (attention's read of it, of a cache
-        it reads as held, and of the scores it materialises are the probe's)."""
-        decode = self.kv_bytes + self.decoded_bytes // 2 if self.decoded_bytes else 0
+        before attention its codes read and its decode written, unless the probe timed that decode
+        too (:attr:`probed_decode`; attention's read of it, of a cache it reads as held, and of the
+        scores it materialises are the probe's)."""
+        decode = self.kv_bytes + self.decoded_bytes // 2 if self.decoded_bytes and not self.probed_decode else 0
         return self.weight_bytes + decode
 
 
