@@ -113,7 +113,7 @@ def run_group(
     direct: dict[int, bool],
     seed: int = 0,
     prefill_repeats: int = 1,
-    attention: tuple[AttentionProbe, list[tuple[int | None, int, int]]] | None = None,
+    attention: tuple[AttentionProbe, list[tuple]] | None = None,
 ):
     """Real runs of one strategy and batch at each context, their decode steps interleaved.
 
@@ -121,7 +121,7 @@ def run_group(
     times, interleaved over the contexts, median) or filled directly; then ``steps`` rounds each time one
     decode step of every context in turn (after an untimed step of the same cache), with a probe per
     round, so the machine's load hits every context alike. ``attention``: an attention probe and the
-    (bits, group size, length) it measures each round beside the bandwidth/compute probe. Returns,
+    (bits, group size, length[, 1, rows]) it measures each round beside the bandwidth/compute probe. Returns,
     per context, (prefill seconds or None, its probe, median decode step seconds), the rounds'
     median probe (bytes/s, FLOP/s) and each attention length's seconds, one a round."""
     if backend == "mlx":
@@ -166,8 +166,9 @@ def run_group(
     for i in range(steps):
         # The attention probe first, after the last round's steps in the same runtime (numpy's probe
         # runs its own OpenBLAS: no evidence either way at load 8, where A/B runs differed 1.6x both ways).
-        for bits, group, n in attn:
-            attn[(bits, group, n)].append(attention[0].measure(n, bits, group))
+        for key in attn:  # (bits, group, length), or (bits, group, length, 1, rows) of a batch
+            bits, group, n, *batch = key
+            attn[key].append(attention[0].measure(n, bits, group, 1, batch[1] if batch else 1))
         probes.append(measure_cpu(0.2, backend))
         settle_forward(ids[:, 8 + i : 9 + i])
         for c in contexts if i % 2 == 0 else contexts[::-1]:
@@ -253,13 +254,13 @@ def main() -> None:
                 return SpeedModel(arch, r, hw, eff=eff, attention=attention)
 
             # The attention probe: this CPU's attention kernel at every length a context's layers hold,
-            # times each batch (a batch's attention is one row's at its rows' keys: AttentionProbe.seconds),
+            # and each batch's at its rows (a batch is probed as the batch: AttentionProbe.seconds),
             # measured each round beside the decode steps (a kernel timed bare, not a step).
             m0 = model_for(1, contexts[0], (1e9, 1e9), Efficiency(1.0, 1.0, 0.0, 0.0, "-"))
             bits, group = m0._probe_bits(parse_spec(spec))
             lengths = sorted(
                 {
-                    n * b
+                    (b, n)
                     for b in batches
                     for c in contexts
                     if b == 1 or c <= args.max_batch_context
@@ -267,6 +268,7 @@ def main() -> None:
                     if n
                 }
             )
+            points_at = [(bits, group, n) if b == 1 else (bits, group, n, 1, b) for b, n in lengths]
             layers = sum(1 for k in arch.layer_kinds if k != "recurrent")
             probe_at = AttentionProbe(
                 backend,
@@ -296,7 +298,7 @@ def main() -> None:
                     args.steps,
                     direct,
                     prefill_repeats=args.prefill_repeats,
-                    attention=(probe_at, [(bits, group, n) for n in lengths]),
+                    attention=(probe_at, points_at),
                 )
                 for k, v in attn.items():
                     samples.setdefault(k, []).extend(v)
@@ -314,9 +316,9 @@ def main() -> None:
             print(
                 f"{backend} {spec}: attention probe, one layer (median of {args.steps} rounds): "
                 + ", ".join(
-                    f"{n}: {attention.points[(bits, group, n)] * 1e6:.0f} us "
-                    f"({attention.points[(bits, group, n)] / n * 1e9:.1f} ns a key)"
-                    for n in lengths
+                    f"{n}{f' x{b}' if b > 1 else ''}: {attention.points[key] * 1e6:.0f} us "
+                    f"({attention.points[key] / (n * b) * 1e9:.1f} ns a key)"
+                    for (b, n), key in zip(lengths, points_at)
                 )
             )
             # Fit on the calibration contexts against the whole peaks probed at the time, then predict every case.

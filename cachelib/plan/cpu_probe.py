@@ -334,8 +334,8 @@ class AttentionProbe:
             got = json.loads(self.cache.read_text())["attention"][self.cache_key()]
             out = {}
             for k, v in got.items():
-                bits, group, *lengths = json.loads(k)  # length, and a chunk's queries
-                if isinstance(v, (int, float)) and v > 0 and len(lengths) in (1, 2):
+                bits, group, *lengths = json.loads(k)  # length, a chunk's queries, a batch's rows
+                if isinstance(v, (int, float)) and v > 0 and len(lengths) in (1, 2, 3):
                     out[(None if bits is None else int(bits), int(group), *map(int, lengths))] = float(v)
             return out
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -368,21 +368,25 @@ class AttentionProbe:
         scores = 4 * self.heads * queries * length if queries > 1 else 0
         return 2 * self.kv_heads * length * self.head_dim * per + scores
 
-    def measure(self, length: int, bits: int | None = None, group_size: int = 64, queries: int = 1) -> float:
+    def measure(
+        self, length: int, bits: int | None = None, group_size: int = 64, queries: int = 1, batch: int = 1
+    ) -> float:
         """Median seconds of one layer's attention of ``queries`` queries (1: a decode step; more: a
-        causal prefill chunk ending at ``length``) at ``length`` keys, measured now (not kept): at
-        least 3 runs and ``seconds`` of them, each over as many layers' K/V as memory and
-        ``run_seconds`` a run allow (a slow kernel, MLX's float16 on the CPU, over fewer)."""
-        copies = max(1, min(self.layers, int(ATTENTION_PROBE_BYTES // max(self._bytes(length, bits, queries), 1))))
+        causal prefill chunk ending at ``length``) at ``length`` keys, for ``batch`` rows at once,
+        measured now (not kept): at least 3 runs and ``seconds`` of them, each over as many layers'
+        K/V as memory and ``run_seconds`` a run allow (a slow kernel, MLX's float16 on the CPU, over
+        fewer)."""
+        layer = max(self._bytes(length, bits, queries) * batch, 1)
+        copies = max(1, min(self.layers, int(ATTENTION_PROBE_BYTES // layer)))
         make = _attention_mlx if self.backend == "mlx" else _attention_torch
         shape = (self.heads, self.kv_heads, self.head_dim, length)
-        run = make(*shape, 1, bits, group_size, self.dtype, 1, queries)
+        run = make(*shape, 1, bits, group_size, self.dtype, batch, queries)
         run()  # first call: allocation, kernel selection
         t = time.perf_counter()
         run()
         copies = max(1, min(copies, int(self.run_seconds / max(time.perf_counter() - t, 1e-9))))
         if copies > 1:
-            run = make(*shape, copies, bits, group_size, self.dtype, 1, queries)
+            run = make(*shape, copies, bits, group_size, self.dtype, batch, queries)
             run()
         times, end = [], time.perf_counter() + self.budget
         while time.perf_counter() < end or len(times) < 3:
@@ -400,17 +404,33 @@ class AttentionProbe:
         then both halved (a chunk of as many queries as keys), and scaled by the query-key pairs: the
         scores are computed whole, masked or not, where they are materialised.
 
-        ``rows`` sessions' single-query attention (a decode step of a batch) is charged as one row's at
-        ``rows`` x ``length`` keys: the kernel's time follows the K/V it streams through the CPU's
-        caches (measured, MLX 8-bit, SmolLM2's 30 layers: a batch of 4 at 2,048 keys 314 ms, one row at
-        8,192 keys 316 ms, 4 x one row at 2,048 keys 299 ms), and no point is probed per batch size; a
-        chunk's (``queries`` > 1) is ``rows`` times one row's."""
+        ``rows`` sessions' single-query attention (a decode step of a batch) is measured as the batch:
+        the kernel run over ``rows`` rows of ``length`` keys at once (the rows of a batch that do not
+        fit :data:`ATTENTION_PROBE_LAYER_BYTES` halved, then its keys, and scaled back). Neither one
+        row's time ``rows`` times nor one row's at ``rows`` x ``length`` keys is the batch's on this
+        CPU (SmolLM2's 30 layers, a batch of 4 at 1,024 keys against those two: MLX float32 57 ms
+        against 67 and 104, torch 39 against 41 and 47; MLX 8-bit at 2,048 keys 392 against 350 and
+        370). A chunk's (``queries`` > 1) is ``rows`` times one row's."""
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"rows must be an int >= 1 (sessions in the step), got {rows!r}")
-        if rows > 1:
-            if queries == 1:
-                return self.seconds(rows * int(length), bits, group_size)
+        if rows > 1 and queries > 1:
             return rows * self.seconds(length, bits, group_size, queries)
+        if rows > 1:
+            length = max(1, int(length))
+            fits, batch = length, rows
+            while self._bytes(fits, bits) * batch > ATTENTION_PROBE_LAYER_BYTES and (batch > 1 or fits > 1):
+                if batch > 1:
+                    batch = max(1, batch // 2)
+                else:
+                    fits = max(1, fits // 2)
+            if batch == 1:
+                return rows * self.seconds(length, bits, group_size)
+            key = (bits, group_size, fits, 1, batch)
+            if key not in self.points:
+                self.points[key] = self.measure(fits, bits, group_size, 1, batch)
+                if self.cache is not None:
+                    self._keep(key, self.points[key])
+            return self.points[key] * length * rows / (fits * batch)
         length, queries = max(1, int(length)), max(1, min(int(queries), int(length)))
         fits, q = length, queries
         while fits > 1 and self._bytes(fits, bits, q) > ATTENTION_PROBE_LAYER_BYTES:

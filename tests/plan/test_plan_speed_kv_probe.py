@@ -1,6 +1,6 @@
 """The K/V a CPU decode step's attention runs over, as the attention probe charges it
-(cachelib.plan.cpu_probe.AttentionProbe, issue 31): a batch's attention at its rows' keys (one
-row's kernel at rows x length, the K/V it streams), and torch's quantized caches with their
+(cachelib.plan.cpu_probe.AttentionProbe, issue 31): a batch's attention measured as the batch
+(the kernel over its rows at once), and torch's quantized caches with their
 whole-cache decode inside the probe (codes decoded each step, then SDPA), so those bytes are not
 charged a second time at the bandwidth. Counts and keys only: no timing is asserted."""
 
@@ -27,9 +27,9 @@ class Counts(AttentionProbe):
         super().__init__(*a, **k)
         self.asked = []
 
-    def measure(self, length, bits=None, group_size=64, queries=1):
-        self.asked.append((bits, group_size, length, queries))
-        return 1e-6 * length * queries
+    def measure(self, length, bits=None, group_size=64, queries=1, batch=1):
+        self.asked.append((bits, group_size, length, queries) + ((batch,) if batch > 1 else ()))
+        return 1e-6 * length * queries * batch
 
 
 def model(backend: str, spec: str, sessions: int, context: int, probe: AttentionProbe | None) -> SpeedModel:
@@ -42,13 +42,25 @@ def counts(backend: str) -> Counts:
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
-def test_a_batch_is_probed_at_its_rows_keys(backend):
+def test_a_batch_is_probed_as_the_batch(backend):
     probe = counts(backend)
     cost = model(backend, "standard", 4, 1024, probe).decode("standard", 4)[1]
-    assert probe.asked == [(None, 64, 4096, 1)]  # one row's kernel over 4 x 1,024 keys, once
+    assert probe.asked == [(None, 64, 1024, 1, 4)]  # the kernel over 4 rows of 1,024 keys at once
     assert cost.probed_attention_s == pytest.approx(LAYERS * 4096e-6)
+    model(backend, "standard", 4, 1024, probe).decode("standard", 4)
     one = model(backend, "standard", 1, 4096, probe).decode("standard", 1)[1]
-    assert len(probe.asked) == 1 and one.probed_attention_s == cost.probed_attention_s  # the same point
+    assert probe.asked[1:] == [(None, 64, 4096, 1)]  # the batch's point kept; one row is a point of its own
+    assert one.probed_attention_s == pytest.approx(LAYERS * 4096e-6)
+    # a batch whose K/V passes one layer's budget: its rows halved, then its keys, and scaled back
+    rows_fit = int(hw_mod.ATTENTION_PROBE_LAYER_BYTES // probe._bytes(8192, None))
+    big = 4 * rows_fit
+    assert probe.seconds(8192, rows=big) == pytest.approx(big * 8192e-6)
+    bits_, group, length, queries, batch = probe.asked[-1]
+    assert (
+        (length, queries) == (8192, 1)
+        and 1 < batch <= rows_fit
+        and probe._bytes(8192, None) * batch <= hw_mod.ATTENTION_PROBE_LAYER_BYTES
+    )
     # a chunk's attention (queries > 1) stays rows x one row's
     assert probe.seconds(512, queries=128, rows=3) == pytest.approx(3 * probe.seconds(512, queries=128))
     for bad in (0, -1, 1.5, True, "2"):
