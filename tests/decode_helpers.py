@@ -1,4 +1,5 @@
-"""Helpers for the bundled-model decode checks of both backends (tests/mlx, tests/torch)."""
+"""Helpers for the bundled-model decode checks of both backends (tests/mlx, tests/torch), and the
+quality probe's numbers in their textbook form (tests/profile)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,17 @@ def lockstep(loaded, mine, theirs, prompt: str, tokens: int) -> list[int]:
         ids.append(int(np.argmax(want)))
         feed = [ids[-1]]
     return ids
+
+
+def textbook_quality(baseline_logits, logits, target):
+    """KL(p || q), top-1 agreement and log q[target] of two rows of logits, in their textbook
+    float64 form (``compare``'s, which the evaluation uses)."""
+    lp = np.asarray(baseline_logits, dtype=np.float64)
+    lp = lp - lp.max()
+    lp = lp - np.log(np.exp(lp).sum())
+    lq = np.asarray(logits, dtype=np.float64)
+    lq = lq - lq.max()
+    lq = lq - np.log(np.exp(lq).sum())
+    kl = float(np.sum(np.exp(lp) * (lp - lq)))
+    agree = bool(int(np.argmax(baseline_logits)) == int(np.argmax(logits)))
+    return max(kl, 0.0), agree, (float(lq[target]) if target is not None else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from decode_helpers import textbook_quality
 
 from cachelib.core.masks import visible_held
 from cachelib.profile import Probes, run_profile
@@ -84,16 +85,7 @@ def test_ring_slot_tables_are_each_layers_own(backend, load_model):
         assert list(slots[slots["step"] == step]["positions"]) == texts
 
 
-def _textbook_compare(baseline_logits, logits, target):
-    """The quality probe's numbers in their textbook form (``compare``'s, which the evaluation uses)."""
-    lp = np.asarray(baseline_logits, dtype=np.float64)
-    lp = lp - lp.max()
-    lp = lp - np.log(np.exp(lp).sum())
-    lq = np.asarray(logits, dtype=np.float64)
-    lq = lq - lq.max()
-    lq = lq - np.log(np.exp(lq).sum())
-    kl = float(np.sum(np.exp(lp) * (lp - lq)))
-    return max(kl, 0.0), bool(int(np.argmax(baseline_logits)) == int(np.argmax(logits))), float(lq[target])
+_textbook_compare = textbook_quality
 
 
 def test_a_shared_baseline_gives_the_textbook_numbers_bit_for_bit():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from decode_helpers import textbook_quality
 
 from cachelib.profile import Probes, load_profile, run_profile
 from cachelib.profile import run as run_module
@@ -21,17 +22,7 @@ QUALITY = ["kl", "top1_agree", "logprob_target"]
 KL_TOLERANCE = 1e-12  # nats, absolute
 
 
-def _textbook(baseline_logits, logits, target):
-    """KL(p || q), top-1 agreement and log q[target], in their textbook float64 form."""
-    lp = np.asarray(baseline_logits, dtype=np.float64)
-    lp = lp - lp.max()
-    lp = lp - np.log(np.exp(lp).sum())
-    lq = np.asarray(logits, dtype=np.float64)
-    lq = lq - lq.max()
-    lq = lq - np.log(np.exp(lq).sum())
-    kl = float(np.sum(np.exp(lp) * (lp - lq)))
-    agree = bool(int(np.argmax(baseline_logits)) == int(np.argmax(logits)))
-    return max(kl, 0.0), agree, (float(lq[target]) if target is not None else None)
+_textbook = textbook_quality
 
 
 def _assert_textbook(numbers, rows, target):
