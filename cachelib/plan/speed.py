@@ -19,7 +19,7 @@ On this machine's CPU a decode step's attention is not a kernel streaming K/V at
 (MLX's dense attention goes through BLAS GEMMs, threaded or not by the length; its quantized one
 through its own one-thread kernels; torch's through SDPA), so a fit of the bench charges it by
 :class:`~cachelib.plan.hardware.AttentionProbe`: the backend's own attention of one layer's shape,
-timed bare at run time at each layer's length (a batch's at its rows' keys; a torch quantized
+timed bare at run time at each layer's length (a batch's over its rows at once; a torch quantized
 cache's with its whole-cache decode), times one constant (``attention_scale``) fitted at the
 calibration contexts; the bytes then count the weights (and a cache decoded whole before attention
 that the probe does not time) only. Published fits never probe.
@@ -297,7 +297,7 @@ class SpeedModel:
             decoded_itemsize=self._decoded_itemsize(spec),
         )
         probe = self._probe()
-        if probe is not None:  # the batch's attention at its rows' K/V (AttentionProbe.seconds)
+        if probe is not None:  # the batch's attention, probed as the batch (AttentionProbe.seconds)
             bits, group = self._probe_bits(spec)
             seconds = sum(probe.seconds(n, bits, group, rows=sessions) for n in held[1] if n)
             cost = cost._replace(probed_attention_s=seconds, probed_decode=bits is not None and cost.decoded_bytes > 0)
