@@ -426,11 +426,7 @@ class AttentionProbe:
             if batch == 1:
                 return rows * self.seconds(length, bits, group_size)
             key = (bits, group_size, fits, 1, batch)
-            if key not in self.points:
-                self.points[key] = self.measure(fits, bits, group_size, 1, batch)
-                if self.cache is not None:
-                    self._keep(key, self.points[key])
-            return self.points[key] * length * rows / (fits * batch)
+            return self._point(key, fits, bits, group_size, 1, batch) * length * rows / (fits * batch)
         length, queries = max(1, int(length)), max(1, min(int(queries), int(length)))
         fits, q = length, queries
         while fits > 1 and self._bytes(fits, bits, q) > ATTENTION_PROBE_LAYER_BYTES:
@@ -439,8 +435,13 @@ class AttentionProbe:
             else:
                 q = fits = fits // 2
         key = (bits, group_size, fits) if queries == 1 else (bits, group_size, fits, q)
+        return self._point(key, fits, bits, group_size, q) * length * queries / (fits * q)
+
+    def _point(self, key: tuple, *measure_args) -> float:
+        """The seconds kept under ``key``, measured (:meth:`measure` of ``measure_args``) and kept in
+        :attr:`cache` the first time it is asked for."""
         if key not in self.points:
-            self.points[key] = self.measure(fits, bits, group_size, q)
+            self.points[key] = self.measure(*measure_args)
             if self.cache is not None:
                 self._keep(key, self.points[key])
-        return self.points[key] * length * queries / (fits * q)
+        return self.points[key]
