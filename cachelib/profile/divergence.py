@@ -29,15 +29,18 @@ class StepQuality:
         self._z = np.empty(0)  # (vocab,) a row's logits - its max, then their exp
         self._p = np.empty(0)  # (vocab,) the baseline's probabilities
 
-    def __call__(self, rows: Sequence[np.ndarray], target: int | None) -> list[Numbers]:
+    def __call__(
+        self, rows: Sequence[np.ndarray], target: int | None, tops: Sequence[int | None] | None = None
+    ) -> list[Numbers]:
         """One (KL(baseline || row), top-1 agreement, log-prob of ``target`` under the row) per
-        row of ``rows`` (1-D logits, row 0 the baseline's: its KL is 0.0 and it agrees)."""
+        row of ``rows`` (1-D logits, row 0 the baseline's: its KL is 0.0 and it agrees).
+        ``tops``: each row's ``np.argmax`` where the caller has it already (None: taken here)."""
         rows = [_floats(x) for x in rows]
         base = rows[0]
         if self._z.shape != base.shape:
             self._z, self._p = np.empty(base.shape), np.empty(base.shape)
         z, p = self._z, self._p
-        top1, m = _top(base)
+        top1, m = _top(base, tops[0] if tops is not None else None)
         np.subtract(base, m, out=z, dtype=np.float64)
         base_zt = float(z[target]) if target is not None else None
         np.exp(z, out=p)
@@ -47,11 +50,11 @@ class StepQuality:
         entropy_term = _dot(p, z) - log_s  # sum p * log p
         base_lp = base_zt - log_s if target is not None else None
         out: list[Numbers] = [(0.0, True, base_lp)]
-        for x in rows[1:]:
+        for i, x in enumerate(rows[1:], 1):
             if np.array_equal(base, x):  # the same logits: the arithmetic below gives exactly these
                 out.append((0.0, True, base_lp))
                 continue
-            top, m = _top(x)
+            top, m = _top(x, tops[i] if tops is not None else None)
             np.subtract(x, m, out=z, dtype=np.float64)
             zt = float(z[target]) if target is not None else None
             cross = _dot(p, z)  # sum p * z_q
@@ -74,9 +77,11 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
-def _top(x: np.ndarray) -> tuple[int, float]:
-    """(index, value) of a row's largest logit (the first NaN, where there is one: as max does)."""
-    top = int(np.argmax(x))
+def _top(x: np.ndarray, top: int | None = None) -> tuple[int, float]:
+    """(index, value) of a row's largest logit (the first NaN, where there is one: as max does);
+    ``top``: that index, where it is known already."""
+    if top is None:
+        top = int(np.argmax(x))
     return top, float(x[top])
 
 

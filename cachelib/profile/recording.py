@@ -42,14 +42,16 @@ class Before(NamedTuple):
 
 class Forward(NamedTuple):
     """What one strategy's forward gave: the tokens fed, its logits, the forward's wall seconds,
-    the cache's views after it, and (device active, device peak, RSS) bytes where a strategy
-    batch read them once for all its rows (None: read them for this row)."""
+    the cache's views after it, (device active, device peak, RSS) bytes where a strategy batch
+    read them once for all its rows (None: read them for this row), and its greedy token where
+    the caller took the logits' argmax already (None: taken here)."""
 
     ids: list[int]
     logits: Any
     wall: float
     views: list[CacheView]
     system: tuple | None = None
+    token: int | None = None
 
 
 class StrategyState:
@@ -92,7 +94,7 @@ def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -
     """The rows of ``st``'s step, read from its cache after ``forward``; its views were taken after
     that forward, while error tracking was still on (so they carry this step's quantization error)."""
     probe, step, want_error = at.probe, at.step, before.want_error
-    ids, logits, wall, views, system = forward
+    ids, logits, wall, views, system, token = forward
     n = len(ids)
     st.views = views
     # The switch stays on into the next step where that step samples the error too (flipping it
@@ -101,7 +103,8 @@ def step_rows(at: StepAt, st: StrategyState, before: Before, forward: Forward) -
     if st.tracking and (at.last or not at.probes.on("quant_error", step + 1)):
         probe.set_track_error(st.cache, False)
         st.tracking = False
-    token = int(np.argmax(logits))
+    if token is None:
+        token = int(np.argmax(logits))
     st.last_token = token
     st.tokens.append(token)
 

@@ -224,14 +224,17 @@ def run_profile(
             quality = _StepQuality(step_quality) if probes.on("quality", step, last) else None
             target = continuation[step] if continuation is not None else None
 
-            def arrived(st: StrategyState, logits: np.ndarray) -> None:
-                """A row's logits, as soon as its forward gives them (the baseline's first or later)."""
+            def arrived(st: StrategyState, logits: np.ndarray) -> int:
+                """A row's logits, as soon as its forward gives them (the baseline's first or
+                later); returns its greedy token (the logits' argmax, taken once a row)."""
                 nonlocal target
                 i = index[st.label]
+                top = int(np.argmax(logits))
                 if i == 0 and target is None:
-                    target = int(np.argmax(logits))
+                    target = top
                 if quality is not None:
-                    quality.add(i, logits, target)
+                    quality.add(i, logits, target, top)
+                return top
 
             at = StepAt(probe, probes, step, last)
             batched = batch.step(at, lambda st: feed if not free_running or step == 0 else [st.last_token], arrived)
@@ -290,20 +293,24 @@ class _StepQuality:
     def __init__(self, compute: StepQuality):
         self.compute = compute
         self.logits: dict[int, np.ndarray] = {}  # row -> its logits, in the order they came
+        self.tops: dict[int, int | None] = {}  # row -> its logits' argmax, where the caller gave it
         self.target: int | None = None
 
-    def add(self, row: int, logits: np.ndarray, target: int | None) -> None:
-        """Row ``row``'s logits; the baseline's (row 0) come with the step's ``target``."""
+    def add(self, row: int, logits: np.ndarray, target: int | None, top: int | None = None) -> None:
+        """Row ``row``'s logits (and their argmax ``top``, where known); the baseline's (row 0)
+        come with the step's ``target``."""
         if row == 0:
             self.target = target
         self.logits[row] = logits
+        self.tops[row] = top
 
     def results(self) -> dict[int, Numbers]:
         """Row -> (KL, top-1 agreement, the target's log-prob), for every row that came."""
         if 0 not in self.logits:
             raise RuntimeError("the baseline's logits never came: its rows cannot be compared")
         rows = [0] + [r for r in self.logits if r != 0]
-        return dict(zip(rows, self.compute([self.logits[r] for r in rows], self.target)))
+        logits, tops = [self.logits[r] for r in rows], [self.tops[r] for r in rows]
+        return dict(zip(rows, self.compute(logits, self.target, tops)))
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -413,13 +420,12 @@ class _StrategyBatch:
         # the probes' pending work (error terms) is computed in the forward's own evaluation
         logits = self.runner.step_rows(self.rows, ids, extra=lambda: probe.pending(caches))
         wall = time.perf_counter() - start  # the one forward every row took
-        for r, st in enumerate(self.states):
-            arrived(st, logits[r])
+        tokens = [arrived(st, logits[r]) for r, st in enumerate(self.states)]
         views = probe.views_of(caches)  # reads every row's error terms, computed by the forward
         # the process's memory after the one forward is every row's: read it once, not once a row
         system = (*probe.device_memory(), process_rss()) if at.on("system") else None
         return {
-            st.label: step_rows(at, st, before[r], Forward(ids[r], logits[r], wall, views[r], system))
+            st.label: step_rows(at, st, before[r], Forward(ids[r], logits[r], wall, views[r], system, tokens[r]))
             for r, st in enumerate(self.states)
         }
 
@@ -434,8 +440,8 @@ def _take_step(runner, at: StepAt, st: StrategyState, ids: list[int], arrived) -
     with probe.capture(st.cache):  # importance caches get the step's queries (a no-op otherwise)
         logits = runner.step(st.cache, ids, extra=lambda: probe.pending([st.cache]))
     wall = time.perf_counter() - start
-    arrived(st, logits)
-    return step_rows(at, st, before, Forward(ids, logits, wall, probe.views(st.cache)))
+    token = arrived(st, logits)
+    return step_rows(at, st, before, Forward(ids, logits, wall, probe.views(st.cache), token=token))
 
 
 def _now() -> str:

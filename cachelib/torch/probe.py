@@ -25,7 +25,8 @@ from .importance import ImportanceLayer
 
 
 def _resolve(caches: list[Cache]) -> None:
-    resolve_errors([layer for cache in caches for layer in getattr(cache, "layers", ())])
+    # only the parts with the error switch can hold a pending error (each cache knows its own)
+    resolve_errors([part for cache in caches for part in cache._error_parts()])
 
 
 class TorchProbe:

@@ -106,9 +106,10 @@ def test_the_quality_probe_computes_once_per_sampled_step(quality, expected_step
     calls: list[int] = []  # rows of each computation
     compute = StepQuality.__call__
 
-    def counted(self, rows, target):
+    def counted(self, rows, target, tops=None):
         calls.append(len(rows))
-        return compute(self, rows, target)
+        assert tops == [int(np.argmax(r)) for r in rows]  # each row's argmax, taken once in the step
+        return compute(self, rows, target, tops)
 
     monkeypatch.setattr(StepQuality, "__call__", counted)
     loaded = load_model("tiny-llama", "mlx")
