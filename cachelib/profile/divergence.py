@@ -40,8 +40,8 @@ class StepQuality:
         if self._z.shape != base.shape:
             self._z, self._p = np.empty(base.shape), np.empty(base.shape)
         z, p = self._z, self._p
-        top1, m = _top(base, tops[0] if tops is not None else None)
-        np.subtract(base, m, out=z, dtype=np.float64)
+        top1, m1 = _top(base, tops[0] if tops is not None else None)
+        np.subtract(base, m1, out=z, dtype=np.float64)
         base_zt = float(z[target]) if target is not None else None
         np.exp(z, out=p)
         total = p.sum()
@@ -51,10 +51,12 @@ class StepQuality:
         base_lp = base_zt - log_s if target is not None else None
         out: list[Numbers] = [(0.0, True, base_lp)]
         for i, x in enumerate(rows[1:], 1):
-            if np.array_equal(base, x):  # the same logits: the arithmetic below gives exactly these
+            top, m = _top(x, tops[i] if tops is not None else None)
+            # the same logits (their top and max first: a pass over both rows only where those agree):
+            # the arithmetic below gives exactly these
+            if top == top1 and m == m1 and np.array_equal(base, x):
                 out.append((0.0, True, base_lp))
                 continue
-            top, m = _top(x, tops[i] if tops is not None else None)
             np.subtract(x, m, out=z, dtype=np.float64)
             zt = float(z[target]) if target is not None else None
             cross = _dot(p, z)  # sum p * z_q
