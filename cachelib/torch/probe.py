@@ -25,8 +25,13 @@ from .importance import ImportanceLayer
 
 
 def _resolve(caches: list[Cache]) -> None:
-    # only the parts with the error switch can hold a pending error (each cache knows its own)
-    resolve_errors([part for cache in caches for part in cache._error_parts()])
+    # only the parts with the error switch can hold a pending error (a cachelib cache knows its own)
+    resolve_errors([part for cache in caches for part in _error_parts(cache)])
+
+
+def _error_parts(cache) -> list:
+    parts = getattr(cache, "_error_parts", None)
+    return parts() if parts is not None else list(getattr(cache, "layers", ()))
 
 
 class TorchProbe:
