@@ -15,13 +15,10 @@ the cache in place, exactly when mlx-lm's ``--quantized-kv-start`` would swap in
 from __future__ import annotations
 
 import math
-import sys
 from functools import partial
 
 import mlx.core as mx
-import numpy as np
 
-from ..core.quant_error import error_rows, host_readable, reconstructed
 from ..core.units import STEP
 from ..introspect import CacheView, QuantError
 from ..spec import GROUP_SIZES, QUANT_BITS
@@ -162,11 +159,10 @@ class _Stack:
 class Terms:
     """The error terms ``[sum sq error, sum sq x, max abs error]`` of ``parts`` reconstructing
     ``x``, computed only when read: a profiled decode step records two per quantizing layer, and
-    :func:`resolve_terms` reads all of a step's together. On the CPU a decode step's are read on
-    the host, in NumPy, once the forward has computed their arrays (:func:`_host_terms`); the
-    rest :func:`stage_terms` builds as one stacked graph per width and shape (instead of some ten
-    small ops each, whose dispatch, not their arithmetic, was the probe's cost), for the forward's
-    own evaluation to compute. Holds the update's own new keys or values until then."""
+    :func:`stage_terms` builds all of a step's together (one stacked graph per width and shape
+    instead of some ten small ops each, whose dispatch, not their arithmetic, was the probe's
+    cost on a CPU), for the forward's own evaluation to compute. Holds the update's own new keys
+    or values until then."""
 
     __slots__ = ("x", "parts", "group_size", "bits", "array", "stack", "index", "floats")
 
@@ -179,9 +175,7 @@ class Terms:
 
     def built(self) -> mx.array:
         if self.array is None:
-            if self.floats is not None:  # read already (on the host)
-                self.array = mx.array(self.floats)
-            elif self.stack is not None:
+            if self.stack is not None:
                 rows = self.stack.rows
                 self.array = mx.array(rows[self.index]) if rows is not None else self.stack.array[self.index]
             else:
@@ -200,111 +194,56 @@ def error_terms(x: mx.array, parts, group_size: int, bits: int) -> Terms:
     return Terms(x, list(parts), group_size, bits)
 
 
-def _grouped(terms: list[Terms]) -> tuple[dict[tuple, list[Terms]], list[mx.array]]:
-    """The unread, unbuilt ones of ``terms`` by (group size, width, shape, dtype, the scales'
-    dtype), and the arrays of those built already (alone or in a stack) and still unread."""
+def stage_terms(terms: list[Terms]) -> list[mx.array]:
+    """Build, without computing, the graphs that give every unread one of ``terms``: terms of
+    one width and one shape are stacked and computed together (a decode step's one-token terms
+    by one compiled graph per width; a prefill chunk's uncompiled, its length varying). Returns
+    the arrays to evaluate, which a forward evaluates with its logits (one evaluation, not two)."""
     groups: dict[tuple, list[Terms]] = {}
-    built: list[mx.array] = []
+    out: list[mx.array] = []
     for t in terms:
         if t.floats is not None:
             continue
         if t.stack is not None:
             if t.stack.array is not None:
-                built.append(t.stack.array)
+                out.append(t.stack.array)
             continue
         if t.array is not None:
-            built.append(t.array)
+            out.append(t.array)
             continue
         # the parts' shapes follow from x's, the group size and the width (mx.quantize's), and
         # the biases' dtype is the scales': x and the scales' dtype name a group
         key = (t.group_size, t.bits, t.x.shape, t.x.dtype, t.parts[1].dtype)
         groups.setdefault(key, []).append(t)
-    return groups, built
-
-
-def _on_host(key: tuple, count: int) -> bool:
-    """Whether a group of ``count`` terms keyed ``key`` (:func:`_grouped`) is computed on the host
-    (:func:`_host_terms`): a decode step's one-token updates, on the CPU, in dtypes and widths
-    NumPy reads, on a little-endian host (MLX's packed words as bytes)."""
-    group_size, bits, shape, dtype, scales_dtype = key
-    return (
-        count > 1
-        and shape[-2] == 1
-        and mx.default_device() == mx.cpu
-        and sys.byteorder == "little"
-        and _NUMPY_DTYPES.get(dtype) is not None
-        and _NUMPY_DTYPES.get(scales_dtype) is not None
-        and host_readable(_NUMPY_DTYPES[dtype], bits)
-    )
-
-
-_NUMPY_DTYPES = {mx.float32: np.float32, mx.float16: np.float16}
-
-
-def _host_terms(group: list[Terms]) -> None:
-    """Read the figures of ``group`` (one key of :func:`_grouped`, its arrays computed) on the
-    host: every term's arrays as NumPy views, joined, reconstructed and reduced together
-    (:mod:`cachelib.core.quant_error`), where MLX would dispatch a copy for each array it joins."""
-    first = group[0]
-    n = len(group)
-    # a list of MLX arrays of one shape reads into one NumPy array in a call (each by its buffer)
-    x = np.array([t.x for t in group]).reshape(n, -1)
-    packed, scales, biases = (np.array([t.parts[i] for t in group]) for i in range(3))
-    codes = packed.reshape(n, -1).view(np.uint8)
-    x_hat = reconstructed(codes, scales.reshape(n, -1), biases.reshape(n, -1), first.bits, first.group_size)
-    for t, row in zip(group, error_rows(x, x_hat).tolist()):
-        t.floats, t.x, t.parts = row, None, None
-
-
-def stage_terms(terms: list[Terms]) -> list[mx.array]:
-    """Build, without computing, the graphs that give every unread one of ``terms`` the host does
-    not read (:func:`_on_host`): terms of one width and one shape are stacked and computed
-    together (a decode step's one-token terms by one compiled graph per width; a prefill chunk's
-    uncompiled, its length varying). Returns the arrays to evaluate, which a forward evaluates
-    with its logits (one evaluation, not two)."""
-    groups, out = _grouped(terms)
     for key, group in groups.items():
-        if not _on_host(key, len(group)):
-            out.append(_staged(key, group))
+        if len(group) == 1:
+            out.append(group[0].built())
+            continue
+        gs, bits = key[0], key[1]
+        # one-row arrays join along their batch axis: one copy each, where a stack adds a reshape per array
+        join = mx.concatenate if group[0].x.shape[0] == 1 else mx.stack
+        x = join([t.x for t in group])
+        packed, scales, biases = (join([t.parts[i] for t in group]) for i in range(3))
+        _unpacks(bits, gs, scales.dtype)  # its one-off check runs outside the compiled graph
+        if x.shape[-2] == 1:  # a decode step: the same shapes every step, one compiled graph
+            fn = _STACKED_FNS.get((gs, bits))
+            if fn is None:
+                fn = _STACKED_FNS[(gs, bits)] = mx.compile(partial(_stacked_error_terms, group_size=gs, bits=bits))
+        else:  # a prefill chunk's length varies: a compiled graph per length would pile up
+            fn = partial(_stacked_error_terms, group_size=gs, bits=bits)
+        stack = _Stack(fn(x, packed, scales, biases))
+        for i, t in enumerate(group):
+            t.stack, t.index, t.x, t.parts = stack, i, None, None
+        out.append(stack.array)
     return list({id(a): a for a in out}.values())
-
-
-def _staged(key: tuple, group: list[Terms]) -> mx.array:
-    """The lazy figures of ``group`` (one key of :func:`_grouped`), each term pointed at its row."""
-    if len(group) == 1:
-        return group[0].built()
-    gs, bits = key[0], key[1]
-    # one-row arrays join along their batch axis: one copy each, where a stack adds a reshape per array
-    join = mx.concatenate if group[0].x.shape[0] == 1 else mx.stack
-    x = join([t.x for t in group])
-    packed, scales, biases = (join([t.parts[i] for t in group]) for i in range(3))
-    _unpacks(bits, gs, scales.dtype)  # its one-off check runs outside the compiled graph
-    if x.shape[-2] == 1:  # a decode step: the same shapes every step, one compiled graph
-        fn = _STACKED_FNS.get((gs, bits))
-        if fn is None:
-            fn = _STACKED_FNS[(gs, bits)] = mx.compile(partial(_stacked_error_terms, group_size=gs, bits=bits))
-    else:  # a prefill chunk's length varies: a compiled graph per length would pile up
-        fn = partial(_stacked_error_terms, group_size=gs, bits=bits)
-    stack = _Stack(fn(x, packed, scales, biases))
-    for i, t in enumerate(group):
-        t.stack, t.index, t.x, t.parts = stack, i, None, None
-    return stack.array
 
 
 def resolve_terms(terms: list[Terms]) -> None:
     """Read the values of every one of ``terms`` with at most one evaluation (none when a
-    forward already computed what :func:`stage_terms` built and the host reads the rest)."""
-    groups, arrays = _grouped(terms)
-    host = []
-    for key, group in groups.items():
-        if _on_host(key, len(group)):
-            host.append(group)  # its arrays: computed by the forward (a NumPy view computes what is not)
-        else:
-            arrays.append(_staged(key, group))
+    forward already computed what :func:`stage_terms` built)."""
+    arrays = stage_terms(terms)
     if arrays:
         mx.eval(arrays)
-    for group in host:
-        _host_terms(group)
     for t in terms:
         t.values()
 
