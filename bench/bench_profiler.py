@@ -11,7 +11,9 @@ step callback, so it holds all probe work and row building; decode steps only (s
 prefill, is left out). Quoted: the median step (wall, and process CPU time, the steadier figure
 on a busy machine), and the median over steps of each step's ratio to the same step of
 ``probes off`` with its 95% interval (a block bootstrap over the steps); the 2% target is judged
-by the interval's upper bound, not the median.
+by the interval's upper bound, not the median. The interval covers the steps of one run only:
+separate runs (processes) of the same code differ by more, up to ~1% of a step on the 2-core CI
+machine (bench/README.md), so judge over several runs.
 
     python bench/bench_profiler.py [--backend mlx torch] [--tokens 96] [--rounds 1] [--strategies 3 8]
 
