@@ -15,7 +15,13 @@ by the interval's upper bound, not the median. The interval covers the steps of 
 separate runs (processes) of the same code differ by more, up to ~1% of a step on the 2-core CI
 machine (bench/README.md), so judge over several runs.
 
-    python bench/bench_profiler.py [--backend mlx torch] [--tokens 96] [--rounds 1] [--strategies 3 8]
+    python bench/bench_profiler.py [--backend mlx torch] [--tokens 96] [--rounds 1] [--strategies 3 8] [--runs 1]
+
+``--runs N`` repeats the whole measurement in N separate processes, one after another, the order
+of the interleaved configurations reversed in every other run (the reference first, then last),
+and judges the target over runs: each run's median step ratio is one sample, and the verdict
+takes the upper bound of the 95% Student-t interval of their mean (the spread between processes,
+which one run's interval cannot see, is then in the bound).
 
 ``--probe-times`` adds, per k, the probes' own host time per step, timed around each probe
 function (CPU seconds of the thread that runs it) in a run of the default probes that streams its
@@ -27,8 +33,12 @@ interleaved ratios swing by more than the probes cost.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -94,8 +104,18 @@ def main() -> None:
     )
     ap.add_argument("--configs", nargs="+", default=["probes off", "default probes"], choices=list(CONFIGS))
     ap.add_argument("--probe-times", action="store_true", help="also time each probe's own host work per step")
+    ap.add_argument("--runs", type=int, default=1, help="separate processes, judged over runs (1-31)")
+    ap.add_argument("--reference-last", action="store_true", help=argparse.SUPPRESS)  # a run of --runs
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a run of --runs: its results as JSON
     args = ap.parse_args()
+    if not 1 <= args.runs <= len(T975):
+        ap.error(f"--runs must be 1 to {len(T975)}, got {args.runs}")
+    if args.runs > 1:
+        over_runs(args)
+        return
     configs = ["probes off"] + [c for c in args.configs if c != "probes off"]  # the reference first
+    if args.reference_last:
+        configs = configs[1:] + configs[:1]
     for backend in args.backend:
         loaded = load("smollm2", backend)
         load_avg = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -118,7 +138,9 @@ def main() -> None:
                 for name, steps in RoundRobin(configs).run(decodes(loaded, strategies, configs, args.tokens)).items():
                     wall[name] += [w for w, _ in steps[1:]]  # decode steps: step 0 is the prefill
                     cpu[name] += [c for _, c in steps[1:]]
-            report(k, wall, cpu)
+            ratio, lo, hi = report(k, wall, cpu)
+            if args.child:
+                print("RESULT " + json.dumps({"backend": backend, "k": k, "ratio": ratio, "lo": lo, "hi": hi}))
             quality = quality_seconds(loaded.info.vocab_size, k)
             print(
                 f"    the quality probe alone: {quality * 1e3:.2f} ms a step with {k} rows (one baseline, {k - 1} "
@@ -194,8 +216,11 @@ def probe_times(loaded, strategies: list[str], tokens: int) -> dict[str, float]:
 TARGET = 0.02  # issue #34: the default probes at most 2% over probes off, judged by the interval's upper bound
 
 
-def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
+def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> tuple[float, float, float]:
+    """Print the table of ``k`` strategies; returns the default probes' (median step ratio, 95%
+    interval low, high), NaN where they did not run."""
     ref_wall, ref_cpu = statistics.median(wall["probes off"]), statistics.median(cpu["probes off"])
+    out = (math.nan, math.nan, math.nan)
     for name in wall:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
         ratios = [a / b for a, b in zip(wall[name], wall["probes off"])]  # same step, same round
@@ -206,11 +231,58 @@ def report(k: int, wall: dict[str, list[float]], cpu: dict[str, list[float]]) ->
             f"{paired - 1:+18.1%} {f'[{lo - 1:+.1%}, {hi - 1:+.1%}]':>18}"
         )
         if name == "default probes":
+            out = (paired, lo, hi)
             verdict = "holds" if hi - 1 <= TARGET else "does not hold"
             print(
                 f"    target: default probes at most {TARGET:.0%} over probes off (by the interval's upper bound): "
                 f"{verdict}"
             )
+    return out
+
+
+# Student's t, 0.975 quantile, 1 to 31 degrees of freedom (any statistics table)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+T975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T975 += (2.040,)
+
+
+def over_runs(args) -> None:
+    """``--runs``: the measurement in separate processes, then the verdict over runs."""
+    results: dict[tuple[str, int], list[float]] = {}
+    for run in range(args.runs):
+        cmd = [sys.executable, __file__, "--child", "--tokens", str(args.tokens), "--rounds", str(args.rounds)]
+        cmd += ["--backend", *args.backend, "--strategies", *map(str, args.strategies), "--configs", *args.configs]
+        if run % 2:
+            cmd.append("--reference-last")
+        print(f"\n=== run {run + 1} of {args.runs}" + (" (probes off last in each round)" if run % 2 else ""))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        print("".join(line for line in proc.stdout.splitlines(keepends=True) if not line.startswith("RESULT ")), end="")
+        if proc.returncode:
+            sys.exit(f"run {run + 1} failed:\n{proc.stderr[-2000:]}")
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                r = json.loads(line[len("RESULT ") :])
+                results.setdefault((r["backend"], r["k"]), []).append(r["ratio"])
+    print(f"\nover {args.runs} runs: default probes over probes off, each run's median step ratio")
+    for (backend, k), ratios in results.items():
+        mean, lo, hi = t_interval(ratios)
+        verdict = "holds" if hi - 1 <= TARGET else "does not hold"
+        runs = ", ".join(f"{r - 1:+.1%}" for r in ratios)
+        print(
+            f"  {backend} k={k}: runs {runs}; mean {mean - 1:+.2%}, 95% interval [{lo - 1:+.2%}, {hi - 1:+.2%}]; "
+            f"target at most {TARGET:.0%} (by the upper bound): {verdict}"
+        )
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% Student-t interval of the mean of ``values`` (2 to 32 of them;
+    one gives no interval)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = T975[n - 2] * statistics.stdev(values) / math.sqrt(n)
+    return mean, mean - half, mean + half
 
 
 def interval(ratios: list[float], block: int = 8, draws: int = 2000, seed: int = 0) -> tuple[float, float]:

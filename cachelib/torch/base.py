@@ -248,6 +248,28 @@ class QuantErrorProbe:
         if x.numel() > 2 * DEFERRED_ERROR_ELEMENTS:
             resolve_errors([self])
 
+    def _decoded(self, start: int, keys_hat, values_hat, key_states, value_states) -> None:
+        """``update_changed`` decoded slots ``[start, start + n)`` for its caller (``keys_hat``,
+        ``values_hat``): where those are exactly this update's ``key_states``/``value_states``
+        as stored (the slots it wrote, nothing else), the pending error takes them as the
+        reconstruction instead of dequantizing the same codes again (the same values, bit for
+        bit: dequantization works element by element). Such updates, of every layer and every
+        quantizer configuration, then share one stack and one set of reductions in
+        :func:`resolve_errors`."""
+        pending, w = self._pending_error, getattr(self, "written", None)
+        n = key_states.shape[-2]
+        if not pending or w is None or (w.start, w.end) != (start, start + n):
+            return
+        if keys_hat.shape != key_states.shape or values_hat.shape != value_states.shape:
+            return
+        if len(pending) == 1:  # keys and values quantized in one pass
+            x, x_hat, terms = pending[0]
+            if terms != 2 or not isinstance(x_hat, Dequantized) or x.shape[-2] != n:
+                return
+        elif not all(isinstance(x_hat, Dequantized) and x.shape[-2] == n for x, x_hat, _ in pending):
+            return
+        self._pending_error = Decoded(key_states, keys_hat, value_states, values_hat)
+
     @property
     def quant_error(self) -> QuantError | None:
         if not self.track_error:
@@ -258,6 +280,16 @@ class QuantErrorProbe:
 
 
 DEFERRED_ERROR_ELEMENTS = 1 << 16  # an update of more key elements has its error computed at once
+
+
+class Decoded(NamedTuple):
+    """A pending error whose reconstruction is at hand (:meth:`QuantErrorProbe._decoded`): the
+    update's keys and values, and their reconstructions, of the same shapes."""
+
+    keys: torch.Tensor
+    keys_hat: torch.Tensor
+    values: torch.Tensor
+    values_hat: torch.Tensor
 
 
 class Dequantized(NamedTuple):
@@ -337,12 +369,17 @@ def resolve_errors(layers) -> None:
     (:class:`Dequantized`), one set of reductions in float64 and one host read per shape, the
     same formula as :func:`.quantizer.quant_error_of`."""
     groups: dict[tuple, list] = {}
+    decoded: dict[tuple, list] = {}
     done = []
     for layer in layers:
         pairs = getattr(layer, "_pending_error", None)
         if pairs is None:
             continue
         layer._pending_error = None
+        if type(pairs) is Decoded:  # keys and values each one term, their reconstructions made
+            k = pairs.keys
+            decoded.setdefault((k.shape, pairs.values.shape, k.dtype, k.device), []).append((layer, pairs))
+            continue
         slot = [0.0, 0.0, 0.0, 0.0]
         done.append((layer, slot))
         first = 0
@@ -354,3 +391,38 @@ def resolve_errors(layers) -> None:
         _terms(pending, n)
     for layer, slot in done:
         layer._last_error = QuantError(*slot)
+    for (key_shape, value_shape, _, _), group in decoded.items():
+        _decoded_terms(group, key_shape == value_shape)
+
+
+def _decoded_terms(group: list, same: bool) -> None:
+    """Set the error of every layer of ``group`` (``[(layer, Decoded)]`` of equal shapes, dtype
+    and device; ``same``: keys and values of one shape too): one stack of the inputs and their
+    reconstructions, one set of float64 reductions, one host read."""
+    if same:
+        # [k0, v0, k1, v1, ...] then their reconstructions in the same order
+        y = torch.stack(
+            [t for _, d in group for t in (d.keys, d.values)]
+            + [t for _, d in group for t in (d.keys_hat, d.values_hat)]
+        )
+        y = y.view(2, 2 * len(group), -1).double()
+        x, diff = y[0], y[1].sub_(y[0])
+        terms = _reduced(x, diff)
+        for i, (layer, _) in enumerate(group):
+            kn, ke, kw = terms[2 * i]
+            vn, ve, vw = terms[2 * i + 1]
+            layer._last_error = QuantError(ke / kn if kn > 0 else 0.0, kw, ve / vn if vn > 0 else 0.0, vw)
+        return
+    parts = []
+    for attr in (("keys", "keys_hat"), ("values", "values_hat")):
+        x = torch.stack([getattr(d, attr[0]) for _, d in group]).view(len(group), -1).double()
+        diff = torch.stack([getattr(d, attr[1]) for _, d in group]).view(len(group), -1).double().sub_(x)
+        parts.append(_reduced(x, diff))
+    for (layer, _), (kn, ke, kw), (vn, ve, vw) in zip(group, *parts):
+        layer._last_error = QuantError(ke / kn if kn > 0 else 0.0, kw, ve / vn if vn > 0 else 0.0, vw)
+
+
+def _reduced(x: torch.Tensor, diff: torch.Tensor) -> list:
+    """Per row of ``x`` (rows, n) and its reconstruction's ``diff``: (||x||, ||diff||, max |diff|)."""
+    norm = torch.linalg.vector_norm  # (its inf-norm is ~10x slower than abs and amax on CPU)
+    return torch.stack([norm(x, dim=1), norm(diff, dim=1), diff.abs().amax(dim=1)], 1).tolist()

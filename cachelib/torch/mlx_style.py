@@ -247,6 +247,12 @@ class QuantizedKVCacheLayer(QuantErrorProbe, KVCacheLayer):
             self._record_error(pairs)
         return new_keys, new_values
 
+    def update_changed(self, key_states, value_states, held: int, need: int):
+        start, keys, values, length = super().update_changed(key_states, value_states, held, need)
+        if self._pending_error is not None:  # the new tokens just decoded are the error's reconstruction
+            self._decoded(start, keys, values, key_states, value_states)
+        return start, keys, values, length
+
     def _together(self, key_states, value_states) -> bool:
         """Whether encode_pair quantizes these keys and values in one pass."""
         return (

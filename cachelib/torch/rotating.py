@@ -121,12 +121,11 @@ class RotatingKVCacheLayer(QuantErrorProbe, AttentionLayer):
     def update_changed(self, key_states, value_states, held: int, need: int):
         length = self._store(key_states, value_states)
         start, end = changed_slots(self.written, held, need, length)
-        return (
-            start,
-            self.key_codec.decode(span(self.keys, start, end), key_states.dtype),
-            self.value_codec.decode(span(self.values, start, end), value_states.dtype),
-            length,
-        )
+        keys = self.key_codec.decode(span(self.keys, start, end), key_states.dtype)
+        values = self.value_codec.decode(span(self.values, start, end), value_states.dtype)
+        if self._pending_error is not None:  # the new tokens just decoded are the error's reconstruction
+            self._decoded(start, keys, values, key_states, value_states)
+        return start, keys, values, length
 
     def _store(self, key_states, value_states) -> int:
         """Store the new tokens (setting :attr:`written`); returns the slots ``update`` returns."""

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cachelib.torch.base import resolve_errors
+from cachelib.torch.base import Decoded, resolve_errors
 from cachelib.torch.mlx_style import QuantizedKVCacheLayer
 from cachelib.torch.quantized import QuantizedLayer
 from cachelib.torch.quantizer import quant_error_of
+from cachelib.torch.rotating import RotatingKVCacheLayer
 
 
 def _layers():
@@ -72,3 +73,44 @@ def test_a_prefill_chunks_error_is_computed_at_once():
     layer = QuantizedKVCacheLayer(group_size=64, bits=8)
     _feed([layer], 1024, seed=4)  # 2 x 1024 x 64 elements, past the deferral threshold
     assert layer._pending_error is None and layer._last_error is not None
+
+
+def _quantizing_layers():
+    return [
+        QuantizedKVCacheLayer(group_size=32, bits=4),
+        QuantizedKVCacheLayer(group_size=64, bits=8),
+        QuantizedKVCacheLayer(group_size=32, key_bits=8, value_bits=4),  # keys and values apart
+        RotatingKVCacheLayer(8, keep=2, bits=4, group_size=32),
+        RotatingKVCacheLayer(8, keep=0, key_bits=4, value_bits=8, group_size=32),
+    ]
+
+
+def _errors(layer):
+    e = layer.quant_error
+    return (e.key_rel_rms, e.key_max_abs, e.value_rel_rms, e.value_max_abs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_batch_steps_reconstruction_gives_the_errors_of_the_codes_bit_for_bit(dtype):
+    """A strategy batch's ``update_changed`` decodes each step's new slots; the pending error takes
+    those as its reconstruction (no second dequantization), and every layer, whatever its bits,
+    then resolves in one group: the figures equal, bit for bit, those of ``update`` (the codes
+    dequantized by the probe), step after step, the ring past its wrap included."""
+    batch, plain = _quantizing_layers(), _quantizing_layers()
+    g = torch.Generator().manual_seed(7)
+    held = [0] * len(batch)
+    for step in range(14):
+        n = 5 if step == 0 else 1
+        inputs = [
+            ((torch.randn(1, 2, n, 64, generator=g) * 3).to(dtype), torch.randn(1, 2, n, 64, generator=g).to(dtype))
+            for _ in batch
+        ]
+        for i, (a, b, (k, v)) in enumerate(zip(batch, plain, inputs)):
+            a.track_error = b.track_error = True
+            start, _, _, length = a.update_changed(k, v, held[i], 10**6)
+            held[i] = length
+            b.update(k, v)
+        if step:  # a decode step: every batch layer's reconstruction is the decoded slot, not the codes
+            assert all(isinstance(a._pending_error, Decoded) for a in batch)
+            resolve_errors(batch)  # one group: every layer's keys and values, of every configuration
+        assert [_errors(a) for a in batch] == [_errors(b) for b in plain]
