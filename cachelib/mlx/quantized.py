@@ -130,6 +130,21 @@ def _error_terms(x: mx.array, parts, group_size: int, bits: int) -> mx.array:
     return mx.stack([mx.sum(diff * diff), mx.sum(x * x), mx.max(mx.abs(diff))])
 
 
+def _hat_error_terms(x: mx.array, x_hat: mx.array) -> mx.array:
+    """:func:`_error_terms` of a reconstruction made already."""
+    x = x.astype(mx.float32)
+    diff = x_hat.astype(mx.float32) - x
+    return mx.stack([mx.sum(diff * diff), mx.sum(x * x), mx.max(mx.abs(diff))])
+
+
+def _stacked_hat_error_terms(x: mx.array, x_hat: mx.array) -> mx.array:
+    """``(N, 3)`` error terms of N reconstructions made already, stacked on a new leading axis."""
+    axes = tuple(range(1, x.ndim))
+    x = x.astype(mx.float32)
+    diff = x_hat.astype(mx.float32) - x
+    return mx.stack([mx.sum(diff * diff, axis=axes), mx.sum(x * x, axis=axes), mx.max(mx.abs(diff), axis=axes)], axis=1)
+
+
 def _stacked_error_terms(x: mx.array, packed, scales, biases, group_size: int, bits: int) -> mx.array:
     """``(N, 3)`` error terms of N quantizations stacked on a new leading axis."""
     axes = tuple(range(1, x.ndim))
@@ -164,10 +179,11 @@ class Terms:
     cost on a CPU), for the forward's own evaluation to compute. Holds the update's own new keys
     or values until then."""
 
-    __slots__ = ("x", "parts", "group_size", "bits", "array", "stack", "index", "floats")
+    __slots__ = ("x", "parts", "x_hat", "group_size", "bits", "array", "stack", "index", "floats")
 
     def __init__(self, x=None, parts=None, group_size: int = 0, bits: int = 0, array: mx.array | None = None):
         self.x, self.parts, self.group_size, self.bits = x, parts, group_size, bits
+        self.x_hat: mx.array | None = None  # the parts' reconstruction, where a batch made it already
         self.array = array  # the lazy (3,) terms once built alone
         self.stack: _Stack | None = None  # or row ``index`` of a stack of them
         self.index = 0
@@ -178,6 +194,9 @@ class Terms:
             if self.stack is not None:
                 rows = self.stack.rows
                 self.array = mx.array(rows[self.index]) if rows is not None else self.stack.array[self.index]
+            elif self.x_hat is not None:
+                self.array = _hat_error_terms(self.x, self.x_hat)
+                self.x = self.x_hat = None
             else:
                 self.array = _error_terms(self.x, self.parts, self.group_size, self.bits)
                 self.x = self.parts = None
@@ -211,13 +230,30 @@ def stage_terms(terms: list[Terms]) -> list[mx.array]:
         if t.array is not None:
             out.append(t.array)
             continue
-        # the parts' shapes follow from x's, the group size and the width (mx.quantize's), and
-        # the biases' dtype is the scales': x and the scales' dtype name a group
-        key = (t.group_size, t.bits, t.x.shape, t.x.dtype, t.parts[1].dtype)
+        if t.x_hat is not None:  # reconstructions made by a strategy batch: one group whatever the width
+            key = (0, 0, t.x.shape, t.x.dtype, t.x_hat.dtype)
+        else:
+            # the parts' shapes follow from x's, the group size and the width (mx.quantize's), and
+            # the biases' dtype is the scales': x and the scales' dtype name a group
+            key = (t.group_size, t.bits, t.x.shape, t.x.dtype, t.parts[1].dtype)
         groups.setdefault(key, []).append(t)
     for key, group in groups.items():
         if len(group) == 1:
             out.append(group[0].built())
+            continue
+        if key[0] == 0:
+            join = mx.concatenate if group[0].x.shape[0] == 1 else mx.stack
+            x, x_hat = join([t.x for t in group]), join([t.x_hat for t in group])
+            if x.shape[-2] == 1:  # a decode step: one compiled graph
+                fn = _STACKED_FNS.get(0)
+                if fn is None:
+                    fn = _STACKED_FNS[0] = mx.compile(_stacked_hat_error_terms)
+            else:
+                fn = _stacked_hat_error_terms
+            stack = _Stack(fn(x, x_hat))
+            for i, t in enumerate(group):
+                t.stack, t.index, t.x, t.x_hat = stack, i, None, None
+            out.append(stack.array)
             continue
         gs, bits = key[0], key[1]
         # one-row arrays join along their batch axis: one copy each, where a stack adds a reshape per array
@@ -284,6 +320,26 @@ class QuantizingCache(LayerCache):
     def _record(self, key_terms, value_terms) -> None:
         self._error = (key_terms, value_terms)
 
+    # whether the slots an update writes hand back its new tokens' codes (dequantized where the
+    # cache hands back floats): a strategy batch's dequantization of them is then the reconstruction
+    _hands_back_codes = False
+
+    def _decoded(self, start: int, end: int, keys_hat: mx.array, values_hat: mx.array) -> None:
+        """A strategy batch dequantized slots ``[start, end)`` of this cache's last return
+        (``keys_hat``, ``values_hat``): where those are exactly the slots the last update wrote,
+        quantized from the keys and values its error terms hold, the terms take them as the
+        reconstruction instead of dequantizing the same codes again; the terms of every such
+        cache then join one stacked graph whatever their width (:func:`stage_terms`)."""
+        error, w = self._error, self.written
+        if not self._hands_back_codes or type(error) is not tuple or w is None or (w.start, w.end) != (start, end):
+            return
+        k, v = error
+        if not (isinstance(k, Terms) and isinstance(v, Terms)) or k.x is None or v.x is None or k.stack or v.stack:
+            return
+        if k.x.shape != keys_hat.shape or v.x.shape != values_hat.shape:
+            return
+        k.x_hat, v.x_hat, k.parts, v.parts = keys_hat, values_hat, None, None
+
     def _last_error(self) -> QuantError | None:
         if not self.track_error or self._error is None:
             return None
@@ -312,6 +368,7 @@ class QuantizedKVCache(HeldInOrder, QuantizingCache):
     """
 
     step = STEP
+    _hands_back_codes = True
     _pending = False  # True while the cache still holds full precision (before ``start``)
     _error_pending = None  # error terms of a conversion, merged into the update that made it
     start = 0

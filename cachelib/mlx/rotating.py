@@ -269,6 +269,8 @@ class QuantizedRotatingKVCache(_Ring, QuantizingCache):
     it exposes ``bits`` and hands mlx-lm's quantized attention the (packed, scales, biases)
     parts; with ``key_bits != value_bits`` it hands back dequantized arrays."""
 
+    _hands_back_codes = True
+
     _STATE = ("keys", "values", "offset", "keep", "max_size", "_idx", "group_size", "key_bits", "value_bits")
 
     def __init__(

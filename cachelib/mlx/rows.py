@@ -252,12 +252,11 @@ class RowsCache(LayerCache):
             if verbatim or start == end:
                 parts.append((x, y))
             else:
-                parts.append(
-                    (
-                        _float(_tokens(k, start, end), c, getattr(c, "key_bits", None), keys.dtype),
-                        _float(_tokens(v, start, end), c, getattr(c, "value_bits", None), values.dtype),
-                    )
-                )
+                fk = _float(_tokens(k, start, end), c, getattr(c, "key_bits", None), keys.dtype)
+                fv = _float(_tokens(v, start, end), c, getattr(c, "value_bits", None), values.dtype)
+                if getattr(c, "track_error", False):  # its error terms take these as the reconstruction
+                    c._decoded(start, end, fk, fv)
+                parts.append((fk, fv))
         if all(end - start == 1 for start, end, _ in writes):
             starts = tuple(start for start, _, _ in writes)
             if not all(verbatim for _, _, verbatim in writes):
