@@ -367,7 +367,8 @@ def resolve_errors(layers) -> None:
     skipped): the updates of equal shape are stacked (keys and values together where they were
     quantized together), their reconstructions still to make dequantized together
     (:class:`Dequantized`), one set of reductions in float64 and one host read per shape, the
-    same formula as :func:`.quantizer.quant_error_of`."""
+    same formula as :func:`.quantizer.quant_error_of`; those whose reconstruction a strategy
+    batch decoded already (:class:`Decoded`) in one stack per shape, whatever their width."""
     groups: dict[tuple, list] = {}
     decoded: dict[tuple, list] = {}
     done = []
