@@ -25,6 +25,7 @@ STRATEGIES = [
     "rotating:max_size=10,keep=1,bits=4,group_size=32",
     "rotating:max_size=10,keep=0,group_size=32,key_bits=4,value_bits=8",
     "kivi:bits=4,group_size=32,residual=4",
+    "quantized:bits=4,group_size=32,start=9",  # full precision for steps 1-3, converts at step 4
 ]
 
 
@@ -68,8 +69,9 @@ def test_a_buffered_batch_computes_the_error_of_the_slots_it_dequantized_bit_for
     layers = len(buffered[0][0])
     # every decode step, the five quantizing rows that hand back their codes (KIVI hands back
     # its residual's floats): their terms took the batch's dequantized slots; at the prompt, the
-    # three appending ones (a ring puts its prompt in time order: every slot rewritten)
-    assert sum(count_taken) == layers * (5 * (steps - 1) + 3)
+    # three appending ones (a ring puts its prompt in time order: every slot rewritten); the row
+    # with start=9 from step 5 on (its conversion rewrote every slot)
+    assert sum(count_taken) == layers * (5 * (steps - 1) + 3 + (steps - 5))
     assert buffered == copied
     errors = [e for step in buffered[1:] for row in step[1:6] for e in row]
     assert all(e is not None and e[0] > 0 and e[2] > 0 for e in errors)
