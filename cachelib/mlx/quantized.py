@@ -125,20 +125,18 @@ def _unpacks(bits: int, group_size: int, dtype) -> bool:
 
 
 def _error_terms(x: mx.array, parts, group_size: int, bits: int) -> mx.array:
-    x = x.astype(mx.float32)
-    diff = dequantize(parts, group_size, bits).astype(mx.float32) - x
-    return mx.stack([mx.sum(diff * diff), mx.sum(x * x), mx.max(mx.abs(diff))])
+    return _hat_error_terms(x, dequantize(parts, group_size, bits))
 
 
 def _hat_error_terms(x: mx.array, x_hat: mx.array) -> mx.array:
-    """:func:`_error_terms` of a reconstruction made already."""
+    """``[sum sq error, sum sq x, max abs error]`` of the reconstruction ``x_hat`` of ``x``."""
     x = x.astype(mx.float32)
     diff = x_hat.astype(mx.float32) - x
     return mx.stack([mx.sum(diff * diff), mx.sum(x * x), mx.max(mx.abs(diff))])
 
 
 def _stacked_hat_error_terms(x: mx.array, x_hat: mx.array) -> mx.array:
-    """``(N, 3)`` error terms of N reconstructions made already, stacked on a new leading axis."""
+    """``(N, 3)`` error terms of N reconstructions stacked on a new leading axis."""
     axes = tuple(range(1, x.ndim))
     x = x.astype(mx.float32)
     diff = x_hat.astype(mx.float32) - x
@@ -147,10 +145,7 @@ def _stacked_hat_error_terms(x: mx.array, x_hat: mx.array) -> mx.array:
 
 def _stacked_error_terms(x: mx.array, packed, scales, biases, group_size: int, bits: int) -> mx.array:
     """``(N, 3)`` error terms of N quantizations stacked on a new leading axis."""
-    axes = tuple(range(1, x.ndim))
-    x = x.astype(mx.float32)
-    diff = dequantize((packed, scales, biases), group_size, bits).astype(mx.float32) - x
-    return mx.stack([mx.sum(diff * diff, axis=axes), mx.sum(x * x, axis=axes), mx.max(mx.abs(diff), axis=axes)], axis=1)
+    return _stacked_hat_error_terms(x, dequantize((packed, scales, biases), group_size, bits))
 
 
 _STACKED_FNS: dict[tuple, object] = {}
@@ -241,35 +236,26 @@ def stage_terms(terms: list[Terms]) -> list[mx.array]:
         if len(group) == 1:
             out.append(group[0].built())
             continue
-        if key[0] == 0:
-            join = mx.concatenate if group[0].x.shape[0] == 1 else mx.stack
-            x, x_hat = join([t.x for t in group]), join([t.x_hat for t in group])
-            if x.shape[-2] == 1:  # a decode step: one compiled graph
-                fn = _STACKED_FNS.get(0)
-                if fn is None:
-                    fn = _STACKED_FNS[0] = mx.compile(_stacked_hat_error_terms)
-            else:
-                fn = _stacked_hat_error_terms
-            stack = _Stack(fn(x, x_hat))
-            for i, t in enumerate(group):
-                t.stack, t.index, t.x, t.x_hat = stack, i, None, None
-            out.append(stack.array)
-            continue
         gs, bits = key[0], key[1]
         # one-row arrays join along their batch axis: one copy each, where a stack adds a reshape per array
         join = mx.concatenate if group[0].x.shape[0] == 1 else mx.stack
         x = join([t.x for t in group])
-        packed, scales, biases = (join([t.parts[i] for t in group]) for i in range(3))
-        _unpacks(bits, gs, scales.dtype)  # its one-off check runs outside the compiled graph
+        if gs == 0:  # the reconstructions made already
+            args = (x, join([t.x_hat for t in group]))
+            terms_of = _stacked_hat_error_terms
+        else:
+            args = (x, *(join([t.parts[i] for t in group]) for i in range(3)))
+            _unpacks(bits, gs, args[2].dtype)  # its one-off check runs outside the compiled graph
+            terms_of = partial(_stacked_error_terms, group_size=gs, bits=bits)
         if x.shape[-2] == 1:  # a decode step: the same shapes every step, one compiled graph
             fn = _STACKED_FNS.get((gs, bits))
             if fn is None:
-                fn = _STACKED_FNS[(gs, bits)] = mx.compile(partial(_stacked_error_terms, group_size=gs, bits=bits))
+                fn = _STACKED_FNS[(gs, bits)] = mx.compile(terms_of)
         else:  # a prefill chunk's length varies: a compiled graph per length would pile up
-            fn = partial(_stacked_error_terms, group_size=gs, bits=bits)
-        stack = _Stack(fn(x, packed, scales, biases))
+            fn = terms_of
+        stack = _Stack(fn(*args))
         for i, t in enumerate(group):
-            t.stack, t.index, t.x, t.parts = stack, i, None, None
+            t.stack, t.index, t.x, t.parts, t.x_hat = stack, i, None, None, None
         out.append(stack.array)
     return list({id(a): a for a in out}.values())
 

@@ -256,7 +256,7 @@ class QuantErrorProbe:
         bit: dequantization works element by element). Such updates, of every layer and every
         quantizer configuration, then share one stack and one set of reductions in
         :func:`resolve_errors`."""
-        pending, w = self._pending_error, getattr(self, "written", None)
+        pending, w = self._pending_error, self.written
         n = key_states.shape[-2]
         if not pending or w is None or (w.start, w.end) != (start, start + n):
             return
@@ -398,28 +398,22 @@ def resolve_errors(layers) -> None:
 
 def _decoded_terms(group: list, same: bool) -> None:
     """Set the error of every layer of ``group`` (``[(layer, Decoded)]`` of equal shapes, dtype
-    and device; ``same``: keys and values of one shape too): one stack of the inputs and their
-    reconstructions, one set of float64 reductions, one host read."""
-    if same:
-        # [k0, v0, k1, v1, ...] then their reconstructions in the same order
-        y = torch.stack(
-            [t for _, d in group for t in (d.keys, d.values)]
-            + [t for _, d in group for t in (d.keys_hat, d.values_hat)]
-        )
-        y = y.view(2, 2 * len(group), -1).double()
-        x, diff = y[0], y[1].sub_(y[0])
-        terms = _reduced(x, diff)
-        for i, (layer, _) in enumerate(group):
-            kn, ke, kw = terms[2 * i]
-            vn, ve, vw = terms[2 * i + 1]
-            layer._last_error = QuantError(ke / kn if kn > 0 else 0.0, kw, ve / vn if vn > 0 else 0.0, vw)
-        return
-    parts = []
-    for attr in (("keys", "keys_hat"), ("values", "values_hat")):
-        x = torch.stack([getattr(d, attr[0]) for _, d in group]).view(len(group), -1).double()
-        diff = torch.stack([getattr(d, attr[1]) for _, d in group]).view(len(group), -1).double().sub_(x)
-        parts.append(_reduced(x, diff))
-    for (layer, _), (kn, ke, kw), (vn, ve, vw) in zip(group, *parts):
+    and device; ``same``: keys and values of one shape too, then stacked together): one stack of
+    the inputs and their reconstructions, one set of float64 reductions, one host read."""
+    if same:  # [k0, v0, k1, v1, ...] then their reconstructions in the same order
+        x = [t for _, d in group for t in (d.keys, d.values)]
+        y = torch.stack(x + [t for _, d in group for t in (d.keys_hat, d.values_hat)])
+        y = y.view(2, len(x), -1).double()
+        terms = _reduced(y[0], y[1].sub_(y[0]))
+        key_terms, value_terms = terms[0::2], terms[1::2]
+    else:
+
+        def terms_of(i: int) -> list:  # keys (0) or values (2) against their reconstructions (i + 1)
+            x = torch.stack([d[i] for _, d in group]).view(len(group), -1).double()
+            return _reduced(x, torch.stack([d[i + 1] for _, d in group]).view(len(group), -1).double().sub_(x))
+
+        key_terms, value_terms = terms_of(0), terms_of(2)
+    for (layer, _), (kn, ke, kw), (vn, ve, vw) in zip(group, key_terms, value_terms):
         layer._last_error = QuantError(ke / kn if kn > 0 else 0.0, kw, ve / vn if vn > 0 else 0.0, vw)
 
 
