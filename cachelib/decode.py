@@ -68,8 +68,8 @@ class Runner:
         position as a backend array of shape (len(ids), vocab), already computed. ``extra``: on
         MLX, called after the forward is built, the further lazy arrays to compute in the same
         evaluation (a probe's, see ``BackendProbe.pending``); torch computes as it goes, and
-        calls it once the forward is done, before the logits are handed on (the probe's work on
-        the host runs before the logits' consumers, e.g. the quality probe's thread, start)."""
+        calls it once the forward is done, before the logits are handed on (:meth:`step_rows`
+        calls it sooner, as the last layer's rows have updated)."""
         if self.backend == "mlx":
             mx = self._mx
             out = self.loaded.model(mx.array([ids]), cache=cache)[0]
@@ -129,13 +129,22 @@ class Runner:
             mx.eval(out, extra() if extra else [], row_states(rows))
             return np.array(out.astype(mx.float32), copy=False)
         torch = self._torch
-        with torch.inference_mode():
-            x = torch.tensor(ids, dtype=torch.long, device=self._device)
-            mask = rows.attention_mask(x.shape[1], x.device)
-            out = self.loaded.model(
-                input_ids=x, cache=rows, attention_mask=mask, use_cache=True, logits_to_keep=1
-            ).logits[:, -1]
+        called = []
         if extra:
+            # as soon as the last layer's rows have updated: before the final norm and the LM head,
+            # whose weights (113 MB at SmolLM2's vocabulary, float32) stream through the CPU's caches
+            # and leave the small ops' code and data cold, ~3x slower (bench/README.md)
+            rows.after_last_update = lambda: called.append(extra())
+        try:
+            with torch.inference_mode():
+                x = torch.tensor(ids, dtype=torch.long, device=self._device)
+                mask = rows.attention_mask(x.shape[1], x.device)
+                out = self.loaded.model(
+                    input_ids=x, cache=rows, attention_mask=mask, use_cache=True, logits_to_keep=1
+                ).logits[:, -1]
+        finally:
+            rows.after_last_update = None
+        if extra and not called:  # a forward whose last layer did not reach the batch's cache
             extra()
         return out.float().cpu().numpy()
 

@@ -28,8 +28,8 @@ class BackendProbe(Protocol):
     def pending(self, caches: list[Any]) -> list[Any]:
         """Probe work a forward over ``caches`` built and left uncomputed (a lazy backend),
         for the runner to compute in the forward's own evaluation; [] where there is none. The
-        runner calls it as the forward ends, before it hands the logits on: an eager backend
-        (torch) does that work in the call itself and returns []."""
+        runner calls it once the forward has updated every cache, before it hands the logits on:
+        an eager backend (torch) does that work in the call itself and returns []."""
         ...
 
     def set_track_error(self, cache: Any, on: bool) -> None: ...

@@ -56,11 +56,11 @@ class TorchProbe:
         return [cache.introspect() for cache in caches]
 
     def pending(self, caches: list[Cache]) -> list:
-        """Computes the quantization error of the forward that just ran over ``caches`` (read by
+        """Computes the quantization error of the forward over ``caches`` (read by
         :meth:`views_of`) and returns nothing to evaluate: torch computed the forward as it ran.
-        The runner calls it as the forward ends, before it hands the logits on: the error's
-        small torch ops then do not wait for the GIL behind the quality probe's thread, which
-        starts on those logits."""
+        The runner calls it once every layer has updated, before it hands the logits on: in a
+        strategy batch right after the last layer's update, before the final norm and the LM
+        head, whose weights leave the error's small ops cold when they run after them."""
         _resolve(caches)
         return []
 

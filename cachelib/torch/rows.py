@@ -38,7 +38,7 @@ keys alone and may share a batch).
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers import cache_utils as _tf
@@ -120,6 +120,8 @@ class RowsCache(_tf.Cache):
         self._buffered = 0  # bytes of every layer's buffers
         # a first chunk forwarded once, through row 0 (advance_once): per layer, row 0's input and return
         self._once: list[tuple] | None = None
+        # called once, as the last layer of the next forward has updated its rows (Runner.step_rows)
+        self.after_last_update: Callable[[], object] | None = None
 
     def __len__(self):
         return len(self.rows[0])
@@ -267,14 +269,19 @@ class RowsCache(_tf.Cache):
         extents = promised[1]
         buffers = self._layer_buffers(layer_idx, key_states, value_states, max(extents))
         if buffers is not None:
-            return self._write(buffers, key_states, value_states, layer_idx, promised)
-        out_k, out_v = [], []
-        for i, row in enumerate(self.rows):
-            k, v = row.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx, *args, **kwargs)
-            out_k.append(k)
-            out_v.append(v)
-        self._check_lengths(layer_idx, [k.shape[-2] for k in out_k], promised[0])
-        return self._batched(out_k, extents, 0), self._batched(out_v, extents, 1)
+            out = self._write(buffers, key_states, value_states, layer_idx, promised)
+        else:
+            out_k, out_v = [], []
+            for i, row in enumerate(self.rows):
+                k, v = row.update(key_states[i : i + 1], value_states[i : i + 1], layer_idx, *args, **kwargs)
+                out_k.append(k)
+                out_v.append(v)
+            self._check_lengths(layer_idx, [k.shape[-2] for k in out_k], promised[0])
+            out = self._batched(out_k, extents, 0), self._batched(out_v, extents, 1)
+        if not self._lengths and self.after_last_update is not None:  # every layer of this forward has updated
+            hook, self.after_last_update = self.after_last_update, None
+            hook()
+        return out
 
     @staticmethod
     def _check_lengths(layer_idx: int, lengths: list[int], promised: list[int]) -> None:
