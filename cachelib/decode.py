@@ -133,7 +133,8 @@ class Runner:
         if extra:
             # as soon as the last layer's rows have updated: before the final norm and the LM head,
             # whose weights (113 MB at SmolLM2's vocabulary, float32) stream through the CPU's caches
-            # and leave the small ops' code and data cold, ~3x slower (bench/README.md)
+            # and leave the small ops' code and data cold (bench/bench_cold_ops.py: 2.6x their time
+            # after one decoder layer's weights; 1.2-1.3x in a run, bench/README.md)
             rows.after_last_update = lambda: called.append(extra())
         try:
             with torch.inference_mode():
