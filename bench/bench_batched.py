@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import threading
 import time
@@ -73,30 +74,44 @@ PROMPT = "Explain what a KV cache is, and why it matters for serving language mo
 
 class RoundRobin:
     """Runs decodes in threads, one step of each in turn, and times each step: from the moment its
-    decode gets the turn to the moment it calls ``done`` (wall and process CPU seconds)."""
+    decode gets the turn to the moment it calls ``done`` (wall and process CPU seconds).
 
-    def __init__(self, names: list[str]):
+    ``seed``: every round takes the decodes in a fresh random order (drawn with this seed), so no
+    decode always runs first, or always right after the same other one. With a fixed order, where
+    a decode ran in the round moved its steps' times by up to ~3% on the 2-core CI machine, the
+    same way every round, and that was in every comparison (bench/README.md, issue #34's A/A
+    control). None: the order given, every round."""
+
+    def __init__(self, names: list[str], seed: int | None = None):
         self.names = names
-        self.turn = 0
         self.finished: set[str] = set()
         self.cv = threading.Condition()
         self.steps: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         self._start: dict[str, tuple[float, float]] = {}
+        self._rng = None if seed is None else random.Random(seed)
+        self._round: list[str] = []  # the rest of this round, in order
+        self.current = self._next()
+
+    def _next(self) -> str:
+        """The decode whose turn comes next: the rest of this round's order, then a new round's."""
+        if not self._round:
+            self._round = [n for n in self.names if n not in self.finished]
+            if self._rng is not None:
+                self._rng.shuffle(self._round)
+        return self._round.pop(0)
 
     def _wait(self, name: str) -> None:
         with self.cv:
-            self.cv.wait_for(lambda: self.names[self.turn] == name)
+            self.cv.wait_for(lambda: self.current == name)
         self._start[name] = (time.perf_counter(), time.process_time())
 
     def _pass(self, name: str, finished: bool = False) -> None:
         with self.cv:
             if finished:
                 self.finished.add(name)
+                self._round = [n for n in self._round if n != name]
             if len(self.finished) < len(self.names):
-                nxt = (self.turn + 1) % len(self.names)
-                while self.names[nxt] in self.finished:
-                    nxt = (nxt + 1) % len(self.names)
-                self.turn = nxt
+                self.current = self._next()
             self.cv.notify_all()
 
     def done(self, name: str) -> None:

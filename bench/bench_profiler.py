@@ -4,26 +4,32 @@ with 3 and 8 strategies, on the bundled model, both backends.
 Target (issue #34): the default probes at most 2% over probes off, with 3 and with 8 strategies
 (issue #5's older targets: memory+ring probes at most 3%, every probe every step at most 15%;
 ``--configs`` adds those). The configurations decode side by side in one process, one step of
-each in turn (``bench_batched.RoundRobin``: threads, one running at a time), so drift and the
-other jobs on a shared machine hit them alike; whole runs one after another drift by more than
-the few percent measured here. A step's time runs from the moment its run gets the turn to its
-step callback, so it holds all probe work and row building; decode steps only (step 0, the
-prefill, is left out). Quoted: the median step (wall, and process CPU time, the steadier figure
-on a busy machine), and the median over steps of each step's ratio to the same step of
-``probes off`` with its 95% interval (a block bootstrap over the steps); the 2% target is judged
-by the interval's upper bound, not the median. The interval covers the steps of one run only:
-separate runs (processes) of the same code differ by more, up to ~1% of a step on the 2-core CI
-machine (bench/README.md), so judge over several runs.
+each in turn, in a random order each round (``bench_batched.RoundRobin``: threads, one running
+at a time), so drift and the other jobs on a shared machine hit them alike; whole runs one after
+another drift by more than the few percent measured here. A step's time runs from the moment its
+run gets the turn to its step callback, so it holds all probe work and row building; decode steps
+only (step 0, the prefill, is left out). Quoted: the median step (wall, and process CPU time, the
+steadier figure on a busy machine), and the median over steps of each step's ratio to the same
+step of ``probes off`` with its 95% interval (a block bootstrap over the steps); the 2% target is
+judged by the interval's upper bound, not the median. The interval covers the steps of one run
+only: separate runs (processes) of the same code differ by more (two identical configurations:
+within ~0.4% of a step between runs on torch at 8 strategies, -2.8% to +4.1% on MLX at 8 on the
+2-core CI machine; bench/README.md), so judge over several runs.
 
     python bench/bench_profiler.py [--backend mlx torch] [--tokens 96] [--rounds 1] [--strategies 3 8] [--runs 1]
 
-``--runs N`` repeats the whole measurement in N separate processes, one after another, the order
-of the interleaved configurations reversed in every other run (the reference first, then last),
-and judges the target over runs: each run's median step ratio is one sample, and the verdict
-takes the upper bound of the 95% Student-t interval of their mean (the spread between processes,
-which one run's interval cannot see, is then in the bound). Every other configuration of
-``--configs`` gets its interval over runs too (``"default, quant_error off"``: whether the probes
-but the quantization error's fit the same line).
+``--runs N`` repeats the whole measurement in N separate processes, one after another, and judges
+the target over runs: each run's median step ratio is one sample, and the verdict takes the upper
+bound of the 95% Student-t interval of their mean (the spread between processes, which one run's
+interval cannot see, is then in the bound). Every other configuration of ``--configs`` gets its
+interval over runs too (``"default, quant_error off"``: whether the probes but the quantization
+error's fit the same line; ``"probes off, again"``: the reference against itself, what two
+identical configurations differ by here).
+
+Every round takes the configurations in a fresh random order (``RoundRobin``'s ``seed``, given
+by ``--seed``; run i of ``--runs`` draws with ``--seed`` + i). With a fixed order, where a
+configuration ran in the round, and after which, moved its steps' times by up to ~3% here, the
+same way every round, and that was in every ratio (bench/README.md, 2026-12-06 21:00-22:30).
 
 ``--probe-times`` adds, per k, the probes' own host time per step, timed around each probe
 function (CPU seconds of the thread that runs it) in a run of the default probes that streams its
@@ -59,6 +65,8 @@ from cachelib.profile.divergence import StepQuality
 
 CONFIGS = {
     "probes off": Probes.none(),
+    # the reference again, with its own caches: what two identical configurations differ by (A/A)
+    "probes off, again": Probes.none(),
     "default probes": Probes(),
     "default, quality off": Probes(quality=0),  # what the quality probe's own share is
     "default, quant_error off": Probes(quant_error=0),  # what the quantization error's own share is
@@ -107,7 +115,12 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["probes off", "default probes"], choices=list(CONFIGS))
     ap.add_argument("--probe-times", action="store_true", help="also time each probe's own host work per step")
     ap.add_argument("--runs", type=int, default=1, help="separate processes, judged over runs (1-31)")
-    ap.add_argument("--reference-last", action="store_true", help=argparse.SUPPRESS)  # a run of --runs
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the seed of the rounds' random orders (with --runs: run i draws with seed + i)",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a run of --runs: its results as JSON
     args = ap.parse_args()
     if not 1 <= args.runs <= len(T975):
@@ -116,8 +129,6 @@ def main() -> None:
         over_runs(args)
         return
     configs = ["probes off"] + [c for c in args.configs if c != "probes off"]  # the reference first
-    if args.reference_last:
-        configs = configs[1:] + configs[:1]
     for backend in args.backend:
         loaded = load("smollm2", backend)
         load_avg = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -133,11 +144,15 @@ def main() -> None:
         )
         for k in args.strategies:
             strategies = STRATEGIES[:k]
-            RoundRobin(configs).run(decodes(loaded, strategies, configs, 4))  # warm-up
+            RoundRobin(configs, args.seed).run(decodes(loaded, strategies, configs, 4))  # warm-up
             wall: dict[str, list[float]] = {c: [] for c in configs}
             cpu: dict[str, list[float]] = {c: [] for c in configs}
-            for _ in range(args.rounds):
-                for name, steps in RoundRobin(configs).run(decodes(loaded, strategies, configs, args.tokens)).items():
+            for r in range(args.rounds):
+                for name, steps in (
+                    RoundRobin(configs, args.seed + 1000 * r)
+                    .run(decodes(loaded, strategies, configs, args.tokens))
+                    .items()
+                ):
                     wall[name] += [w for w, _ in steps[1:]]  # decode steps: step 0 is the prefill
                     cpu[name] += [c for _, c in steps[1:]]
             ratios = report(k, wall, cpu)
@@ -255,9 +270,8 @@ def over_runs(args) -> None:
     for run in range(args.runs):
         cmd = [sys.executable, __file__, "--child", "--tokens", str(args.tokens), "--rounds", str(args.rounds)]
         cmd += ["--backend", *args.backend, "--strategies", *map(str, args.strategies), "--configs", *args.configs]
-        if run % 2:
-            cmd.append("--reference-last")
-        print(f"\n=== run {run + 1} of {args.runs}" + (" (probes off last in each round)" if run % 2 else ""))
+        cmd += ["--seed", str(args.seed + run)]
+        print(f"\n=== run {run + 1} of {args.runs}")
         proc = subprocess.run(cmd, capture_output=True, text=True)
         print("".join(line for line in proc.stdout.splitlines(keepends=True) if not line.startswith("RESULT ")), end="")
         if proc.returncode:
