@@ -13,8 +13,8 @@ steadier figure on a busy machine), and the median over steps of each step's rat
 step of ``probes off`` with its 95% interval (a block bootstrap over the steps); the 2% target is
 judged by the interval's upper bound, not the median. The interval covers the steps of one run
 only: separate runs (processes) of the same code differ by more (two identical configurations:
-within ~0.4% of a step between runs on torch at 8 strategies, -2.8% to +4.1% on MLX at 8 on the
-2-core CI machine; bench/README.md), so judge over several runs.
+within ~0.4% of a step between runs on torch at 8 strategies, -2.9% to +4.3% on MLX at 8 over
+twelve runs on the 2-core CI machine; bench/README.md), so judge over several runs.
 
     python bench/bench_profiler.py [--backend mlx torch] [--tokens 96] [--rounds 1] [--strategies 3 8] [--runs 1]
 
