@@ -2,18 +2,20 @@
 target's log-prob), from raw logits.
 
 :class:`StepQuality` gives a profile step's numbers for all its rows at once (row 0 is the
-baseline): the baseline's distribution once, then each row in few float64 passes over one
-reused buffer (no per-row temporaries). KL is ``sum p*(z_p - z_q) - log s_p + log s_q`` with
-``z = logits - max`` and ``s = sum exp(z)``: the textbook ``sum p*(log p - log q)`` rearranged,
-equal to it within a few units in the last place (``tests/profile/test_quality.py`` checks it
-against the textbook form to 1e-12). The target's log-prob is ``z[target] - log s``, the
-textbook's own arithmetic; a row with the baseline's very logits gives exactly 0.0.
+baseline): the baseline's distribution once, then each other row in a few float64 torch passes
+over one reused buffer. KL is ``sum p*(z_p - z_q) - log s_p + log s_q`` with ``z = logits - max``
+and ``s = sum exp(z)``: the textbook ``sum p*(log p - log q)`` rearranged. The target's log-prob is
+``z[target] - log s``, the textbook's arithmetic. Both are within a few units in the last place of
+the textbook float64 form in NumPy (``tests/profile/test_quality.py`` checks them to 1e-12); a row
+with the baseline's very logits gives exactly 0.0, and a row's numbers do not depend on the rows
+computed with it.
 
 :func:`compare` (one row against a baseline row, the evaluation's steps) keeps the textbook form.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -22,12 +24,14 @@ Numbers = tuple[float, bool, float | None]  # (KL in nats, top-1 agreement, the 
 
 
 class StepQuality:
-    """The quality numbers of one step's rows, row 0 the baseline; reuses two float64 buffers of
-    the vocabulary's size from step to step (a run keeps one)."""
+    """The quality numbers of one step's rows, row 0 the baseline, in torch's float64 (torch is a
+    dependency of every install): its ``exp`` is vectorized where NumPy's float64 one is not on
+    AVX2 CPUs. One row at a time through one reused buffer of the vocabulary's size, which stays
+    in the core's cache from row to row; a buffer of every row, one op per pass, was slower in a
+    run, where the forward leaves the caches cold (bench/README.md)."""
 
     def __init__(self):
-        self._z = np.empty(0)  # (vocab,) a row's logits - its max, then their exp
-        self._p = np.empty(0)  # (vocab,) the baseline's probabilities
+        self._z = None  # (vocab,) float64: a row's logits - its max, then their exp
 
     def __call__(
         self, rows: Sequence[np.ndarray], target: int | None, tops: Sequence[int | None] | None = None
@@ -35,19 +39,23 @@ class StepQuality:
         """One (KL(baseline || row), top-1 agreement, log-prob of ``target`` under the row) per
         row of ``rows`` (1-D logits, row 0 the baseline's: its KL is 0.0 and it agrees).
         ``tops``: each row's ``np.argmax`` where the caller has it already (None: taken here)."""
+        import torch  # the profile layer's only torch: its float64 arithmetic
+
         rows = [_floats(x) for x in rows]
         base = rows[0]
-        if self._z.shape != base.shape:
-            self._z, self._p = np.empty(base.shape), np.empty(base.shape)
-        z, p = self._z, self._p
+        if self._z is None or self._z.shape[0] != base.shape[0]:
+            self._z = torch.empty(base.shape[0], dtype=torch.float64)
+        z = self._z
         top1, m1 = _top(base, tops[0] if tops is not None else None)
-        np.subtract(base, m1, out=z, dtype=np.float64)
+        # the baseline: z = logits - max (float32 -> float64 and the subtraction are exact),
+        # p = exp(z) / s, and sum p * log p = p . z - log s
+        z.copy_(torch.from_numpy(base)).sub_(m1)
         base_zt = float(z[target]) if target is not None else None
-        np.exp(z, out=p)
-        total = p.sum()
-        log_s = float(np.log(total))  # NumPy's log, as the textbook form's: the same last bits
-        p /= total  # the baseline's probabilities
-        entropy_term = _dot(p, z) - log_s  # sum p * log p
+        p = torch.exp(z)
+        total = float(p.sum())
+        log_s = math.log(total)
+        p /= total
+        entropy_term = float(torch.dot(p, z)) - log_s
         base_lp = base_zt - log_s if target is not None else None
         out: list[Numbers] = [(0.0, True, base_lp)]
         for i, x in enumerate(rows[1:], 1):
@@ -57,11 +65,10 @@ class StepQuality:
             if top == top1 and m == m1 and np.array_equal(base, x):
                 out.append((0.0, True, base_lp))
                 continue
-            np.subtract(x, m, out=z, dtype=np.float64)
+            z.copy_(torch.from_numpy(x)).sub_(m)
             zt = float(z[target]) if target is not None else None
-            cross = _dot(p, z)  # sum p * z_q
-            np.exp(z, out=z)
-            log_s = float(np.log(z.sum()))
+            cross = float(torch.dot(p, z))  # sum p * z_q
+            log_s = math.log(float(z.exp_().sum()))
             kl = entropy_term - (cross - log_s)  # sum p * (log p - log q)
             out.append((max(kl, 0.0), top == top1, zt - log_s if target is not None else None))
         return out
