@@ -80,12 +80,6 @@ def _floats(logits) -> np.ndarray:
     return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
 
 
-def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    """``a . b`` in NumPy's own loop: BLAS may hand a long dot to worker threads, which then
-    compete for the cores with the backend's (a busy wait for them costs milliseconds)."""
-    return float(np.einsum("i,i->", a, b))
-
-
 def _top(x: np.ndarray, top: int | None = None) -> tuple[int, float]:
     """(index, value) of a row's largest logit (the first NaN, where there is one: as max does);
     ``top``: that index, where it is known already."""

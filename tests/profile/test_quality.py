@@ -3,7 +3,8 @@ forwards are done (:class:`~cachelib.profile.divergence.StepQuality`). Its KL is
 ``sum p*(log p - log q)`` rearranged, and its target log-prob the textbook's arithmetic with torch's
 float64 ``exp`` and sums: both within 1e-12 of the textbook float64 form (NumPy's); top-1 agreement
 is the textbook's own; a row with the baseline's very logits gives exactly 0.0, and a row's numbers
-do not depend on the rows computed with it. A run that fails mid-way still records every step it finished."""
+do not depend on the rows computed with it (a batched ``torch.mv`` of every row broke that). A run
+that fails mid-way still records every step it finished."""
 
 from __future__ import annotations
 
