@@ -16,6 +16,7 @@ computed with it.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -49,7 +50,7 @@ class StepQuality:
         top1, m1 = _top(base, tops[0] if tops is not None else None)
         # the baseline: z = logits - max (float32 -> float64 and the subtraction are exact),
         # p = exp(z) / s, and sum p * log p = p . z - log s
-        z.copy_(torch.from_numpy(base)).sub_(m1)
+        z.copy_(_tensor(torch, base)).sub_(m1)
         base_zt = float(z[target]) if target is not None else None
         p = torch.exp(z)
         total = float(p.sum())
@@ -65,7 +66,7 @@ class StepQuality:
             if top == top1 and m == m1 and np.array_equal(base, x):
                 out.append((0.0, True, base_lp))
                 continue
-            z.copy_(torch.from_numpy(x)).sub_(m)
+            z.copy_(_tensor(torch, x)).sub_(m)
             zt = float(z[target]) if target is not None else None
             cross = float(torch.dot(p, z))  # sum p * z_q
             log_s = math.log(float(z.exp_().sum()))
@@ -78,6 +79,18 @@ def _floats(logits) -> np.ndarray:
     """A row of logits as a 1-D float array (float32 stays float32: the passes cast it)."""
     x = np.asarray(logits).ravel()
     return x if x.dtype in (np.float32, np.float64) else x.astype(np.float64)
+
+
+def _tensor(torch, x: np.ndarray):
+    """``x`` as a torch tensor sharing its memory, only ever read (copied from). A read-only array
+    (``np.asarray`` of another framework's array, a memory map) makes ``torch.from_numpy`` warn
+    that writing to it would be undefined; nothing writes to it here, so that warning is not the
+    caller's."""
+    if x.flags.writeable:
+        return torch.from_numpy(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(x)
 
 
 def _top(x: np.ndarray, top: int | None = None) -> tuple[int, float]:

@@ -8,6 +8,9 @@ that fails mid-way still records every step it finished."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from decode_helpers import textbook_quality
@@ -110,6 +113,22 @@ def test_a_rows_numbers_do_not_depend_on_the_rows_computed_with_it():
     order = rng.permutation(len(others))
     assert quality([base, *(others[i] for i in order)], 3)[1:] == [alone[i] for i in order]
     assert quality([base, others[4], base.copy(), others[9]], 3)[1::2] == [alone[4], alone[9]]
+
+
+def test_read_only_logits_give_the_same_numbers_and_no_warning():
+    """In a fresh process: torch warns about a read-only array once a process, then never again."""
+    code = (
+        "import numpy as np\n"
+        "from cachelib.profile.divergence import StepQuality\n"
+        "rng = np.random.default_rng(3)\n"
+        "rows = [(rng.standard_normal(4096) * 4).astype(np.float32) for _ in range(3)]\n"
+        "frozen = [r.copy() for r in rows]\n"
+        "for r in frozen:\n"
+        "    r.setflags(write=False)\n"
+        "assert StepQuality()(frozen, 5) == StepQuality()(rows, 5)\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_step_whose_baseline_never_came_is_refused():
