@@ -28,11 +28,13 @@ class StepQuality:
     """The quality numbers of one step's rows, row 0 the baseline, in torch's float64 (torch is a
     dependency of every install): its ``exp`` is vectorized where NumPy's float64 one is not on
     AVX2 CPUs. One row at a time through one reused buffer of the vocabulary's size, which stays
-    in the core's cache from row to row; a buffer of every row, one op per pass, was slower in a
-    run, where the forward leaves the caches cold (bench/README.md)."""
+    in the core's cache from row to row (and one more for the baseline's probabilities); a
+    buffer of every row, one op per pass, was slower in a run, where the forward leaves the
+    caches cold (bench/README.md)."""
 
     def __init__(self):
         self._z = None  # (vocab,) float64: a row's logits - its max, then their exp
+        self._p = None  # (vocab,) float64: the baseline's probabilities
 
     def __call__(
         self, rows: Sequence[np.ndarray], target: int | None, tops: Sequence[int | None] | None = None
@@ -45,14 +47,14 @@ class StepQuality:
         rows = [_floats(x) for x in rows]
         base = rows[0]
         if self._z is None or self._z.shape[0] != base.shape[0]:
-            self._z = torch.empty(base.shape[0], dtype=torch.float64)
-        z = self._z
+            self._z, self._p = (torch.empty(base.shape[0], dtype=torch.float64) for _ in range(2))
+        z, p = self._z, self._p
         top1, m1 = _top(base, tops[0] if tops is not None else None)
         # the baseline: z = logits - max (float32 -> float64 and the subtraction are exact),
         # p = exp(z) / s, and sum p * log p = p . z - log s
         z.copy_(_tensor(torch, base)).sub_(m1)
         base_zt = float(z[target]) if target is not None else None
-        p = torch.exp(z)
+        torch.exp(z, out=p)
         total = float(p.sum())
         log_s = math.log(total)
         p /= total
