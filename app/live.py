@@ -22,6 +22,7 @@ from streamlit import runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from cachelib.core.blas import openblas
+from cachelib.core.threads import release_thread_streams
 from cachelib.models import LoadedModel
 from cachelib.profile import Probes, Profile, StepEvent, run_profile
 from cachelib.spec import Spec
@@ -137,9 +138,12 @@ class LiveRun:
         except Exception as e:  # shown to the user as one line; the partial profile is kept
             self.error = f"{type(e).__name__}: {e}"
         finally:
-            self._lock.release()
-            self.ended_at = time.perf_counter() - self.started
-            self.done.set()
+            try:
+                release_thread_streams()  # last MLX call of this thread (MLX asks it of a thread)
+            finally:
+                self._lock.release()
+                self.ended_at = time.perf_counter() - self.started
+                self.done.set()
 
     def _on_step(self, event: StepEvent) -> None:
         if self.profile is None:

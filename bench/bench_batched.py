@@ -55,6 +55,7 @@ from typing import Callable
 
 import numpy as np
 
+from cachelib.core.threads import release_thread_streams
 from cachelib.decode import Runner, encode_prompt
 from cachelib.models import load
 from cachelib.profile import Probes, run_profile
@@ -134,6 +135,7 @@ class RoundRobin:
                 errors.append(e)
             finally:
                 self._pass(name, finished=True)
+                release_thread_streams()  # MLX asks it of a thread before it ends
 
         threads = [threading.Thread(target=body, args=(n, decodes[n])) for n in self.names]
         for t in threads:

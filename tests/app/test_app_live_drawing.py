@@ -116,3 +116,25 @@ def test_the_app_blas_threads_can_be_given_or_left_alone(monkeypatch):
             leave_a_core.__wrapped__()
     finally:
         lib.openblas_set_num_threads(before)
+
+
+def test_a_live_run_releases_its_threads_mlx_streams_before_it_says_it_is_done(profiles_dir, load_model, monkeypatch):
+    # MLX asks a thread that evaluated to destroy its streams before it ends (ml-explore/mlx#4373);
+    # the run's own thread does it, last, before ``done`` (cachelib.core.threads)
+    import app.live as live
+
+    calls = []
+    monkeypatch.setattr(
+        live, "release_thread_streams", lambda: calls.append((threading.current_thread(), run.done.is_set()))
+    )
+    model = load_model("tiny-llama", "mlx")
+    run = LiveRun(
+        model,
+        [parse_spec(s) for s in TINY_STRATEGIES],
+        profiles_dir / "r.csv",
+        "r",
+        RunOptions(prompt="Hello", max_tokens=2),
+    )
+    run.start(threading.Lock())
+    assert run.done.wait(TIMEOUT) and not run.error and run.step == 1
+    assert calls == [(run._thread, False)]
