@@ -4,7 +4,7 @@ MLX (0.31.2 on) gives every thread that evaluates its own streams, and asks that
 than the main one destroy them before it ends, with ``mx.clear_streams()``: Python has no
 thread-level exit hook for MLX to do it itself (ml-explore/mlx#4373; the call: #3395). Left to the
 process's exit, MLX 0.32.4 ended a process whose worker thread had evaluated arrays with
-``terminate called without an active exception`` (exit 134) in 3-4 of 10 runs here
+``terminate called without an active exception`` (exit 134) in 3 to 5 of 10 runs here
 (bench/README.md). The main thread needs nothing: MLX clears its streams at interpreter exit.
 """
 
