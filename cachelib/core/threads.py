@@ -1,9 +1,9 @@
 """The end of a thread that may have run MLX.
 
-MLX (0.31.2 on) gives every thread that evaluates its own streams, and asks that a thread other
-than the main one destroy them before it ends, with ``mx.clear_streams()``: Python has no
-thread-level exit hook for MLX to do it itself (ml-explore/mlx#4373; the call: #3395). Left to the
-process's exit, MLX 0.32.4 ended a process whose worker thread had evaluated arrays with
+MLX (0.31.2 on: ml-explore/mlx#3727) gives every thread that evaluates its own streams, and asks
+that a thread other than the main one destroy them before it ends, with ``mx.clear_streams()``:
+Python has no thread-level exit hook for MLX to do it itself (ml-explore/mlx#4373; the call: #3395).
+Left to the process's exit, MLX 0.32.4 ended a process whose worker thread had evaluated arrays with
 ``terminate called without an active exception`` (exit 134) in 3 to 5 of 10 runs here
 (bench/README.md). The main thread needs nothing: MLX clears its streams at interpreter exit.
 """
@@ -19,5 +19,5 @@ def release_thread_streams() -> None:
     (``There is no Stream(cpu, 1) in current thread``). Nothing happens where MLX was never
     imported (a torch-only install) or the thread created no streams."""
     mx = sys.modules.get("mlx.core")
-    if mx is not None and hasattr(mx, "clear_streams"):  # clear_streams: MLX 0.31.2 on
+    if mx is not None and hasattr(mx, "clear_streams"):  # an older MLX has none (added by #3395)
         mx.clear_streams()
