@@ -4,11 +4,11 @@ runs in parallel, see below)."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 from cachelib.core.blas import set_openblas_threads
+from cachelib.core.threads import release_thread_streams
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -72,9 +72,7 @@ def pytest_unconfigure(config):
     # MLX 0.32 frees its compile cache (compiled functions hold Python objects) in a thread-local
     # destructor that runs after the interpreter is gone unless the thread clears its streams:
     # without this, the process segfaults at exit (rc 139) after every test passed.
-    mx = sys.modules.get("mlx.core")
-    if mx is not None:
-        mx.clear_streams()
+    release_thread_streams()
 
 
 # --- fixtures ----------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ that a thread other than the main one destroy them before it ends, with ``mx.cle
 Python has no thread-level exit hook for MLX to do it itself (ml-explore/mlx#4373; the call: #3395).
 Left to the process's exit, MLX 0.32.4 ended a process whose worker thread had evaluated arrays with
 ``terminate called without an active exception`` (exit 134) in 3 to 5 of 10 runs here
-(bench/README.md). The main thread needs nothing: MLX clears its streams at interpreter exit.
+(bench/README.md). The test suite's main thread calls it too, at the end of the session: without
+it MLX 0.32 crashed that process at exit, after every test passed (tests/conftest.py).
 """
 
 from __future__ import annotations
